@@ -1,0 +1,1 @@
+"""magi-code application service."""
