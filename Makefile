@@ -1,0 +1,27 @@
+# One-command set-up: every target creates the virtualenv and installs the package first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: service test check benchmark
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+service: $(STAMP)
+	@$(BIN)/magi-code --app service
+
+check: $(STAMP)
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+
+test: check
+	$(BIN)/python -m pytest -n 2 -q tests
+
+benchmark: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py

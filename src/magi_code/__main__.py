@@ -1,0 +1,5 @@
+import sys
+
+from magi_code.cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""Command line entry point: ``magi-code --app service``, ``--prompt`` and ``daemon``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+# Options that select a provider, model, credential, theme or session: the v1 contract
+# forbids combining any of them (or a subcommand) with ``--app service``.
+_EXCLUSIVE_WITH_APP = ("prompt", "provider", "model", "api_key", "theme", "session", "resume")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="magi-code", description="magi-code coding agent")
+    parser.add_argument("--app", choices=["service"], help="run the application service on stdio")
+    parser.add_argument("--prompt", help="run one turn with this prompt and print the answer")
+    parser.add_argument("--provider", help="provider id for --prompt")
+    parser.add_argument("--model", help="model id for --prompt")
+    parser.add_argument("--api-key", dest="api_key", help=argparse.SUPPRESS)
+    parser.add_argument("--theme", help=argparse.SUPPRESS)
+    parser.add_argument("--session", help="continue this session (with --prompt)")
+    parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("command", nargs="*", help="subcommand, e.g. 'daemon start'")
+    return parser
+
+
+def _fail(message: str, code: int = 2) -> int:
+    sys.stderr.write(f"magi-code: {message}\n")
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="magi-code: %(message)s")
+    if args.app == "service":
+        used = [name for name in _EXCLUSIVE_WITH_APP if getattr(args, name)]
+        if used or args.command:
+            return _fail("--app service cannot be combined with other arguments or subcommands")
+        return _run_service()
+    return _fail("nothing to do; try 'magi-code --app service' or 'magi-code --help'")
+
+
+def _run_service() -> int:
+    import uvloop
+
+    from magi_code.composition import build_coordinator
+    from magi_code.stdio.adapter import serve_stdio
+    from magi_code.storage.launch import LaunchContext
+
+    ctx = LaunchContext.from_process()
+    return uvloop.run(serve_stdio(build_coordinator, ctx))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

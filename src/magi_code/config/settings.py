@@ -1,0 +1,296 @@
+"""Settings files: bounded validated reads, the merged view, and the one locked writer.
+
+Theory of operation: the global file (``$MC_HOME/settings.json``) and the project file
+(``<project>/.magi-code/settings.json``) are JSON objects; a missing file is ``{}``. Every
+read is size-bounded and validated against :mod:`magi_code.config.schema`; anything
+unreadable or invalid raises ``configuration_unavailable`` instead of being guessed at.
+All writes go through :func:`update_settings`, which takes the cross-process lock, re-reads
+the target file, lets the caller validate and mutate the re-read document (unknown keys
+untouched), re-validates it and replaces the file atomically. All functions here block;
+callers run them off the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from magi_code.config.ids import looks_secret
+from magi_code.config.schema import SETTINGS_SCHEMA, is_valid, project_schema
+from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.providers.types import ApiKind
+from magi_code.storage.files import atomic_write, locked
+from magi_code.storage.launch import LaunchContext
+
+MAX_SETTINGS_BYTES: Final = 1 << 20
+# Settings may carry MCP server environments (tokens), so they are private to the user.
+SETTINGS_FILE_MODE: Final = 0o600
+
+DEFAULT_ANTHROPIC_BASE_URL: Final = "https://api.anthropic.com"
+DEFAULT_CODEX_BASE_URL: Final = "https://chatgpt.com/backend-api/codex"
+
+
+class Scope(StrEnum):
+    GLOBAL = "global"
+    PROJECT = "project"
+
+
+@dataclass(frozen=True, slots=True)
+class StaticModel:
+    model_id: str
+    label: str | None = None
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderDefinition:
+    """A provider the service can talk to.
+
+    ``credential`` says where auth comes from: ``api_key`` (built-in Anthropic: shared
+    credentials or its key variable), ``oauth`` (built-in Codex), ``env`` (custom provider,
+    key in the variable named by ``api_key_env``) or ``none`` (custom provider without auth).
+    """
+
+    provider_id: str
+    api: ApiKind
+    base_url: str
+    api_key_env: str | None = None
+    context_window: int | None = None
+    label: str | None = None
+    credential: str = "none"
+    static_models: tuple[StaticModel, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class McpServerDefinition:
+    name: str
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """Selection/reasoning values one settings file sets (``None`` = not set there)."""
+
+    provider: str | None = None
+    model: str | None = None
+    thinking_level: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The validated, merged view of both settings files."""
+
+    global_layer: Layer = Layer()
+    project_layer: Layer = Layer()
+    fast: bool = False
+    providers: Mapping[str, ProviderDefinition] = field(default_factory=dict)
+    mcp_servers: Mapping[str, McpServerDefinition] = field(default_factory=dict)
+    disabled_models: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def configured_thinking_level(self) -> str:
+        return self.project_layer.thinking_level or self.global_layer.thinking_level or "default"
+
+
+def settings_path(ctx: LaunchContext, scope: Scope) -> Path:
+    return ctx.global_settings_path if scope is Scope.GLOBAL else ctx.project_settings_path
+
+
+def read_document(path: Path, scope: Scope) -> dict[str, Any]:
+    """Read and validate one settings file; missing means ``{}``.
+
+    Raises:
+        ServiceError: ``configuration_unavailable`` when the file is unreadable, too large,
+            not a regular file, not a JSON object, or has an invalid known field.
+    """
+    try:
+        # O_NONBLOCK: opening a FIFO planted at the path must not hang the worker.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    except OSError:
+        raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE) from None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SETTINGS_BYTES:
+                raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE)
+            data = fh.read(MAX_SETTINGS_BYTES + 1)
+        document = orjson.loads(data)
+    except (OSError, orjson.JSONDecodeError):
+        raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE) from None
+    schema = SETTINGS_SCHEMA if scope is Scope.GLOBAL else project_schema()
+    if len(data) > MAX_SETTINGS_BYTES or not is_valid(document, schema):
+        raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE)
+    # The schema's root type is object, so this is a dict.
+    result: dict[str, Any] = document
+    return result
+
+
+def encode_document(document: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def builtin_providers(ctx: LaunchContext) -> dict[str, ProviderDefinition]:
+    """The two built-ins; their endpoints follow the launch environment's overrides."""
+    return {
+        "anthropic": ProviderDefinition(
+            provider_id="anthropic",
+            api="anthropic",
+            base_url=ctx.env.get("ANTHROPIC_BASE_URL") or DEFAULT_ANTHROPIC_BASE_URL,
+            credential="api_key",
+        ),
+        "openai-codex": ProviderDefinition(
+            provider_id="openai-codex",
+            api="openai-responses",
+            base_url=ctx.env.get("MC_CODEX_BASE_URL") or DEFAULT_CODEX_BASE_URL,
+            credential="oauth",
+        ),
+    }
+
+
+def all_providers(ctx: LaunchContext, settings: Settings) -> dict[str, ProviderDefinition]:
+    """Built-ins plus custom providers, sorted by ID.
+
+    Custom IDs cannot shadow built-ins: the schema rejects such a document outright.
+    """
+    merged = {**settings.providers, **builtin_providers(ctx)}
+    return dict(sorted(merged.items()))
+
+
+def _layer(document: Mapping[str, Any]) -> Layer:
+    layer = Layer(
+        provider=document.get("provider"),
+        model=document.get("model"),
+        thinking_level=document.get("thinking_level"),
+    )
+    # A secret pasted into a selection field is never echoed back; refuse the file.
+    for value in (layer.provider, layer.model):
+        if value is not None and looks_secret(value):
+            raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE)
+    return layer
+
+
+def _provider(provider_id: str, raw: Mapping[str, Any]) -> ProviderDefinition:
+    models = raw.get("models")
+    static = None
+    if models is not None:
+        static = tuple(
+            StaticModel(
+                model_id=item["id"],
+                label=item.get("label"),
+                context_window=item.get("context_window"),
+                max_output_tokens=item.get("max_output_tokens"),
+            )
+            for item in models
+        )
+    api_key_env = raw.get("api_key_env")
+    return ProviderDefinition(
+        provider_id=provider_id,
+        api=raw["api"],
+        base_url=raw["base_url"],
+        api_key_env=api_key_env,
+        context_window=raw.get("context_window"),
+        label=raw.get("label"),
+        credential="env" if api_key_env is not None else "none",
+        static_models=static,
+    )
+
+
+def _mcp_servers(document: Mapping[str, Any]) -> dict[str, McpServerDefinition]:
+    return {
+        name: McpServerDefinition(
+            name=name,
+            command=raw["command"],
+            args=tuple(raw.get("args", ())),
+            env=dict(raw.get("env", {})),
+        )
+        for name, raw in document.get("mcp_servers", {}).items()
+    }
+
+
+def build_settings(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]) -> Settings:
+    """Merge two validated documents (project over global where both may set a key)."""
+    providers = {
+        pid: _provider(pid, raw)
+        for pid, raw in global_doc.get("providers", {}).items()
+        if not looks_secret(pid)
+    }
+    disabled: dict[str, set[str]] = {}
+    for document in (global_doc, project_doc):
+        for pid, ids in document.get("disabled_models", {}).items():
+            disabled.setdefault(pid, set()).update(ids)
+    return Settings(
+        global_layer=_layer(global_doc),
+        project_layer=_layer(project_doc),
+        fast=bool(global_doc.get("fast", False)),
+        providers=providers,
+        mcp_servers={**_mcp_servers(global_doc), **_mcp_servers(project_doc)},
+        disabled_models={pid: frozenset(ids) for pid, ids in disabled.items()},
+    )
+
+
+def load_settings(ctx: LaunchContext) -> Settings:
+    """Read both files and merge them.
+
+    Raises:
+        ServiceError: ``configuration_unavailable`` for any unreadable or invalid file.
+    """
+    return build_settings(
+        read_document(ctx.global_settings_path, Scope.GLOBAL),
+        read_document(ctx.project_settings_path, Scope.PROJECT),
+    )
+
+
+# Receives the merged view and the target document, both re-read under the lock, and
+# mutates the document in place (or raises ServiceError to abort without writing).
+Mutation = Callable[[Settings, dict[str, Any]], None]
+
+
+def update_settings(
+    ctx: LaunchContext,
+    scope: Scope,
+    mutate: Mutation,
+    verify: Callable[[Settings], None] | None = None,
+) -> None:
+    """The single settings writer: lock, re-read, mutate, validate, atomic replace.
+
+    ``verify`` sees the merged view the write would produce and may raise to abort.
+
+    A symlink at the settings path is replaced by a regular file, never written through.
+
+    Raises:
+        ServiceError: ``configuration_unavailable`` when the current files cannot be read;
+            whatever ``mutate`` raises; ``settings_write_failed`` when the lock cannot be
+            taken, the result is invalid, or the write fails.
+    """
+    path = settings_path(ctx, scope)
+    schema = SETTINGS_SCHEMA if scope is Scope.GLOBAL else project_schema()
+    try:
+        with locked(path):
+            global_doc = read_document(ctx.global_settings_path, Scope.GLOBAL)
+            project_doc = read_document(ctx.project_settings_path, Scope.PROJECT)
+            current = build_settings(global_doc, project_doc)
+            document = global_doc if scope is Scope.GLOBAL else project_doc
+            mutate(current, document)
+            if not is_valid(document, schema):
+                raise ServiceError(ErrorCode.SETTINGS_WRITE_FAILED)
+            if verify is not None:
+                verify(build_settings(global_doc, project_doc))
+            data = encode_document(document)
+            if len(data) > MAX_SETTINGS_BYTES:
+                raise ServiceError(ErrorCode.SETTINGS_WRITE_FAILED)
+            atomic_write(path, data, mode=SETTINGS_FILE_MODE)
+    except OSError:
+        # Includes filelock.Timeout (a TimeoutError) and permission/disk failures.
+        raise ServiceError(ErrorCode.SETTINGS_WRITE_FAILED) from None

@@ -1,0 +1,184 @@
+"""The transport-neutral service coordinator.
+
+Theory of operation: an adapter opens a ``Connection`` per client (the v1 stdio process
+has exactly one), feeds it complete records, and drains ``connection.output`` in order.
+The coordinator decodes each record, applies request-ID reservations, validates the
+method payload, applies the initialization gate, and routes to a domain service. Domain
+services own their workers; at connection end the coordinator asks each to cancel and
+drain that connection's work before the adapter writes the last batches.
+
+Reservation rules (spec "Envelope"): every safe request ID is reserved from decode until
+its response batch has been written; start requests keep theirs until the terminal event
+is written. Duplicates are rejected without touching the original reservation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from magi_code.protocol import envelope
+from magi_code.protocol.envelope import Identity, Rejected, Request
+from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.storage.launch import LaunchContext
+
+from .output import Batch, Output
+from .routes import Reply, Route, SessionRule
+
+log = logging.getLogger(__name__)
+
+
+class DomainService(Protocol):
+    """A domain's contribution: its routes, its events, and its connection cleanup."""
+
+    def routes(self) -> Sequence[Route]: ...
+
+    def events(self) -> Sequence[str]: ...
+
+    async def connection_closed(self, connection: Connection) -> None:
+        """Cancel and drain the work this connection owns; emit its terminal events."""
+
+
+class Connection:
+    """One client: its launch context, initialization state, reservations and output."""
+
+    def __init__(self, coordinator: ServiceCoordinator, ctx: LaunchContext, conn_id: int) -> None:
+        self.coordinator = coordinator
+        self.ctx = ctx
+        self.conn_id = conn_id
+        self.output = Output()
+        self.initialized = False
+        self.reserved: set[str] = set()
+
+    def reserve(self, request_id: str) -> None:
+        self.reserved.add(request_id)
+
+    def release(self, request_id: str) -> None:
+        self.reserved.discard(request_id)
+
+    def respond(
+        self,
+        request: Request,
+        payload: dict[str, Any] | None = None,
+        error: ServiceError | None = None,
+        *,
+        session_id: str | None = None,
+        events: Iterable[dict[str, Any]] = (),
+        keep_reserved: bool = False,
+    ) -> Batch:
+        """Enqueue a correlated response (used directly by deferred handlers)."""
+        identity = Identity(request.request_id, session_id or request.session_id, request.method)
+        batch = Batch([envelope.response(identity, payload, error), *events])
+        if not keep_reserved:
+            batch.after_write.append(lambda: self.release(request.request_id))
+        return self.output.put(batch)
+
+    def event(
+        self, request_id: str | None, session_id: str | None, name: str, payload: dict[str, Any]
+    ) -> dict[str, Any]:
+        return envelope.event(
+            self.coordinator.next_event_id(), request_id, session_id, name, payload
+        )
+
+
+class ServiceCoordinator:
+    def __init__(self, transports: Sequence[str]) -> None:
+        self.transports = tuple(transports)
+        self._routes: dict[str, Route] = {}
+        self._events: list[str] = []
+        self._services: list[DomainService] = []
+        self._event_ids = itertools.count(1)
+        self._conn_ids = itertools.count(1)
+        self.connections: dict[int, Connection] = {}
+
+    # -- composition -------------------------------------------------------------------
+
+    def add_service(self, service: DomainService) -> None:
+        self._services.append(service)
+        for route in service.routes():
+            self._routes[route.name] = route
+        self._events.extend(e for e in service.events() if e not in self._events)
+
+    @property
+    def operations(self) -> list[str]:
+        return list(self._routes)
+
+    @property
+    def events(self) -> list[str]:
+        return list(self._events)
+
+    def next_event_id(self) -> str:
+        return f"evt-{next(self._event_ids)}"
+
+    # -- connections -------------------------------------------------------------------
+
+    def open_connection(self, ctx: LaunchContext) -> Connection:
+        conn = Connection(self, ctx, next(self._conn_ids))
+        self.connections[conn.conn_id] = conn
+        return conn
+
+    async def close_connection(self, conn: Connection) -> None:
+        """Cancel and drain everything the connection owns, then let output finish."""
+        for service in reversed(self._services):
+            await service.connection_closed(conn)
+        self.connections.pop(conn.conn_id, None)
+        conn.output.finish()
+
+    # -- records -----------------------------------------------------------------------
+
+    def reject_oversize(self, conn: Connection) -> Batch:
+        error = ServiceError(ErrorCode.RECORD_TOO_LARGE)
+        return conn.output.put(Batch([envelope.response(Identity(), None, error)]))
+
+    async def handle_record(self, conn: Connection, line: bytes) -> Batch | None:
+        """Handle one inbound record; returns the batch that answers it, if synchronous."""
+        decoded = envelope.decode_record(line, conn.reserved.__contains__)
+        if isinstance(decoded, Rejected):
+            return self._reject(conn, decoded)
+        request = decoded
+        conn.reserve(request.request_id)
+        try:
+            reply = await self._dispatch(conn, request)
+        except ServiceError as exc:
+            return conn.respond(request, error=exc)
+        except Exception:  # the one exception-to-wire boundary
+            log.exception("request handler failed (method=%s)", request.method)
+            return conn.respond(request, error=ServiceError(ErrorCode.INTERNAL_ERROR))
+        if reply is None:
+            return None
+        batch = conn.respond(
+            request,
+            reply.payload,
+            session_id=reply.session_id,
+            events=reply.events,
+            keep_reserved=reply.keep_reserved,
+        )
+        if reply.after_write is not None:
+            batch.after_write.append(reply.after_write)
+            if batch.done.is_set():
+                reply.after_write()
+        return batch
+
+    def _reject(self, conn: Connection, rejected: Rejected) -> Batch:
+        batch = Batch([envelope.response(rejected.identity, None, ServiceError(rejected.code))])
+        request_id = rejected.identity.request_id
+        if request_id is not None and not rejected.duplicate:
+            # A fresh safe ID stays reserved until its error response is written.
+            conn.reserve(request_id)
+            batch.after_write.append(lambda: conn.release(request_id))
+        return conn.output.put(batch)
+
+    async def _dispatch(self, conn: Connection, request: Request) -> Reply | None:
+        route = self._routes.get(request.method)
+        if route is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        if route.session is SessionRule.FORBIDDEN and request.session_id is not None:
+            raise ServiceError(ErrorCode.INVALID_REQUEST)
+        if route.session is SessionRule.REQUIRED and request.session_id is None:
+            raise ServiceError(ErrorCode.INVALID_SESSION_ID)
+        parsed = route.validate(request)
+        if route.gated and not conn.initialized:
+            raise ServiceError(ErrorCode.NOT_INITIALIZED)
+        return await route.handle(conn, request, parsed)

@@ -1,0 +1,75 @@
+"""Ordered outbound channel between the coordinator and an adapter.
+
+The coordinator enqueues *batches*; the adapter encodes a whole batch, writes it, and then
+calls ``Batch.written()`` so reservations tied to that batch are released only after the
+write attempt, as the spec requires. FIFO order is the per-connection ordering guarantee:
+a turn's acceptance response and ``turn.started`` share one batch, and everything the
+turn emits later is enqueued after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Batch:
+    messages: list[dict[str, Any]]
+    after_write: list[Callable[[], None]] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def written(self) -> None:
+        """Called once by the adapter after the write attempt (successful or not)."""
+        if self.done.is_set():
+            return
+        self.done.set()
+        for callback in self.after_write:
+            callback()
+
+
+class OutputClosed(Exception):
+    """The adapter can no longer deliver output (EOF on stdout, connection lost)."""
+
+
+class Output:
+    """An unbounded FIFO of batches; producers bound themselves by awaiting ``done``."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Batch | None] = asyncio.Queue()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put(self, batch: Batch) -> Batch:
+        if self._closed:
+            # Nothing will write it: settle it now so reservations are still released.
+            batch.written()
+        else:
+            self._queue.put_nowait(batch)
+        return batch
+
+    async def get(self) -> Batch | None:
+        """Next batch, or None once the channel is closed and drained."""
+        if self._closed and self._queue.empty():
+            return None
+        return await self._queue.get()
+
+    def close(self) -> None:
+        """Stop accepting output; queued batches are settled without being written."""
+        if self._closed:
+            return
+        self._closed = True
+        while not self._queue.empty():
+            batch = self._queue.get_nowait()
+            if batch is not None:
+                batch.written()
+        self._queue.put_nowait(None)
+
+    def finish(self) -> None:
+        """Let the writer drain what is queued, then stop."""
+        self._queue.put_nowait(None)

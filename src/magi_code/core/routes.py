@@ -1,0 +1,64 @@
+"""Route table types shared by the coordinator and the domain services it composes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from magi_code.protocol.envelope import Request
+from magi_code.protocol.errors import ErrorCode, ServiceError
+
+if TYPE_CHECKING:
+    from .coordinator import Connection
+
+
+class SessionRule(Enum):
+    """What a method does with the outer ``session_id``."""
+
+    FORBIDDEN = "forbidden"
+    REQUIRED = "required"
+    OPTIONAL = "optional"
+
+
+@dataclass(slots=True)
+class Reply:
+    """A successful synchronous answer.
+
+    ``events`` share the response's batch (``turn.started`` must follow its acceptance
+    response directly). ``keep_reserved`` leaves the request ID reserved after the write:
+    start requests release it at their terminal event. ``after_write`` runs once the batch
+    was written (a turn worker starts streaming only then).
+    """
+
+    payload: dict[str, Any]
+    session_id: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    keep_reserved: bool = False
+    after_write: Callable[[], None] | None = None
+
+
+# A handler returns a Reply, or None when it answers later through
+# ``Connection.respond`` (the configuration worker does, so input keeps flowing).
+Handler = Callable[["Connection", Request, Any], Awaitable[Reply | None]]
+Validator = Callable[[Request], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    validate: Validator
+    handle: Handler
+    session: SessionRule = SessionRule.FORBIDDEN
+    gated: bool = True
+
+
+def empty_payload(request: Request) -> None:
+    if request.payload:
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+
+
+def check_fields(payload: dict[str, Any], allowed: frozenset[str]) -> None:
+    if not allowed.issuperset(payload):
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)

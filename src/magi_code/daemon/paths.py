@@ -1,0 +1,224 @@
+"""Where the daemon's runtime files live; one resolver shared by the daemon and its clients.
+
+Two private (0700, owned by us) directories are involved:
+
+- the **state dir** ``<MC_HOME>/run`` holds the lifetime lock (``daemon.lock``), the start
+  lock (``start.lock``), the log (``daemon.log``) and the info file (``daemon.json``). It
+  depends on ``MC_HOME`` alone, so every client of one ``MC_HOME`` agrees on the lock even
+  when their environments differ (cron without ``XDG_RUNTIME_DIR``, a systemd unit), and
+  logind removing ``$XDG_RUNTIME_DIR`` at logout never deletes a live daemon's lock inode.
+- the **socket dir** (:func:`runtime_dir`) holds ``daemon.sock``. It prefers a tmpfs runtime
+  dir (``$XDG_RUNTIME_DIR`` / macOS ``$TMPDIR``) named by a hash of the resolved ``MC_HOME``,
+  then the state dir, then ``/tmp/magi-code-<uid>/<hash>``, whichever first keeps the socket
+  path within :data:`MAX_SOCKET_PATH_BYTES`. The daemon records the path it bound in
+  ``daemon.json``, so a client whose environment picked another socket dir still finds it.
+
+``MC_RUNTIME_DIR`` (absolute) overrides the socket dir, with the same checks and no fallback.
+Messages of :class:`UnsafeRuntimeDir` name directories: they are for the operator's stderr,
+never for protocol output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from magi_code.storage.launch import LaunchContext
+
+APP_DIR_NAME: Final = "magi-code"
+SOCKET_NAME: Final = "daemon.sock"
+LOCK_NAME: Final = "daemon.lock"
+START_LOCK_NAME: Final = "start.lock"
+LOG_NAME: Final = "daemon.log"
+INFO_NAME: Final = "daemon.json"
+RUNTIME_DIR_ENV: Final = "MC_RUNTIME_DIR"
+
+# sun_path is 108 bytes on Linux and 104 on macOS, both including the NUL; stay well inside.
+MAX_SOCKET_PATH_BYTES: Final = 100
+_HASH_CHARS: Final = 12
+
+
+class UnsafeRuntimeDir(Exception):
+    """A runtime directory is missing protections the daemon relies on; the text names the fix."""
+
+
+class SocketPathTooLong(UnsafeRuntimeDir):
+    """The socket path would not fit in ``sockaddr_un.sun_path``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimePaths:
+    """Every file the daemon and its clients agree on for one user and ``MC_HOME``."""
+
+    state_dir: Path
+    socket_dir: Path
+
+    @property
+    def socket(self) -> Path:
+        return socket_path(self.socket_dir)
+
+    @property
+    def lock(self) -> Path:
+        return self.state_dir / LOCK_NAME
+
+    @property
+    def start_lock(self) -> Path:
+        return self.state_dir / START_LOCK_NAME
+
+    @property
+    def log(self) -> Path:
+        return self.state_dir / LOG_NAME
+
+    @property
+    def info(self) -> Path:
+        return self.state_dir / INFO_NAME
+
+
+def runtime_paths(ctx: LaunchContext, *, platform: str = sys.platform) -> RuntimePaths:
+    return RuntimePaths(state_dir=state_dir(ctx), socket_dir=runtime_dir(ctx, platform=platform))
+
+
+def home_hash(mc_home: Path) -> str:
+    """Short stable name for one ``MC_HOME`` (resolved, so aliases share one daemon)."""
+    return hashlib.sha256(os.fsencode(mc_home.resolve())).hexdigest()[:_HASH_CHARS]
+
+
+def state_dir(ctx: LaunchContext) -> Path:
+    return ctx.mc_home.resolve() / "run"
+
+
+def runtime_dir(ctx: LaunchContext, *, platform: str = sys.platform) -> Path:
+    """The socket directory for ``ctx`` (pure resolution: nothing is created)."""
+    override = ctx.env.get(RUNTIME_DIR_ENV)
+    if override:
+        directory = Path(override)
+        if not directory.is_absolute():
+            raise UnsafeRuntimeDir(f"{RUNTIME_DIR_ENV} must be an absolute path")
+        socket_path(directory)
+        return directory
+    name = home_hash(ctx.mc_home)
+    candidates: list[Path] = []
+    base_var = "TMPDIR" if platform == "darwin" else "XDG_RUNTIME_DIR"
+    base = _trusted_base(ctx.env.get(base_var))
+    if base is not None:
+        candidates.append(base / APP_DIR_NAME / name)
+    candidates.append(state_dir(ctx))
+    for candidate in candidates:
+        if socket_path_fits(candidate):
+            return candidate
+    return Path("/tmp") / f"{APP_DIR_NAME}-{os.geteuid()}" / name
+
+
+def socket_path_fits(directory: Path) -> bool:
+    return len(os.fsencode(directory / SOCKET_NAME)) <= MAX_SOCKET_PATH_BYTES
+
+
+def socket_path(directory: Path) -> Path:
+    path = directory / SOCKET_NAME
+    if not socket_path_fits(directory):
+        raise SocketPathTooLong(
+            f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
+            f"set {RUNTIME_DIR_ENV} to a shorter private directory"
+        )
+    return path
+
+
+def _trusted_base(value: str | None) -> Path | None:
+    """``value`` when it is an absolute directory owned by us with no group/other access."""
+    if not value or not os.path.isabs(value):
+        return None
+    try:
+        st = os.stat(value)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    return Path(value)
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) with mode 0700 and verify it is private.
+
+    Each missing component is created by ``mkdir(0o700)`` itself, never chmod'ed later, so no
+    window exists where it is accessible to others. A concurrent creator is tolerated: the
+    verification below decides.
+    """
+    if not path.is_absolute():
+        raise UnsafeRuntimeDir(f"runtime directory {path} is not an absolute path")
+    missing: list[Path] = []
+    current = path
+    while not os.path.lexists(current):
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise UnsafeRuntimeDir(
+                f"cannot create runtime directory {directory}: {exc.strerror}"
+            ) from None
+    try:
+        verify_private_dir(path)
+    except FileNotFoundError:
+        raise UnsafeRuntimeDir(f"runtime directory {path} vanished while being created") from None
+
+
+def verify_private_dir(path: Path) -> None:
+    """Raise :class:`UnsafeRuntimeDir` unless ``path`` is a private directory of ours.
+
+    Private means: not a symlink, a directory, owned by the effective UID, no group/other
+    permission bits, and every ancestor owned by root or us and not writable by others
+    (unless sticky, like ``/tmp``), so nobody else can swap it out. A missing directory
+    raises ``FileNotFoundError`` (for a client, "no daemon has run here").
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        raise UnsafeRuntimeDir(
+            f"runtime directory {path} is not a directory we can open (a symlink or another "
+            "file type?); remove it and retry"
+        ) from None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    euid = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeRuntimeDir(f"runtime directory {path} is not a directory; remove it")
+    if st.st_uid != euid:
+        raise UnsafeRuntimeDir(
+            f"runtime directory {path} is owned by uid {st.st_uid}, not {euid}; remove it"
+        )
+    if st.st_mode & 0o077:
+        raise UnsafeRuntimeDir(
+            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}; "
+            f"run `chmod 700 {path}` or remove it"
+        )
+    _verify_ancestors(path)
+
+
+def _verify_ancestors(path: Path) -> None:
+    euid = os.geteuid()
+    parent = Path(os.path.realpath(path.parent))
+    for ancestor in (parent, *parent.parents):
+        st = os.stat(ancestor)
+        if st.st_uid not in (0, euid):
+            raise UnsafeRuntimeDir(
+                f"{ancestor} (an ancestor of runtime directory {path}) is owned by uid "
+                f"{st.st_uid}; choose a location owned by you or root (e.g. {RUNTIME_DIR_ENV})"
+            )
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeRuntimeDir(
+                f"{ancestor} (an ancestor of runtime directory {path}) is writable by others; "
+                f"run `chmod go-w {ancestor}` or choose another location"
+            )

@@ -1,0 +1,208 @@
+"""v1 envelopes: decode one inbound record, build and encode outbound messages.
+
+Theory of operation (inbound), in the order the spec makes observable:
+
+1. the adapter has already enforced the record limit and stripped LF/CRLF;
+2. bytes that are not JSON (or blank) -> ``invalid_json``, uncorrelated;
+3. a non-object -> ``invalid_request``, uncorrelated;
+4. identity fields are extracted independently, each only if safe;
+5. a safe ``request_id`` that is reserved -> ``duplicate_request_id`` (before any other
+   decoder error, leaving the original reservation untouched);
+6. structural limits, envelope fields, version, payload size;
+7. the coordinator then validates the method's payload and the initialization gate.
+
+A rejected record with a fresh safe request ID keeps that ID reserved until its error
+response is written, exactly like an accepted synchronous request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from .bounds import check_bounds, string_fits
+from .errors import ErrorCode, ServiceError
+from .limits import (
+    MAX_ID_BYTES,
+    MAX_NAME_BYTES,
+    MAX_PAYLOAD_BYTES,
+    MAX_RECORD_BYTES,
+    PROTOCOL_VERSION,
+)
+
+ENVELOPE_FIELDS: Final = frozenset(
+    {"protocol_version", "kind", "request_id", "session_id", "method", "payload"}
+)
+_METHOD_RE: Final = re.compile(r"[a-z][a-z0-9_.]*\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    request_id: str | None = None
+    session_id: str | None = None
+    method: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    request_id: str
+    session_id: str | None
+    method: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    code: ErrorCode
+    identity: Identity
+    duplicate: bool = False
+
+
+def is_safe_id(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_ID_BYTES
+        and value.isprintable()
+        and string_fits(value, MAX_ID_BYTES)
+    )
+
+
+def is_safe_name(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_NAME_BYTES and bool(_METHOD_RE.match(value))
+
+
+def extract_identity(record: dict[str, Any]) -> Identity:
+    request_id = record.get("request_id")
+    session_id = record.get("session_id")
+    method = record.get("method")
+    return Identity(
+        request_id=request_id if is_safe_id(request_id) else None,
+        session_id=session_id if is_safe_id(session_id) else None,
+        method=method if is_safe_name(method) else None,
+    )
+
+
+def decode_record(line: bytes, is_reserved: Any) -> Request | Rejected:
+    """Decode one record (without its line ending). ``is_reserved(request_id) -> bool``."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        # orjson refuses nesting past its own recursion bound: that is a depth limit.
+        if "depth limit" in str(exc):
+            return Rejected(ErrorCode.LIMIT_EXCEEDED, Identity())
+        return Rejected(ErrorCode.INVALID_JSON, Identity())
+    if not isinstance(record, dict):
+        return Rejected(ErrorCode.INVALID_REQUEST, Identity())
+    identity = extract_identity(record)
+    if identity.request_id is not None and is_reserved(identity.request_id):
+        return Rejected(ErrorCode.DUPLICATE_REQUEST_ID, identity, duplicate=True)
+    try:
+        return _validate_envelope(record, identity)
+    except ServiceError as exc:
+        return Rejected(exc.code, identity)
+
+
+def _id_field(value: object, *, required: bool) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise ServiceError(ErrorCode.INVALID_REQUEST)
+    if not string_fits(value, MAX_ID_BYTES):
+        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+    if not value or not value.isprintable():
+        raise ServiceError(ErrorCode.INVALID_REQUEST)
+    return value
+
+
+def _validate_envelope(record: dict[str, Any], identity: Identity) -> Request:
+    check_bounds(record)
+    version = record.get("protocol_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ServiceError(ErrorCode.INVALID_REQUEST)
+    if version != PROTOCOL_VERSION:
+        raise ServiceError(ErrorCode.UNSUPPORTED_VERSION)
+    if not ENVELOPE_FIELDS.issuperset(record):
+        raise ServiceError(ErrorCode.INVALID_REQUEST)
+    if record.get("kind") != "request":
+        raise ServiceError(ErrorCode.INVALID_REQUEST)
+    request_id = _id_field(record.get("request_id"), required=True)
+    assert request_id is not None
+    method = record.get("method")
+    if not isinstance(method, str):
+        raise ServiceError(ErrorCode.INVALID_REQUEST)
+    if not string_fits(method, MAX_NAME_BYTES):
+        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+    if not is_safe_name(method):
+        raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+    session_id = _id_field(record.get("session_id"), required=False)
+    if "payload" not in record:
+        raise ServiceError(ErrorCode.INVALID_REQUEST)
+    payload = record["payload"]
+    if not isinstance(payload, dict):
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
+        raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE)
+    return Request(request_id, session_id, method, payload)
+
+
+def response(
+    identity: Identity,
+    payload: dict[str, Any] | None = None,
+    error: ServiceError | None = None,
+) -> dict[str, Any]:
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "kind": "response",
+        "request_id": identity.request_id,
+        "session_id": identity.session_id,
+        "method": identity.method,
+        "payload": payload if error is None else None,
+        "error": error.to_wire() if error is not None else None,
+    }
+
+
+def event(
+    event_id: str,
+    request_id: str | None,
+    session_id: str | None,
+    name: str,
+    payload: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "kind": "event",
+        "event_id": event_id,
+        "request_id": request_id,
+        "session_id": session_id,
+        "event": name,
+        "payload": payload,
+    }
+
+
+class OutboundError(Exception):
+    """An outbound message broke a bound or could not be encoded: the adapter must stop."""
+
+
+def encode_message(message: dict[str, Any]) -> bytes:
+    """One validated JSONL line (with its newline)."""
+    try:
+        check_bounds(message)
+        payload = message.get("payload")
+        if payload is not None and len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
+            raise OutboundError("outbound payload exceeds the payload limit")
+        line = orjson.dumps(message) + b"\n"
+    except ServiceError as exc:
+        raise OutboundError("outbound message exceeds a structural limit") from exc
+    except TypeError as exc:
+        raise OutboundError("outbound message could not be encoded") from exc
+    if len(line) > MAX_RECORD_BYTES:
+        raise OutboundError("outbound record exceeds the record limit")
+    return line
+
+
+def encode_batch(messages: list[dict[str, Any]]) -> bytes:
+    """Encode every message before anything is written (all or nothing)."""
+    return b"".join(encode_message(m) for m in messages)

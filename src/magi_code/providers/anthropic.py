@@ -1,0 +1,324 @@
+"""Anthropic Messages API: request building and SSE decoding (providers.md §1).
+
+Stream: ``message_start`` → per block ``content_block_start`` / ``_delta``* / ``_stop``
+→ ``message_delta`` → ``message_stop`` (terminal); ``ping`` anywhere; ``error`` may
+arrive after HTTP 200. Thinking is never surfaced as a reasoning summary (it is not a
+provider-verified summary); thinking blocks come back as ``ContinuityItem`` so they can
+be echoed unchanged, as the API requires when tools and thinking are combined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+
+from magi_code.providers.errors import FailureLabel, ProviderFailure, stream_failure
+from magi_code.providers.sse import SSEEvent
+from magi_code.providers.types import (
+    AssistantText,
+    Completed,
+    ContinuityItem,
+    ConversationItem,
+    Endpoint,
+    ProviderRequest,
+    StopReason,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+    UsageEvent,
+    UserText,
+)
+from magi_code.providers.wire import (
+    HttpCall,
+    JsonObject,
+    count,
+    dumps,
+    load_object,
+    merged_headers,
+    obj,
+    text,
+)
+
+API_VERSION: Final = "2023-06-01"
+DEFAULT_MAX_TOKENS: Final = 8192
+_MIN_THINKING_BUDGET: Final = 1024
+# Thinking budgets per reasoning level; clamped so at least 1024 tokens stay for output.
+THINKING_BUDGETS: Final[dict[str, int]] = {
+    "low": 2048,
+    "medium": 8192,
+    "high": 16384,
+    "x_high": 32000,
+    "max": 64000,
+}
+_STOP_REASONS: Final[dict[str, StopReason]] = {
+    "end_turn": "end_turn",
+    "stop_sequence": "end_turn",
+    "tool_use": "tool_use",
+    "max_tokens": "max_tokens",
+    "model_context_window_exceeded": "max_tokens",
+}
+_EPHEMERAL: Final[JsonObject] = {"type": "ephemeral"}
+
+
+def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
+    max_tokens = request.max_output_tokens if request.max_output_tokens > 0 else DEFAULT_MAX_TOKENS
+    body: JsonObject = {
+        "model": request.model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "messages": build_messages(request.items),
+    }
+    if request.system:
+        # One cache breakpoint on the system prompt, one on the newest message block.
+        body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
+    if request.tools:
+        body["tools"] = [
+            {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+            for t in request.tools
+        ]
+        body["tool_choice"] = {"type": "auto"}
+    budget = THINKING_BUDGETS.get(request.reasoning)
+    if budget is not None:
+        budget = min(budget, max_tokens - _MIN_THINKING_BUDGET)
+        if budget >= _MIN_THINKING_BUDGET:
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    headers = merged_headers(endpoint.headers, anthropic_version=API_VERSION)
+    return HttpCall(endpoint.url("/v1/messages"), headers, body)
+
+
+def build_messages(items: Sequence[ConversationItem]) -> list[JsonObject]:
+    """Group neutral items into alternating user/assistant messages.
+
+    Consecutive same-role items share one message; tool results ride in the user message
+    after the assistant's ``tool_use`` blocks; thinking blocks lead their assistant
+    message, as the API requires.
+    """
+    messages: list[JsonObject] = []
+    role = ""
+    blocks: list[JsonObject] = []
+
+    def flush() -> None:
+        if blocks:
+            if role == "assistant":
+                blocks.sort(key=lambda b: b.get("type") not in ("thinking", "redacted_thinking"))
+            messages.append({"role": role, "content": list(blocks)})
+            blocks.clear()
+
+    for item in items:
+        block: JsonObject | None
+        if isinstance(item, UserText):
+            item_role, block = "user", _text_block(item.text)
+        elif isinstance(item, ToolResult):
+            item_role = "user"
+            block = {
+                "type": "tool_result",
+                "tool_use_id": item.call_id,
+                "content": item.output,
+                "is_error": item.is_error,
+            }
+        elif isinstance(item, AssistantText):
+            item_role, block = "assistant", _text_block(item.text)
+        elif isinstance(item, ToolCall):
+            item_role = "assistant"
+            block = {
+                "type": "tool_use",
+                "id": item.call_id,
+                "name": item.name,
+                "input": _arguments_object(item.arguments),
+            }
+        elif isinstance(item, ContinuityItem) and item.api == "anthropic":
+            item_role, block = "assistant", _continuity_block(item.payload)
+        else:
+            continue
+        if block is None:
+            continue
+        if item_role != role:
+            flush()
+            role = item_role
+        blocks.append(block)
+    flush()
+    if messages:
+        _mark_cache_breakpoint(messages[-1])
+    return messages
+
+
+def _mark_cache_breakpoint(message: JsonObject) -> None:
+    # Thinking blocks cannot carry cache_control; mark the newest block that can.
+    content = message["content"]
+    if not isinstance(content, list):
+        return
+    for i in range(len(content) - 1, -1, -1):
+        block = content[i]
+        if isinstance(block, dict) and block.get("type") in ("text", "tool_use", "tool_result"):
+            content[i] = {**block, "cache_control": _EPHEMERAL}
+            return
+
+
+def _text_block(value: str) -> JsonObject | None:
+    # The API rejects empty text blocks.
+    return {"type": "text", "text": value} if value else None
+
+
+def _arguments_object(arguments: str) -> JsonObject:
+    # tool_use.input must be an object; invalid model JSON was already reported to the
+    # model through the tool result, so an empty object keeps the history valid.
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _continuity_block(payload: str) -> JsonObject | None:
+    try:
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(slots=True)
+class _Block:
+    kind: str
+    tool_id: str = ""
+    tool_name: str = ""
+    parts: list[str] = field(default_factory=list)
+    signature: str = ""
+    data: str = ""
+
+
+class Decoder:
+    def __init__(self) -> None:
+        self._blocks: dict[int, _Block] = {}
+        self._input: int | None = None
+        self._cache_read: int | None = None
+        self._cache_write: int | None = None
+        self._output: int | None = None
+        self._stop: StopReason = "other"
+        self._started = False
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: SSEEvent) -> list[StreamEvent]:
+        data = load_object(event.data)
+        kind = text(data.get("type")) or event.event
+        if kind == "error":
+            raise stream_failure(data)
+        if kind == "message_start":
+            self._started = True
+            self._usage(obj(obj(data.get("message")).get("usage")))
+        elif not self._started and kind != "ping":
+            raise ProviderFailure(FailureLabel.STREAM_ERROR)
+        elif kind == "content_block_start":
+            return self._block_start(data)
+        elif kind == "content_block_delta":
+            return self._block_delta(data)
+        elif kind == "content_block_stop":
+            return self._block_stop(data)
+        elif kind == "message_delta":
+            reason = obj(data.get("delta")).get("stop_reason")
+            if isinstance(reason, str):
+                self._stop = _STOP_REASONS.get(reason, "other")
+            self._usage(obj(data.get("usage")))
+        elif kind == "message_stop":
+            self._done = True
+            return [self._usage_event(), Completed(self._stop)]
+        return []
+
+    def finish(self) -> list[StreamEvent]:
+        if not self._done:
+            raise ProviderFailure(FailureLabel.STREAM_ERROR)
+        return []
+
+    def _usage(self, usage: JsonObject) -> None:
+        # message_delta usage is cumulative, so later values replace earlier ones.
+        for key, attr in (
+            ("input_tokens", "_input"),
+            ("cache_read_input_tokens", "_cache_read"),
+            ("cache_creation_input_tokens", "_cache_write"),
+            ("output_tokens", "_output"),
+        ):
+            value = count(usage.get(key))
+            if value is not None:
+                setattr(self, attr, value)
+
+    def _usage_event(self) -> UsageEvent:
+        total = None
+        if self._input is not None:
+            total = self._input + (self._cache_read or 0) + (self._cache_write or 0)
+        return UsageEvent(
+            input_tokens=total,
+            output_tokens=self._output,
+            cache_read_tokens=self._cache_read,
+            cache_known=self._cache_read is not None,
+            reasoning_tokens=None,
+        )
+
+    def _block_start(self, data: JsonObject) -> list[StreamEvent]:
+        index = _index(data)
+        block = obj(data.get("content_block"))
+        kind = text(block.get("type"))
+        state = _Block(kind)
+        self._blocks[index] = state
+        if kind == "tool_use":
+            state.tool_id = text(block.get("id"))
+            state.tool_name = text(block.get("name"))
+        elif kind == "thinking":
+            state.parts.append(text(block.get("thinking")))
+            state.signature = text(block.get("signature"))
+        elif kind == "redacted_thinking":
+            state.data = text(block.get("data"))
+        elif kind == "text" and text(block.get("text")):
+            return [TextDelta(text(block.get("text")))]
+        return []
+
+    def _block_delta(self, data: JsonObject) -> list[StreamEvent]:
+        state = self._blocks.get(_index(data))
+        if state is None:
+            raise ProviderFailure(FailureLabel.STREAM_ERROR)
+        delta = obj(data.get("delta"))
+        kind = delta.get("type")
+        if kind == "text_delta":
+            chunk = text(delta.get("text"))
+            return [TextDelta(chunk)] if chunk else []
+        if kind == "input_json_delta":
+            state.parts.append(text(delta.get("partial_json")))
+        elif kind == "thinking_delta":
+            state.parts.append(text(delta.get("thinking")))
+        elif kind == "signature_delta":
+            state.signature = text(delta.get("signature"))
+        return []
+
+    def _block_stop(self, data: JsonObject) -> list[StreamEvent]:
+        state = self._blocks.pop(_index(data), None)
+        if state is None:
+            raise ProviderFailure(FailureLabel.STREAM_ERROR)
+        if state.kind == "tool_use":
+            arguments = "".join(state.parts) or "{}"
+            return [ToolCallEvent(ToolCall(state.tool_id, state.tool_name, arguments))]
+        if state.kind == "thinking" and state.signature:
+            payload = {
+                "type": "thinking",
+                "thinking": "".join(state.parts),
+                "signature": state.signature,
+            }
+            return [ContinuityItem("anthropic", dumps(payload))]
+        if state.kind == "redacted_thinking" and state.data:
+            payload = {"type": "redacted_thinking", "data": state.data}
+            return [ContinuityItem("anthropic", dumps(payload))]
+        return []
+
+
+def _index(data: JsonObject) -> int:
+    index = data.get("index")
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ProviderFailure(FailureLabel.STREAM_ERROR)
+    return index

@@ -1,0 +1,224 @@
+"""OpenAI-compatible Chat Completions: request building and SSE decoding (providers.md §3).
+
+Stream: ``data:`` chunks with ``choices[0].delta`` (content, tool_call fragments keyed
+by ``index``), a chunk with ``finish_reason``, then (``include_usage``) a
+``choices: []`` chunk with ``usage``, then ``data: [DONE]``. A stream is complete at
+``[DONE]``, or at EOF once both the finish reason and usage arrived (some compatible
+servers omit ``[DONE]``). Raw ``delta.reasoning``/``reasoning_content`` is not a
+verified summary and is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from magi_code.providers.errors import FailureLabel, ProviderFailure, stream_failure
+from magi_code.providers.sse import SSEEvent
+from magi_code.providers.types import (
+    AssistantText,
+    Completed,
+    ConversationItem,
+    Endpoint,
+    ProviderRequest,
+    StopReason,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+    UsageEvent,
+    UserText,
+)
+from magi_code.providers.wire import HttpCall, JsonObject, count, load_object, merged_headers, obj
+from magi_code.providers.wire import text as as_text
+
+REASONING_EFFORT: Final[dict[str, str]] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "x_high": "xhigh",
+    "max": "xhigh",
+}
+_FINISH: Final[dict[str, StopReason]] = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "length": "max_tokens",
+}
+
+
+def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
+    body: JsonObject = {
+        "model": request.model,
+        "messages": build_messages(request.system, request.items),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": dict(t.parameters),
+                },
+            }
+            for t in request.tools
+        ]
+        body["tool_choice"] = "auto"
+    effort = REASONING_EFFORT.get(request.reasoning)
+    if effort is not None:
+        body["reasoning_effort"] = effort
+    if request.max_output_tokens > 0:
+        # ``max_tokens`` (not ``max_completion_tokens``): the field local servers know.
+        body["max_tokens"] = request.max_output_tokens
+    headers = merged_headers(endpoint.headers)
+    return HttpCall(endpoint.url("/chat/completions"), headers, body)
+
+
+def build_messages(system: str, items: Sequence[ConversationItem]) -> list[JsonObject]:
+    messages: list[JsonObject] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    assistant: JsonObject | None = None  # the open assistant message, if the last one
+    for item in items:
+        if isinstance(item, (AssistantText, ToolCall)):
+            if assistant is None:
+                assistant = {"role": "assistant", "content": None}
+                messages.append(assistant)
+            if isinstance(item, AssistantText):
+                previous = assistant["content"]
+                assistant["content"] = (previous if isinstance(previous, str) else "") + item.text
+            else:
+                calls = assistant.setdefault("tool_calls", [])
+                assert isinstance(calls, list)
+                calls.append(
+                    {
+                        "id": item.call_id,
+                        "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments},
+                    }
+                )
+            continue
+        if isinstance(item, UserText):
+            messages.append({"role": "user", "content": item.text})
+        elif isinstance(item, ToolResult):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        else:
+            continue  # continuity items belong to other APIs
+        assistant = None
+    return messages
+
+
+@dataclass(slots=True)
+class _Fragment:
+    call_id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class Decoder:
+    def __init__(self) -> None:
+        self._calls: dict[int, _Fragment] = {}
+        self._last_index = 0
+        self._finish: StopReason | None = None
+        self._usage: UsageEvent | None = None
+        self._calls_emitted = False
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: SSEEvent) -> list[StreamEvent]:
+        if event.done:
+            return self._complete()
+        data = load_object(event.data)
+        if "error" in data:
+            raise stream_failure(data)
+        out: list[StreamEvent] = []
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            self._usage = _usage_event(usage)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return out
+        choice = obj(choices[0])
+        delta = obj(choice.get("delta"))
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            out.append(TextDelta(content))
+        fragments = delta.get("tool_calls")
+        if isinstance(fragments, list):
+            for fragment in fragments:
+                self._fragment(obj(fragment))
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str) and reason:
+            self._finish = _FINISH.get(reason, "other")
+            out.extend(self._emit_calls())
+        return out
+
+    def finish(self) -> list[StreamEvent]:
+        if self._done:
+            return []
+        if self._finish is not None and self._usage is not None:
+            return self._complete()
+        raise ProviderFailure(FailureLabel.STREAM_ERROR)
+
+    def _complete(self) -> list[StreamEvent]:
+        self._done = True
+        out = self._emit_calls()
+        if self._usage is not None:
+            out.append(self._usage)
+        stop = self._finish
+        if stop is None:  # [DONE] without a finish chunk: judge by what arrived
+            stop = "tool_use" if self._calls else "end_turn"
+        out.append(Completed(stop))
+        return out
+
+    def _emit_calls(self) -> list[StreamEvent]:
+        if self._calls_emitted:
+            return []
+        self._calls_emitted = True
+        return [
+            ToolCallEvent(ToolCall(f.call_id, f.name, "".join(f.arguments) or "{}"))
+            for _, f in sorted(self._calls.items())
+        ]
+
+    def _fragment(self, fragment: JsonObject) -> None:
+        call_id = as_text(fragment.get("id"))
+        index = fragment.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            # Tolerate servers that omit ``index``: match by id, else continue the last.
+            by_id = [i for i, f in self._calls.items() if call_id and f.call_id == call_id]
+            if by_id:
+                index = by_id[0]
+            elif call_id and self._calls:
+                index = max(self._calls) + 1
+            else:
+                index = self._last_index
+        self._last_index = index
+        state = self._calls.setdefault(index, _Fragment())
+        if call_id:
+            state.call_id = call_id
+        function = obj(fragment.get("function"))
+        name = as_text(function.get("name"))
+        if name:
+            state.name = name
+        arguments = as_text(function.get("arguments"))
+        if arguments:
+            state.arguments.append(arguments)
+
+
+def _usage_event(usage: JsonObject) -> UsageEvent:
+    cached = count(obj(usage.get("prompt_tokens_details")).get("cached_tokens"))
+    return UsageEvent(
+        input_tokens=count(usage.get("prompt_tokens")),
+        output_tokens=count(usage.get("completion_tokens")),
+        cache_read_tokens=cached,
+        cache_known=cached is not None,
+        reasoning_tokens=count(obj(usage.get("completion_tokens_details")).get("reasoning_tokens")),
+    )

@@ -1,0 +1,187 @@
+"""Streaming one model response over httpx, with bounded retries before the first event.
+
+Theory of operation: ``stream_response`` builds the API's request once, then for each
+attempt opens ``client.stream(...)`` *inside* the async generator, so closing the
+generator (``aclose()``, ``break`` under ``contextlib.aclosing``, task cancellation)
+exits the ``async with`` and closes the HTTP response and its connection.
+
+- Retries: 408/409/429/5xx statuses and connect-phase errors, only while no event has
+  been yielded; at most ``RetryPolicy.max_retries`` retries, exponential backoff with
+  jitter, ``retry-after-ms`` / ``retry-after`` honoured up to ``max_retry_after``.
+  Quota errors (429 ``insufficient_quota``/``usage_limit_reached``) are not retried.
+- Timeouts: ``connect_timeout`` to connect; ``idle_timeout`` bounds each read, i.e. the
+  gap between chunks (SSE comments/pings count as activity).
+- Completion: the wire decoder says when the API's terminal event arrived; EOF before
+  it is ``provider_stream_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Final
+
+import httpx
+import orjson
+
+from magi_code.providers import anthropic, openai_chat, openai_responses
+from magi_code.providers.errors import (
+    ProviderFailure,
+    error_kind,
+    failure_for_status,
+    map_httpx_errors,
+)
+from magi_code.providers.sse import SSEParser
+from magi_code.providers.types import ApiKind, Endpoint, ProviderRequest, StreamEvent
+from magi_code.providers.wire import Decoder, HttpCall
+
+MAX_ERROR_BODY_BYTES: Final = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_retries: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+    max_retry_after: float = 10.0
+
+    def delay(self, retry: int, retry_after: float | None) -> float:
+        """Seconds to wait before retry number ``retry`` (0-based)."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
+        backoff = min(self.base_delay * (2.0**retry), self.max_delay)
+        return backoff * random.uniform(0.75, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    connect_timeout: float = 10.0
+    idle_timeout: float = 120.0
+    write_timeout: float = 30.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(
+            connect=self.connect_timeout,
+            read=self.idle_timeout,
+            write=self.write_timeout,
+            pool=self.connect_timeout,
+        )
+
+
+DEFAULT_SETTINGS: Final = StreamSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class _Wire:
+    build_call: Callable[[Endpoint, ProviderRequest], HttpCall]
+    decoder: Callable[[], Decoder]
+
+
+_WIRES: Final[dict[ApiKind, _Wire]] = {
+    "anthropic": _Wire(anthropic.build_call, anthropic.Decoder),
+    "openai-chat": _Wire(openai_chat.build_call, openai_chat.Decoder),
+    "openai-responses": _Wire(openai_responses.build_call, openai_responses.Decoder),
+}
+
+
+def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
+    """The exact HTTP request ``stream_response`` sends (URL, headers, JSON body)."""
+    return _WIRES[endpoint.api].build_call(endpoint, request)
+
+
+async def stream_response(
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    request: ProviderRequest,
+    settings: StreamSettings = DEFAULT_SETTINGS,
+) -> AsyncIterator[StreamEvent]:
+    """Stream one model response as neutral events, ending with ``Completed``.
+
+    Raises:
+        ProviderFailure: any failure, labelled; never carries provider text.
+    """
+    wire = _WIRES[endpoint.api]
+    call = wire.build_call(endpoint, request)
+    content = orjson.dumps(call.body)
+    retries = 0
+    while True:
+        yielded = False
+        try:
+            with map_httpx_errors():
+                async with client.stream(
+                    "POST",
+                    call.url,
+                    content=content,
+                    headers=dict(call.headers),
+                    timeout=settings.timeout(),
+                ) as response:
+                    if not response.is_success:
+                        raise await _status_failure(response)
+                    decoder = wire.decoder()
+                    parser = SSEParser()
+                    async for chunk in response.aiter_bytes():
+                        for sse in parser.feed(chunk):
+                            for event in decoder.feed(sse):
+                                yielded = True
+                                yield event
+                            if decoder.done:
+                                return
+                    for sse in parser.close():
+                        for event in decoder.feed(sse):
+                            yielded = True
+                            yield event
+                        if decoder.done:
+                            return
+                    for event in decoder.finish():
+                        yield event
+                    return
+        except ProviderFailure as failure:
+            if yielded or not failure.retryable or retries >= settings.retry.max_retries:
+                raise
+            delay = settings.retry.delay(retries, failure.retry_after)
+        retries += 1
+        await asyncio.sleep(delay)
+
+
+async def _status_failure(response: httpx.Response) -> ProviderFailure:
+    """Classify an HTTP error response from a bounded read of its body."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= MAX_ERROR_BODY_BYTES:
+            break
+    kind: str | None = None
+    try:
+        kind = error_kind(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        pass
+    return failure_for_status(response.status_code, kind, retry_after(response.headers))
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(float(raw_ms) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)

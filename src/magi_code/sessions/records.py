@@ -1,0 +1,227 @@
+"""Session history record codec (pure, no I/O).
+
+One history line is one compact JSON object terminated by ``\\n``::
+
+    {"v":1,"seq":3,"ts":"2025-01-01T00:00:00.000Z","type":"user","turn_id":"t1","text":"hi"}
+
+``v`` is the schema version, ``seq`` a per-session monotonic integer (the header is 0) and
+``type`` selects the remaining fields (see ``FIELDS``). Decoding never raises: a line that
+is not a valid record of this version decodes to ``None`` so readers can skip it and
+report a gap. Unknown ``type`` values decode to ``UnknownRecord`` (forward compatibility).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+import orjson
+
+RECORD_VERSION: Final = 1
+
+TerminalStatus = Literal["completed", "cancelled", "failed", "compaction_required"]
+
+# Fields per known type (besides v/seq/ts/type); decoding and encoding check the types.
+FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "header": ("session_id", "created_at"),
+    "user": ("turn_id", "text"),
+    "assistant": ("turn_id", "text"),
+    "tool_call": ("turn_id", "call_id", "name", "arguments"),
+    "tool_result": ("turn_id", "call_id", "name", "output", "is_error"),
+    "terminal": ("turn_id", "status", "assistant_text"),
+    "compaction": ("summary", "cutoff_seq"),
+}
+_STATUSES: Final[dict[str, TerminalStatus]] = {
+    "completed": "completed",
+    "cancelled": "cancelled",
+    "failed": "failed",
+    "compaction_required": "compaction_required",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderRecord:
+    seq: int
+    session_id: str
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    seq: int
+    turn_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantRecord:
+    seq: int
+    turn_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    seq: int
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultRecord:
+    seq: int
+    turn_id: str
+    call_id: str
+    name: str
+    output: str
+    is_error: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalRecord:
+    seq: int
+    turn_id: str
+    status: TerminalStatus
+    assistant_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRecord:
+    seq: int
+    summary: str
+    cutoff_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownRecord:
+    """A well-formed record of a type this version does not know; never projected."""
+
+    seq: int
+    type: str
+
+
+Record = (
+    HeaderRecord
+    | UserRecord
+    | AssistantRecord
+    | ToolCallRecord
+    | ToolResultRecord
+    | TerminalRecord
+    | CompactionRecord
+    | UnknownRecord
+)
+
+
+def rfc3339_utc(moment: datetime) -> str:
+    """``2025-01-01T00:00:00.000Z`` (millisecond precision, always UTC)."""
+    return (
+        moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    )
+
+
+def now_rfc3339() -> str:
+    return rfc3339_utc(datetime.now(UTC))
+
+
+class _Malformed(Exception):
+    """Internal: a known record type with missing or mistyped fields."""
+
+
+def _str(obj: Mapping[str, object], name: str) -> str:
+    value = obj.get(name)
+    if not isinstance(value, str):
+        raise _Malformed
+    return value
+
+
+def _seq(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _Malformed
+    return value
+
+
+def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
+    match kind:
+        case "header":
+            return HeaderRecord(seq, _str(obj, "session_id"), _str(obj, "created_at"))
+        case "user":
+            return UserRecord(seq, _str(obj, "turn_id"), _str(obj, "text"))
+        case "assistant":
+            return AssistantRecord(seq, _str(obj, "turn_id"), _str(obj, "text"))
+        case "tool_call":
+            return ToolCallRecord(
+                seq,
+                _str(obj, "turn_id"),
+                _str(obj, "call_id"),
+                _str(obj, "name"),
+                _str(obj, "arguments"),
+            )
+        case "tool_result":
+            is_error = obj.get("is_error")
+            if not isinstance(is_error, bool):
+                raise _Malformed
+            return ToolResultRecord(
+                seq,
+                _str(obj, "turn_id"),
+                _str(obj, "call_id"),
+                _str(obj, "name"),
+                _str(obj, "output"),
+                is_error,
+            )
+        case "terminal":
+            status = _STATUSES.get(_str(obj, "status"))
+            if status is None:
+                raise _Malformed
+            return TerminalRecord(seq, _str(obj, "turn_id"), status, _str(obj, "assistant_text"))
+        case "compaction":
+            cutoff = _seq(obj.get("cutoff_seq"))
+            # A checkpoint can only replace records written before it.
+            if cutoff >= seq:
+                raise _Malformed
+            return CompactionRecord(seq, _str(obj, "summary"), cutoff)
+        case _:
+            return UnknownRecord(seq, kind)
+
+
+def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
+    """One complete history line (with ``\\n``) for a record of a known type.
+
+    Raises:
+        ValueError: unknown type, missing/mistyped/extra fields, or text that is not
+            encodable (a caller bug, not a wire condition).
+    """
+    kind = fields.get("type")
+    if not isinstance(kind, str) or kind not in FIELDS:
+        raise ValueError("unknown record type")
+    if set(fields) != {"type", *FIELDS[kind]}:
+        raise ValueError("unexpected or missing record fields")
+    obj: dict[str, object] = {"v": RECORD_VERSION, "seq": seq, "ts": ts, "type": kind}
+    obj.update((name, fields[name]) for name in FIELDS[kind])
+    try:
+        _build(kind, _seq(seq), obj)
+        return orjson.dumps(obj) + b"\n"
+    except _Malformed as exc:
+        raise ValueError("invalid record fields") from exc
+    except orjson.JSONEncodeError as exc:
+        raise ValueError("record is not encodable") from exc
+
+
+def decode_line(line: bytes) -> Record | None:
+    """The record on one line (without its ``\\n``), or ``None`` when malformed."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or type(obj.get("v")) is not int or obj["v"] != RECORD_VERSION:
+        return None
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        return None
+    try:
+        return _build(kind, _seq(obj.get("seq")), obj)
+    except _Malformed:
+        return None

@@ -1,0 +1,208 @@
+"""The v1 stdio adapter: JSONL in on stdin, JSONL out on stdout, diagnostics on stderr.
+
+The adapter owns framing and writing only. It answers each input record and waits until
+that record's batch has been written and flushed before it reads the next one; turn and
+login events are written between responses as workers produce them. On EOF (or SIGTERM)
+it asks the coordinator to cancel and drain the connection's work, writes the remaining
+batches while stdout is open, and returns.
+
+Protocol output goes to a private duplicate of fd 1; fd 1 itself is pointed at stderr so
+that nothing else in the process (or a child that inherits it) can corrupt the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import stat
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from magi_code.core.coordinator import Connection, ServiceCoordinator
+from magi_code.core.output import Batch, Output
+from magi_code.protocol.envelope import OutboundError, encode_batch
+from magi_code.protocol.framing import TOO_LARGE, LineFramer
+from magi_code.storage.launch import LaunchContext
+
+READ_CHUNK = 65536
+
+
+class ByteReader(Protocol):
+    async def read(self, n: int) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+
+class _PipeReader:
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    async def read(self, n: int) -> bytes:
+        return await self._reader.read(n)
+
+
+class _ThreadReader:
+    """For stdin that is a regular file, where pipe transports are unavailable."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    async def read(self, n: int) -> bytes:
+        return await asyncio.to_thread(os.read, self._fd, n)
+
+
+class _PipeWriter:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+
+class _ThreadWriter:
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.to_thread(_write_all, self._fd, data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _pollable(fd: int) -> bool:
+    # Only pipes and sockets go to the event loop: uvloop aborts the process when epoll
+    # refuses an fd (regular files, /dev/null), so everything else uses a thread.
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+async def open_reader(fd: int) -> ByteReader:
+    if not _pollable(fd):
+        return _ThreadReader(fd)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_CHUNK * 2)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0, closefd=False)
+    )
+    return _PipeReader(reader)
+
+
+async def open_writer(fd: int) -> ByteWriter:
+    if not _pollable(fd):
+        return _ThreadWriter(fd)
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0, closefd=False)
+    )
+    return _PipeWriter(asyncio.StreamWriter(transport, protocol, None, loop))
+
+
+def diagnostic(message: str) -> None:
+    """One line on stderr; never request data, secrets or paths."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"magi-code: {message}\n".encode())
+
+
+async def write_loop(output: Output, writer: ByteWriter) -> bool:
+    """Write batches until the channel ends. False after an output failure."""
+    while (batch := await output.get()) is not None:
+        try:
+            data = encode_batch(batch.messages)
+        except OutboundError as exc:
+            diagnostic(f"output error: {exc}; stopping")
+            batch.written()
+            output.close()
+            return False
+        try:
+            await writer.write(data)
+        except (OSError, ConnectionError, RuntimeError):
+            diagnostic("output error: stdout closed; stopping")
+            batch.written()
+            output.close()
+            return False
+        batch.written()
+    return True
+
+
+async def pump_input(
+    coordinator: ServiceCoordinator,
+    conn: Connection,
+    reader: ByteReader,
+    writer_task: asyncio.Task[bool],
+    stop: asyncio.Event,
+) -> None:
+    framer = LineFramer()
+    while not stop.is_set():
+        chunk = await _read_or_stop(reader, stop)
+        frames = framer.feed(chunk) if chunk else framer.eof()
+        for frame in frames:
+            if writer_task.done() or conn.output.closed:
+                return
+            batch: Batch | None
+            if frame is TOO_LARGE:
+                batch = coordinator.reject_oversize(conn)
+            else:
+                assert isinstance(frame, bytes)
+                batch = await coordinator.handle_record(conn, frame)
+            if batch is not None:
+                await _wait_written(batch.done, writer_task)
+        if not chunk:
+            return
+
+
+async def _read_or_stop(reader: ByteReader, stop: asyncio.Event) -> bytes:
+    read = asyncio.ensure_future(reader.read(READ_CHUNK))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if read.done():
+        return read.result()
+    read.cancel()
+    return b""
+
+
+async def _wait_written(done: asyncio.Event, writer_task: asyncio.Task[bool]) -> None:
+    waiter = asyncio.ensure_future(done.wait())
+    try:
+        await asyncio.wait({waiter, writer_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+async def serve_stdio(
+    build: Callable[[], Awaitable[ServiceCoordinator]], ctx: LaunchContext
+) -> int:
+    """Run the v1 service on this process's stdio. Returns the process exit code."""
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    coordinator = await build()
+    conn = coordinator.open_connection(ctx)
+    reader = await open_reader(0)
+    writer = await open_writer(proto_fd)
+    writer_task = asyncio.create_task(write_loop(conn.output, writer))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    try:
+        await pump_input(coordinator, conn, reader, writer_task, stop)
+    finally:
+        # EOF or signal: cancel and drain this connection's work, then flush what remains.
+        await coordinator.close_connection(conn)
+        ok = await writer_task
+    return 0 if ok else 1

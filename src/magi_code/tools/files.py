@@ -1,0 +1,396 @@
+"""File tools: read, write, exact-string edit, glob listing and regex search.
+
+All paths are confined to the project directory (``paths.resolve_in_project``). The file
+work itself is plain blocking code run through ``asyncio.to_thread``; each operation is
+bounded in what it reads and returns, so a cancelled call's thread finishes quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import BinaryIO, Final
+
+from magi_code.storage.files import atomic_write
+from magi_code.tools.base import (
+    BuiltinTool,
+    ToolContext,
+    ToolInputError,
+    ToolOutcome,
+    optional_bool,
+    optional_int,
+    optional_str,
+    require_str,
+)
+from magi_code.tools.paths import (
+    display_path,
+    glob_depth,
+    glob_regex,
+    project_root,
+    resolve_in_project,
+    validate_glob,
+    walk,
+)
+
+# read_file stays under the outcome bound on whole lines and tells the model where to go on.
+READ_BUDGET_BYTES: Final = 30 * 1024
+DEFAULT_READ_LINES: Final = 2000
+MAX_READ_LINES: Final = 100_000
+BINARY_SNIFF_BYTES: Final = 8192
+MAX_EDIT_FILE_BYTES: Final = 16 * 1024 * 1024
+NEW_FILE_MODE: Final = 0o644
+MAX_LIST_RESULTS: Final = 500
+MAX_SCAN_ENTRIES: Final = 100_000
+MAX_GREP_MATCHES: Final = 200
+MAX_GREP_LINE_CHARS: Final = 400
+MAX_GREP_FILE_BYTES: Final = 8 * 1024 * 1024
+MAX_GREP_TOTAL_BYTES: Final = 64 * 1024 * 1024
+
+
+def _os_failure(exc: OSError) -> ToolInputError:
+    # strerror only: the exception's str() carries the absolute path.
+    return ToolInputError(f"The file operation failed: {exc.strerror or 'I/O error'}.")
+
+
+def _is_binary(head: bytes) -> bool:
+    return b"\0" in head
+
+
+class ReadFile(BuiltinTool):
+    name = "read_file"
+    description = (
+        "Read a UTF-8 text file in the project. Returns the file's lines verbatim. "
+        "offset is the 1-based first line, limit the number of lines; long files are "
+        "returned in parts with the offset to continue from."
+    )
+    parameters: Mapping[str, object] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path relative to the project."},
+            "offset": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
+            "limit": {"type": "integer", "minimum": 1, "description": "Maximum lines."},
+        },
+        "required": ["path"],
+        "additionalProperties": False,
+    }
+
+    async def execute(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        raw_path = require_str(arguments, "path")
+        offset = optional_int(arguments, "offset", default=1, minimum=1, maximum=2**31)
+        limit = optional_int(
+            arguments, "limit", default=DEFAULT_READ_LINES, minimum=1, maximum=MAX_READ_LINES
+        )
+        text = await asyncio.to_thread(_read_file, ctx.project_dir, raw_path, offset, limit)
+        return ToolOutcome(text)
+
+
+def _read_file(project_dir: Path, raw_path: str, offset: int, limit: int) -> str:
+    root = project_root(project_dir)
+    path = resolve_in_project(root, raw_path)
+    shown = display_path(root, path)
+    if path.is_dir():
+        raise ToolInputError(f"{shown} is a directory; use list_files.")
+    try:
+        with path.open("rb") as fh:
+            if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
+                raise ToolInputError(f"{shown} is a binary file.")
+            fh.seek(0)
+            return _read_lines(fh, shown, offset, limit)
+    except FileNotFoundError:
+        raise ToolInputError(f"{shown} does not exist.") from None
+    except OSError as exc:
+        raise _os_failure(exc) from None
+
+
+def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> str:
+    chunks: list[bytes] = []
+    used = 0
+    line_no = 0
+    while True:
+        line = fh.readline(READ_BUDGET_BYTES + 1)
+        if not line:
+            break
+        line_no += 1
+        if line_no < offset:
+            _finish_line(fh, line)
+            continue
+        if len(chunks) >= limit or used + len(line) > READ_BUDGET_BYTES:
+            if chunks:
+                text = b"".join(chunks).decode("utf-8", errors="replace")
+                return f"{text}\n[more lines follow; continue with offset={line_no}]"
+            # A single line longer than the whole budget: show its start.
+            _finish_line(fh, line)
+            head = line[:READ_BUDGET_BYTES].decode("utf-8", errors="ignore")
+            return f"{head}\n[line {line_no} truncated; continue with offset={line_no + 1}]"
+        chunks.append(line)
+        used += len(line)
+    if not chunks:
+        if line_no == 0:
+            return f"({shown} is empty)"
+        return f"({shown} has {line_no} lines; offset {offset} is past the end)"
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _finish_line(fh: BinaryIO, line: bytes) -> None:
+    """Consume the rest of a line that ``readline`` cut at its size bound."""
+    while line and not line.endswith(b"\n"):
+        line = fh.readline(READ_BUDGET_BYTES)
+
+
+class WriteFile(BuiltinTool):
+    name = "write_file"
+    description = (
+        "Create or overwrite a file in the project with the given content "
+        "(parent directories are created)."
+    )
+    parameters: Mapping[str, object] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path relative to the project."},
+            "content": {"type": "string", "description": "The complete new file content."},
+        },
+        "required": ["path", "content"],
+        "additionalProperties": False,
+    }
+
+    async def execute(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        raw_path = require_str(arguments, "path")
+        content = require_str(arguments, "content", allow_empty=True)
+        message = await asyncio.to_thread(_write_file, ctx.project_dir, raw_path, content)
+        return ToolOutcome(message)
+
+
+def _write_file(project_dir: Path, raw_path: str, content: str) -> str:
+    root = project_root(project_dir)
+    path = resolve_in_project(root, raw_path)
+    shown = display_path(root, path)
+    if path == root or path.is_dir():
+        raise ToolInputError(f"{shown} is a directory.")
+    data = content.encode("utf-8")
+    try:
+        existed = path.exists()
+        mode = path.stat().st_mode & 0o7777 if existed else NEW_FILE_MODE
+        atomic_write(path, data, mode)
+    except OSError as exc:
+        raise _os_failure(exc) from None
+    verb = "Updated" if existed else "Created"
+    return f"{verb} {shown} ({len(data)} bytes)."
+
+
+class EditFile(BuiltinTool):
+    name = "edit_file"
+    description = (
+        "Replace an exact string in a project file. old_string must match the file text "
+        "exactly (including whitespace) and be unique unless replace_all is true."
+    )
+    parameters: Mapping[str, object] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path relative to the project."},
+            "old_string": {"type": "string", "description": "Exact text to replace."},
+            "new_string": {"type": "string", "description": "Replacement text."},
+            "replace_all": {
+                "type": "boolean",
+                "description": "Replace every occurrence (default false).",
+            },
+        },
+        "required": ["path", "old_string", "new_string"],
+        "additionalProperties": False,
+    }
+
+    async def execute(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        raw_path = require_str(arguments, "path")
+        old = require_str(arguments, "old_string")
+        new = require_str(arguments, "new_string", allow_empty=True)
+        replace_all = optional_bool(arguments, "replace_all", default=False)
+        if old == new:
+            raise ToolInputError("old_string and new_string are identical.")
+        message = await asyncio.to_thread(
+            _edit_file, ctx.project_dir, raw_path, old, new, replace_all
+        )
+        return ToolOutcome(message)
+
+
+def _edit_file(project_dir: Path, raw_path: str, old: str, new: str, replace_all: bool) -> str:
+    root = project_root(project_dir)
+    path = resolve_in_project(root, raw_path)
+    shown = display_path(root, path)
+    if path.is_dir():
+        raise ToolInputError(f"{shown} is a directory.")
+    try:
+        stat = path.stat()
+        if stat.st_size > MAX_EDIT_FILE_BYTES:
+            raise ToolInputError(f"{shown} is too large to edit.")
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ToolInputError(f"{shown} does not exist.") from None
+    except UnicodeDecodeError:
+        raise ToolInputError(f"{shown} is not UTF-8 text.") from None
+    except OSError as exc:
+        raise _os_failure(exc) from None
+    count = text.count(old)
+    if count == 0:
+        raise ToolInputError(f"old_string was not found in {shown}.")
+    if count > 1 and not replace_all:
+        raise ToolInputError(
+            f"old_string occurs {count} times in {shown}; include more surrounding "
+            "text to make it unique, or set replace_all."
+        )
+    updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+    try:
+        atomic_write(path, updated.encode("utf-8"), stat.st_mode & 0o7777)
+    except OSError as exc:
+        raise _os_failure(exc) from None
+    return f"Replaced {count if replace_all else 1} occurrence(s) in {shown}."
+
+
+class ListFiles(BuiltinTool):
+    name = "list_files"
+    description = (
+        "List project files matching a glob pattern, sorted. '*' stays within a directory, "
+        "'**/' spans directories, '{a,b}' alternatives. Directories end with '/'. "
+        "path is the directory to search from (default: project root)."
+    )
+    parameters: Mapping[str, object] = {
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string", "description": "Glob, e.g. 'src/**/*.py'."},
+            "path": {"type": "string", "description": "Directory relative to the project."},
+        },
+        "required": ["pattern"],
+        "additionalProperties": False,
+    }
+
+    async def execute(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        pattern = require_str(arguments, "pattern")
+        validate_glob(pattern)
+        raw_path = optional_str(arguments, "path") or "."
+        text = await asyncio.to_thread(_list_files, ctx.project_dir, raw_path, pattern)
+        return ToolOutcome(text)
+
+
+def _list_files(project_dir: Path, raw_path: str, pattern: str) -> str:
+    root = project_root(project_dir)
+    base = resolve_in_project(root, raw_path)
+    if not base.is_dir():
+        raise ToolInputError(f"{display_path(root, base)} is not a directory.")
+    regex = glob_regex(pattern)
+    matches: list[str] = []
+    scanned = 0
+    complete = True
+    for relative, is_dir in walk(base, max_depth=glob_depth(pattern)):
+        scanned += 1
+        if scanned > MAX_SCAN_ENTRIES:
+            complete = False
+            break
+        if regex.match(relative):
+            matches.append(relative + "/" if is_dir else relative)
+    matches.sort()
+    lines = matches[:MAX_LIST_RESULTS]
+    if not lines:
+        lines.append("No files match.")
+    if len(matches) > MAX_LIST_RESULTS:
+        lines.append(f"[{len(matches) - MAX_LIST_RESULTS} more matches not shown]")
+    if not complete:
+        lines.append(f"[scan stopped after {MAX_SCAN_ENTRIES} entries; narrow pattern or path]")
+    return "\n".join(lines)
+
+
+class Grep(BuiltinTool):
+    name = "grep"
+    description = (
+        "Search project files for a Python regular expression, line by line. Prints "
+        "'path:line:text'. path is a file or directory (default: project root); glob "
+        "filters files (matched against the file name, or the relative path if it "
+        "contains '/'). Binary files and .git are skipped."
+    )
+    parameters: Mapping[str, object] = {
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string", "description": "Python regular expression."},
+            "path": {"type": "string", "description": "File or directory in the project."},
+            "glob": {"type": "string", "description": "File filter, e.g. '*.py'."},
+        },
+        "required": ["pattern"],
+        "additionalProperties": False,
+    }
+
+    async def execute(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        pattern = require_str(arguments, "pattern")
+        raw_path = optional_str(arguments, "path") or "."
+        file_glob = optional_str(arguments, "glob")
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ToolInputError(f"Invalid regular expression: {exc}.") from None
+        if file_glob is not None:
+            validate_glob(file_glob)
+        text = await asyncio.to_thread(_grep, ctx.project_dir, raw_path, regex, file_glob)
+        return ToolOutcome(text)
+
+
+def _grep(project_dir: Path, raw_path: str, regex: re.Pattern[str], file_glob: str | None) -> str:
+    root = project_root(project_dir)
+    base = resolve_in_project(root, raw_path)
+    if base.is_file():
+        candidates = [(display_path(root, base), base)]
+    elif base.is_dir():
+        candidates = _grep_candidates(root, base, file_glob)
+    else:
+        raise ToolInputError(f"{display_path(root, base)} does not exist.")
+    results: list[str] = []
+    total = 0
+    note = ""
+    for shown, path in candidates:
+        data = _grep_read(path)
+        if data is None:
+            continue
+        total += len(data)
+        if total > MAX_GREP_TOTAL_BYTES:
+            note = "[search stopped at its byte budget; narrow path or glob]"
+            break
+        for line_no, line in enumerate(data.decode("utf-8", errors="replace").split("\n"), 1):
+            if regex.search(line):
+                results.append(f"{shown}:{line_no}:{line.rstrip(chr(13))[:MAX_GREP_LINE_CHARS]}")
+                if len(results) >= MAX_GREP_MATCHES:
+                    break
+        if len(results) >= MAX_GREP_MATCHES:
+            note = f"[stopped after {MAX_GREP_MATCHES} matches; narrow the search]"
+            break
+    if not results:
+        results.append("No matches.")
+    if note:
+        results.append(note)
+    return "\n".join(results)
+
+
+def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tuple[str, Path]]:
+    regex = glob_regex(file_glob) if file_glob else None
+    on_name = file_glob is not None and "/" not in file_glob
+    found: list[tuple[str, Path]] = []
+    for scanned, (relative, is_dir) in enumerate(walk(base)):
+        if scanned >= MAX_SCAN_ENTRIES:
+            break
+        if is_dir:
+            continue
+        target = relative.rsplit("/", 1)[-1] if on_name else relative
+        if regex is not None and not regex.match(target):
+            continue
+        path = base / relative
+        found.append((display_path(root, path), path))
+    return found
+
+
+def _grep_read(path: Path) -> bytes | None:
+    """A searchable file's bytes; ``None`` for symlinks, binaries, huge or unreadable files."""
+    try:
+        # Symlinks are skipped: their target may be outside the project.
+        stat = path.lstat()
+        if not path.is_file() or path.is_symlink() or stat.st_size > MAX_GREP_FILE_BYTES:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return None if _is_binary(data[:BINARY_SNIFF_BYTES]) else data

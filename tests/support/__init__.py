@@ -1,0 +1,1 @@
+"""Shared test support: loopback fakes speaking the real wire formats."""
