@@ -1,0 +1,41 @@
+"""Shared fixtures: every test gets its own MC_HOME and project directory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.service import ServiceProcess, running_service
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("MC_", "ANTHROPIC_", "OPENAI_")):
+            monkeypatch.delenv(name)
+    user_home = tmp_path / "user-home"
+    user_home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(user_home))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "mc-home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def service(home: Path, project: Path) -> AsyncIterator[ServiceProcess]:
+    async with running_service(home, project) as svc:
+        yield svc

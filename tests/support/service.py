@@ -1,0 +1,194 @@
+"""Drive the real ``magi-code --app service`` process over its stdio pipes.
+
+Every test gets its own temporary MC_HOME and project directory; the process is always
+stopped (stdin closed, then killed if it does not exit) when the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+STEP_TIMEOUT = 20.0
+
+
+def service_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MC_", "ANTHROPIC_", "OPENAI_", "XDG_RUNTIME_DIR"))
+    }
+    env["MC_HOME"] = str(home)
+    env["HOME"] = str(home.parent / "user-home")
+    env.setdefault("MC_SERVICE_MODE", os.environ.get("MC_TEST_SERVICE_MODE", "embedded"))
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+class ServiceProcess:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self._ids = itertools.count(1)
+        self.pending: list[dict[str, Any]] = []
+
+    @classmethod
+    async def start(
+        cls,
+        home: Path,
+        project: Path,
+        env: Mapping[str, str] | None = None,
+        args: tuple[str, ...] = ("--app", "service"),
+    ) -> ServiceProcess:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "magi_code",
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=project,
+            env=service_env(home, env),
+            limit=1 << 20,
+        )
+        return cls(proc)
+
+    async def send_raw(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    async def send(self, record: Mapping[str, Any]) -> None:
+        await self.send_raw(orjson.dumps(record) + b"\n")
+
+    def next_id(self, prefix: str = "req") -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    async def recv(self, timeout: float = STEP_TIMEOUT) -> dict[str, Any]:
+        """Next message, from what was buffered while waiting for responses, or the pipe."""
+        if self.pending:
+            return self.pending.pop(0)
+        return await self._read(timeout)
+
+    async def _read(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise EOFError("service closed stdout")
+        assert line.endswith(b"\n")
+        message: dict[str, Any] = orjson.loads(line)
+        return message
+
+    async def request(
+        self,
+        method: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        timeout: float = STEP_TIMEOUT,
+    ) -> dict[str, Any]:
+        """Send one request and return its response; events seen meanwhile stay queued."""
+        rid = request_id or self.next_id()
+        record: dict[str, Any] = {
+            "protocol_version": 1,
+            "kind": "request",
+            "request_id": rid,
+            "method": method,
+            "payload": dict(payload or {}),
+        }
+        if session_id is not None:
+            record["session_id"] = session_id
+        await self.send(record)
+        return await self.response_for(rid, timeout)
+
+    async def response_for(self, request_id: str, timeout: float = STEP_TIMEOUT) -> dict[str, Any]:
+        for i, message in enumerate(self.pending):
+            if message["kind"] == "response" and message["request_id"] == request_id:
+                return self.pending.pop(i)
+        while True:
+            message = await self._read(timeout)
+            if message["kind"] == "response" and message["request_id"] == request_id:
+                return message
+            self.pending.append(message)
+
+    async def initialize(self) -> dict[str, Any]:
+        response = await self.request("initialize", {"supported_protocol_versions": [1]})
+        assert response["error"] is None, response
+        return response
+
+    async def events_until_terminal(
+        self, request_id: str, terminal: str = "turn.terminal", timeout: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """Collect every event correlated to ``request_id`` up to and including its terminal."""
+        events: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            message = None
+            for i, candidate in enumerate(self.pending):
+                if candidate["kind"] == "event" and candidate["request_id"] == request_id:
+                    message = self.pending.pop(i)
+                    break
+            if message is None:
+                message = await self._read(max(0.1, deadline - loop.time()))
+                if message["kind"] != "event" or message["request_id"] != request_id:
+                    self.pending.append(message)
+                    continue
+            events.append(message)
+            if message["event"] == terminal:
+                return events
+
+    async def close_stdin(self) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.proc.stdin.close()
+            await self.proc.stdin.wait_closed()
+
+    async def drain_stdout(self, timeout: float = STEP_TIMEOUT) -> list[dict[str, Any]]:
+        """Everything left on stdout until EOF (after stdin was closed)."""
+        messages = list(self.pending)
+        self.pending.clear()
+        with contextlib.suppress(EOFError):
+            while True:
+                messages.append(await self._read(timeout))
+        return messages
+
+    async def wait(self, timeout: float = STEP_TIMEOUT) -> int:
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    async def stderr_text(self) -> str:
+        assert self.proc.stderr is not None
+        return (await self.proc.stderr.read()).decode(errors="replace")
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            await self.close_stdin()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_service(
+    home: Path, project: Path, env: Mapping[str, str] | None = None, *, initialize: bool = True
+) -> AsyncIterator[ServiceProcess]:
+    service = await ServiceProcess.start(home, project, env)
+    try:
+        if initialize:
+            await service.initialize()
+        yield service
+    finally:
+        await service.stop()
