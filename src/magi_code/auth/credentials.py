@@ -80,24 +80,39 @@ async def _codex(
     if refresh is None:
         raise CredentialsError(AUTH_MISSING)
     observed = snapshot.generation(CODEX_PROVIDER_ID)
-    try:
-        issuer = oauth.issuer_url(ctx.env)
-        response = await oauth.refresh_tokens(client, issuer, refresh)
-    except (ServiceError, oauth.TokenRequestError):
+    fresh = await _refreshed(ctx, client, record, refresh, now)
+    if fresh is None:
         # Another turn or process may have rotated the token first; its result wins.
         return await _newer_or_fail(store, observed, now)
-    fresh = codex_record(response, now, previous=record)
-    if fresh is None:
-        raise CredentialsError(AUTH_REFRESH_FAILED)
     try:
         await asyncio.to_thread(store.commit, CODEX_PROVIDER_ID, fresh, observed)
+        changed = False
     except AuthChanged:
-        return await _newer_or_fail(store, observed, now)
+        changed = True
     except ServiceError:
         # The issuer may have rotated the refresh token we could not persist.
         log.warning("codex credential refresh could not be stored")
         raise CredentialsError(AUTH_REFRESH_FAILED) from None
+    if changed:
+        return await _newer_or_fail(store, observed, now)
     return _codex_headers(fresh)
+
+
+async def _refreshed(
+    ctx: LaunchContext,
+    client: httpx.AsyncClient,
+    record: Mapping[str, Any],
+    refresh: str,
+    now: float,
+) -> dict[str, Any] | None:
+    """The refreshed record, or ``None`` when the issuer refused or failed."""
+    try:
+        issuer = oauth.issuer_url(ctx.env)
+        response = await oauth.refresh_tokens(client, issuer, refresh)
+    except (ServiceError, oauth.TokenRequestError):
+        log.warning("codex credential refresh failed")
+        return None
+    return codex_record(response, now, previous=record)
 
 
 async def _newer_or_fail(store: AuthStore, observed: int, now: float) -> dict[str, str]:

@@ -23,11 +23,11 @@ import math
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import httpx
 import orjson
@@ -91,24 +91,6 @@ class ModelInfo:
     selectable: bool
 
 
-class DiscoveredLike(Protocol):
-    """The fields of ``magi_code.providers.discovery.DiscoveredModel`` read here."""
-
-    @property
-    def model_id(self) -> str: ...
-    @property
-    def label(self) -> str | None: ...
-    @property
-    def context_window(self) -> int | None: ...
-    @property
-    def max_output_tokens(self) -> int | None: ...
-    @property
-    def reasoning_levels(self) -> tuple[str, ...] | None: ...
-
-
-Discover = Callable[[httpx.AsyncClient, Endpoint], Awaitable[Sequence[DiscoveredLike]]]
-
-
 # -- cache file --------------------------------------------------------------------------
 
 
@@ -144,7 +126,6 @@ def _clean(
     for model_id, label, context, max_output, levels in raw:
         if not is_safe_id(model_id) or model_id in models:
             continue
-        assert isinstance(model_id, str)  # is_safe_id checked it
         reasoning = None
         if isinstance(levels, list | tuple):
             reasoning = tuple(normalize_levels(levels))
@@ -393,11 +374,10 @@ async def _discovered_models(
     provider: ProviderDefinition,
     client: httpx.AsyncClient,
     headers: Mapping[str, str],
-    discover: Discover,
 ) -> tuple[CatalogModel, ...]:
     endpoint = Endpoint(api=provider.api, base_url=provider.base_url, headers=dict(headers))
     try:
-        found = await discover(client, endpoint)
+        found = await list_models(client, endpoint)
     # Provider details (status, body, URL) never leave this function.
     except ProviderFailure:
         raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED) from None
@@ -416,13 +396,11 @@ async def refresh(
     client: httpx.AsyncClient,
     credentials_headers: Mapping[str, str],
     now: Clock = time.time,
-    discover: Discover = list_models,
 ) -> dict[str, Any]:
     """The ``catalog.refresh`` success payload: discover, cache, report the cache state.
 
     ``credentials_headers`` are resolved by the caller (auth domain). A custom provider
-    with a static ``models`` list is cached without any network request. ``discover`` is
-    injectable for tests of the cache logic; the default is the real provider discovery.
+    with a static ``models`` list is cached without any network request.
 
     Raises:
         ServiceError: ``invalid_selection`` for an unsafe/unknown provider;
@@ -433,7 +411,7 @@ async def refresh(
     if provider.static_models is not None:
         models = _static_models(provider)
     else:
-        models = await _discovered_models(provider, client, credentials_headers, discover)
+        models = await _discovered_models(provider, client, credentials_headers)
     if not models:
         raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, TypeGuard
 
 MAX_SELECTION_ID_BYTES: Final = 256
 MAX_LABEL_BYTES: Final = 128
@@ -60,7 +60,7 @@ def looks_secret(value: str) -> bool:
     return False
 
 
-def is_safe_id(value: object) -> bool:
+def is_safe_id(value: object) -> TypeGuard[str]:
     """True for a nonempty, bounded, allowlisted ID that does not look like a secret."""
     return isinstance(value, str) and bool(_ID_RE.fullmatch(value)) and not looks_secret(value)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -35,7 +35,7 @@ from magi_code.providers.errors import (
     failure_for_status,
     map_httpx_errors,
 )
-from magi_code.providers.sse import SSEParser
+from magi_code.providers.sse import SSEEvent, SSEParser
 from magi_code.providers.types import ApiKind, Endpoint, ProviderRequest, StreamEvent
 from magi_code.providers.wire import Decoder, HttpCall
 
@@ -99,7 +99,7 @@ async def stream_response(
     endpoint: Endpoint,
     request: ProviderRequest,
     settings: StreamSettings = DEFAULT_SETTINGS,
-) -> AsyncIterator[StreamEvent]:
+) -> AsyncGenerator[StreamEvent, None]:
     """Stream one model response as neutral events, ending with ``Completed``.
 
     Raises:
@@ -125,19 +125,13 @@ async def stream_response(
                     decoder = wire.decoder()
                     parser = SSEParser()
                     async for chunk in response.aiter_bytes():
-                        for sse in parser.feed(chunk):
-                            for event in decoder.feed(sse):
-                                yielded = True
-                                yield event
-                            if decoder.done:
-                                return
-                    for sse in parser.close():
-                        for event in decoder.feed(sse):
+                        for event in _decode(decoder, parser.feed(chunk)):
                             yielded = True
                             yield event
                         if decoder.done:
-                            return
-                    for event in decoder.finish():
+                            return  # terminal event: stop reading, close the response
+                    for event in [*_decode(decoder, parser.close()), *decoder.finish()]:
+                        yielded = True
                         yield event
                     return
         except ProviderFailure as failure:
@@ -146,6 +140,16 @@ async def stream_response(
             delay = settings.retry.delay(retries, failure.retry_after)
         retries += 1
         await asyncio.sleep(delay)
+
+
+def _decode(decoder: Decoder, events: list[SSEEvent]) -> list[StreamEvent]:
+    """Feed SSE events to the decoder, ignoring anything after the terminal event."""
+    out: list[StreamEvent] = []
+    for sse in events:
+        if decoder.done:
+            break
+        out += decoder.feed(sse)
+    return out
 
 
 async def _status_failure(response: httpx.Response) -> ProviderFailure:

@@ -1,1 +1,15 @@
+"""Durable sessions: append-only JSONL histories, writer leases, listing and replay.
 
+See ``docs/sessions.md`` for the layout, record format and guarantees.
+"""
+
+from magi_code.sessions.ids import new_session_id, validate_session_id
+from magi_code.sessions.store import SessionContext, SessionStore, WriterLease
+
+__all__ = [
+    "SessionContext",
+    "SessionStore",
+    "WriterLease",
+    "new_session_id",
+    "validate_session_id",
+]

@@ -155,11 +155,15 @@ def _digest(body: dict[str, object]) -> bytes:
 def project(records: Sequence[Record]) -> Projection:
     compaction = latest_compaction(records)
     cutoff = compaction.cutoff_seq if compaction else -1
-    answered = {r.turn_id for r in records if isinstance(r, AssistantRecord)}
+    # Turns that settled an assistant message before their terminal. Only earlier records
+    # count, so a later append can never change an already projected item.
+    answered: set[str] = set()
     items: list[Item] = []
     if compaction is not None:
         items += _text_items(compaction.seq, 0, {"kind": "summary"}, compaction.summary)
     for record in records:
+        if isinstance(record, AssistantRecord):
+            answered.add(record.turn_id)
         if record.seq <= cutoff:
             continue
         if isinstance(record, UserRecord):

@@ -183,13 +183,13 @@ async def _wait_written(done: asyncio.Event, writer_task: asyncio.Task[bool]) ->
 
 
 async def serve_stdio(
-    build: Callable[[], Awaitable[ServiceCoordinator]], ctx: LaunchContext
+    build: Callable[[LaunchContext], Awaitable[ServiceCoordinator]], ctx: LaunchContext
 ) -> int:
     """Run the v1 service on this process's stdio. Returns the process exit code."""
     proto_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    coordinator = await build()
+    coordinator = await build(ctx)
     conn = coordinator.open_connection(ctx)
     reader = await open_reader(0)
     writer = await open_writer(proto_fd)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Mapping
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Final, Protocol, TypeVar
@@ -121,7 +121,8 @@ async def run_tool(tool: Tool, raw_arguments_json: str, ctx: ToolContext) -> Too
         return await tool.run(arguments, ctx)
     except ToolInputError as exc:
         return ToolOutcome.error(str(exc))
-    except Exception as exc:  # the one boundary: a tool bug must not end the turn
+    # The one boundary: a tool bug must not end the turn.
+    except Exception as exc:  # noqa: BLE001
         # Only the type: exception text can carry paths or server output.
         logger.warning("tool call failed unexpectedly (%s)", type(exc).__name__)
         return ToolOutcome.error(f"The tool failed unexpectedly ({type(exc).__name__}).")

@@ -65,7 +65,7 @@ class ReadFile(BuiltinTool):
         "offset is the 1-based first line, limit the number of lines; long files are "
         "returned in parts with the offset to continue from."
     )
-    parameters: Mapping[str, object] = {
+    parameters = {
         "type": "object",
         "properties": {
             "path": {"type": "string", "description": "File path relative to the project."},
@@ -145,7 +145,7 @@ class WriteFile(BuiltinTool):
         "Create or overwrite a file in the project with the given content "
         "(parent directories are created)."
     )
-    parameters: Mapping[str, object] = {
+    parameters = {
         "type": "object",
         "properties": {
             "path": {"type": "string", "description": "File path relative to the project."},
@@ -185,7 +185,7 @@ class EditFile(BuiltinTool):
         "Replace an exact string in a project file. old_string must match the file text "
         "exactly (including whitespace) and be unique unless replace_all is true."
     )
-    parameters: Mapping[str, object] = {
+    parameters = {
         "type": "object",
         "properties": {
             "path": {"type": "string", "description": "File path relative to the project."},
@@ -253,7 +253,7 @@ class ListFiles(BuiltinTool):
         "'**/' spans directories, '{a,b}' alternatives. Directories end with '/'. "
         "path is the directory to search from (default: project root)."
     )
-    parameters: Mapping[str, object] = {
+    parameters = {
         "type": "object",
         "properties": {
             "pattern": {"type": "string", "description": "Glob, e.g. 'src/**/*.py'."},
@@ -278,11 +278,9 @@ def _list_files(project_dir: Path, raw_path: str, pattern: str) -> str:
         raise ToolInputError(f"{display_path(root, base)} is not a directory.")
     regex = glob_regex(pattern)
     matches: list[str] = []
-    scanned = 0
     complete = True
-    for relative, is_dir in walk(base, max_depth=glob_depth(pattern)):
-        scanned += 1
-        if scanned > MAX_SCAN_ENTRIES:
+    for scanned, (relative, is_dir) in enumerate(walk(base, max_depth=glob_depth(pattern))):
+        if scanned >= MAX_SCAN_ENTRIES:
             complete = False
             break
         if regex.match(relative):
@@ -306,7 +304,7 @@ class Grep(BuiltinTool):
         "filters files (matched against the file name, or the relative path if it "
         "contains '/'). Binary files and .git are skipped."
     )
-    parameters: Mapping[str, object] = {
+    parameters = {
         "type": "object",
         "properties": {
             "pattern": {"type": "string", "description": "Python regular expression."},

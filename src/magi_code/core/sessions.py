@@ -1,0 +1,181 @@
+"""Session routes and attachments (explicit and implicit writer leases).
+
+An attachment is one client's hold on a session: the durable writer lease (a flock the
+kernel drops if the process dies) plus in-memory state. A v1 stdio service is one client;
+in the daemon every v1 shim connection is its own client, so two frontends never write
+one session, whether they are two processes or two connections of one daemon.
+
+Explicit attachments (create/open) survive turns until close or disconnect. A turn
+without one takes an implicit attachment that is released after its terminal output and
+worker cleanup. A close during a turn marks the attachment closing and cancels the turn;
+the lease is released once the turn has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from magi_code.protocol.envelope import Request
+from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.limits import MAX_SESSION_ATTACHMENTS, MAX_SESSION_PAGE_ITEMS
+from magi_code.sessions.ids import validate_session_id
+from magi_code.sessions.store import SessionStore, WriterLease
+
+from .coordinator import Connection
+from .routes import Reply, Route, SessionRule, check_fields, empty_payload
+
+_PAGE_FIELDS: Final = frozenset({"after", "limit"})
+
+
+@dataclass(eq=False, slots=True)
+class Attachment:
+    session_id: str
+    owner: int
+    lease: WriterLease
+    explicit: bool
+    closing: bool = False
+    # Set while a turn runs on this session: cancels it (close during a turn).
+    cancel_turn: Callable[[], None] | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def busy(self) -> bool:
+        return self.cancel_turn is not None
+
+
+def _page_args(payload: dict[str, Any]) -> tuple[Any, int]:
+    check_fields(payload, _PAGE_FIELDS)
+    limit = payload.get("limit", MAX_SESSION_PAGE_ITEMS)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    if limit > MAX_SESSION_PAGE_ITEMS:
+        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+    after = payload.get("after")
+    if after is not None and not isinstance(after, str):
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    return after, limit
+
+
+def _validate_list(request: Request) -> tuple[str | None, int]:
+    after, limit = _page_args(request.payload)
+    return (None if after is None else validate_session_id(after)), limit
+
+
+def _validate_replay(request: Request) -> tuple[str, Any, int]:
+    session_id = validate_session_id(request.session_id)
+    after, limit = _page_args(request.payload)
+    return session_id, after, limit
+
+
+def _validate_session_op(request: Request) -> str:
+    empty_payload(request)
+    return validate_session_id(request.session_id)
+
+
+class SessionService:
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._attachments: dict[str, Attachment] = {}
+
+    def routes(self) -> Sequence[Route]:
+        return (
+            Route("session.list", _validate_list, self._list),
+            Route("session.create", empty_payload, self._create),
+            Route("session.open", _validate_session_op, self._open, SessionRule.REQUIRED),
+            Route("session.replay", _validate_replay, self._replay, SessionRule.REQUIRED),
+            Route("session.close", _validate_session_op, self._close, SessionRule.REQUIRED),
+        )
+
+    def events(self) -> Sequence[str]:
+        return ()
+
+    # -- attachment bookkeeping (also used by turns) --------------------------------------
+
+    def owned(self, conn: Connection) -> list[Attachment]:
+        return [a for a in self._attachments.values() if a.owner == conn.conn_id]
+
+    def _check_capacity(self, conn: Connection) -> None:
+        if len(self.owned(conn)) >= MAX_SESSION_ATTACHMENTS:
+            raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+
+    def _existing(self, conn: Connection, session_id: str) -> Attachment | None:
+        attachment = self._attachments.get(session_id)
+        if attachment is None:
+            return None
+        if attachment.owner != conn.conn_id or attachment.closing:
+            raise ServiceError(ErrorCode.SESSION_BUSY)
+        return attachment
+
+    async def attach(self, conn: Connection, session_id: str, *, explicit: bool) -> Attachment:
+        """Reuse this client's attachment or take the writer lease for a new one."""
+        attachment = self._existing(conn, session_id)
+        if attachment is not None:
+            attachment.explicit |= explicit
+            return attachment
+        self._check_capacity(conn)
+        lease = await asyncio.to_thread(self.store.acquire_writer_lease, session_id)
+        # Another request of this loop may have attached meanwhile (the lease call
+        # would then have failed with session_busy, so this is our lease).
+        attachment = Attachment(session_id, conn.conn_id, lease, explicit)
+        attachment.idle.set()
+        self._attachments[session_id] = attachment
+        return attachment
+
+    async def create(self, conn: Connection, *, explicit: bool) -> Attachment:
+        self._check_capacity(conn)
+        session_id = await asyncio.to_thread(self.store.create)
+        return await self.attach(conn, session_id, explicit=explicit)
+
+    async def release(self, attachment: Attachment) -> None:
+        if self._attachments.get(attachment.session_id) is attachment:
+            del self._attachments[attachment.session_id]
+        await asyncio.to_thread(attachment.lease.release)
+
+    async def turn_finished(self, attachment: Attachment) -> None:
+        """After a turn's terminal output and cleanup: drop implicit or closing holds."""
+        attachment.cancel_turn = None
+        attachment.idle.set()
+        if attachment.closing or not attachment.explicit:
+            await self.release(attachment)
+
+    async def connection_closed(self, connection: Connection) -> None:
+        # Turns were drained first (the turn service closes before this one).
+        for attachment in self.owned(connection):
+            await attachment.idle.wait()
+            await self.release(attachment)
+
+    # -- routes --------------------------------------------------------------------------
+
+    async def _list(self, conn: Connection, request: Request, args: tuple[Any, int]) -> Reply:
+        after, limit = args
+        return Reply(await asyncio.to_thread(self.store.list_sessions, after, limit))
+
+    async def _create(self, conn: Connection, request: Request, _: None) -> Reply:
+        attachment = await self.create(conn, explicit=True)
+        return Reply({"session_id": attachment.session_id, "status": "open"}, attachment.session_id)
+
+    async def _open(self, conn: Connection, request: Request, session_id: str) -> Reply:
+        await self.attach(conn, session_id, explicit=True)
+        return Reply({"session_id": session_id, "status": "open"}, session_id)
+
+    async def _replay(
+        self, conn: Connection, request: Request, args: tuple[str, Any, int]
+    ) -> Reply:
+        session_id, after, limit = args
+        return Reply(await asyncio.to_thread(self.store.replay, session_id, after, limit))
+
+    async def _close(self, conn: Connection, request: Request, session_id: str) -> Reply:
+        attachment = self._attachments.get(session_id)
+        if attachment is None or attachment.owner != conn.conn_id:
+            # Idempotent for any valid ID; never touches another client's lease.
+            return Reply({"session_id": session_id, "status": "closed"})
+        if attachment.busy:
+            attachment.closing = True
+            if attachment.cancel_turn is not None:
+                attachment.cancel_turn()
+            return Reply({"session_id": session_id, "status": "closing"})
+        await self.release(attachment)
+        return Reply({"session_id": session_id, "status": "closed"})

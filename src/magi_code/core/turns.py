@@ -1,0 +1,342 @@
+"""``turn.start`` / ``turn.cancel``: admission, the per-turn event order, terminals.
+
+Theory of operation, per turn:
+
+- admission (on the coordinator): payload, active-turn limit, session attachment (reuse,
+  implicit, or a new session), bounded history read, the user message made durable, the
+  start request ID kept reserved; the acceptance response and ``turn.started`` (sequence
+  0) go out in one batch, and the worker starts only after that batch was written;
+- the worker (``TurnRun``) runs the agent. Every assistant delta and every *attempted*
+  activity takes the next value of one per-turn sequence counter *before* it is queued;
+  deltas wait for queue space, activity never does (a full queue drops it and counts it);
+- at the end admission closes, partial text and the terminal record are persisted, the
+  queue is drained, and ``turn.terminal`` takes the next sequence value. Its write
+  releases the start request ID; only then is the session attachment settled.
+
+Cancellation interrupts only the agent task: if the agent already finished, the turn
+still ends ``completed`` (completion won the race).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+
+from magi_code.protocol.envelope import Request
+from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
+from magi_code.sessions.ids import validate_session_id
+from magi_code.sessions.store import SessionContext
+from magi_code.turns.agent import OutputLimitExceeded
+from magi_code.turns.runtime import TurnRequest, TurnRuntime
+
+from .coordinator import Connection
+from .output import Batch
+from .routes import Reply, Route, SessionRule, check_fields
+from .sessions import Attachment, SessionService
+
+log = logging.getLogger(__name__)
+
+MAX_ACTIVE_TURNS: Final = 16
+TURN_QUEUE_CAPACITY: Final = 256
+# Provider deltas are split so that one delta event always fits its record.
+MAX_DELTA_BYTES: Final = 8192
+_START_FIELDS: Final = frozenset({"prompt", "options"})
+# The terminal payload without its text, with counters at their widest, bounds the text.
+_TERMINAL_OVERHEAD: Final = len(
+    orjson.dumps(
+        {
+            "turn_id": "t" * 128,
+            "session_id": "s" * 128,
+            "status": "cancelled",
+            "assistant_text": "",
+            "sequence": 2**63,
+            "activity_dropped": 2**63,
+            "activity_replay_available": False,
+            "replay_required": True,
+        }
+    )
+)
+
+
+def _validate_start(request: Request) -> str:
+    payload = request.payload
+    check_fields(payload, _START_FIELDS)
+    prompt = payload.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    if "options" in payload and payload["options"] != {}:
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    if request.session_id is not None:
+        validate_session_id(request.session_id)
+    return prompt
+
+
+def _validate_cancel(request: Request) -> str:
+    check_fields(request.payload, frozenset({"turn_id"}))
+    turn_id = request.payload.get("turn_id")
+    if not isinstance(turn_id, str) or not turn_id:
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    return turn_id
+
+
+def _split(text: str) -> list[str]:
+    if len(text) <= MAX_DELTA_BYTES // 4:
+        return [text]
+    data = text.encode()
+    pieces: list[str] = []
+    while data:
+        cut = min(len(data), MAX_DELTA_BYTES)
+        while cut < len(data) and (data[cut] & 0xC0) == 0x80:
+            cut -= 1
+        pieces.append(data[:cut].decode())
+        data = data[cut:]
+    return pieces
+
+
+class TurnRun:
+    """One accepted turn: its sequence counter, bounded event queue, and worker."""
+
+    def __init__(
+        self,
+        service: TurnService,
+        conn: Connection,
+        request_id: str,
+        attachment: Attachment,
+        turn_id: str,
+        turn: TurnRequest,
+    ) -> None:
+        self.service = service
+        self.conn = conn
+        self.request_id = request_id
+        self.attachment = attachment
+        self.session_id = attachment.session_id
+        self.turn_id = turn_id
+        self.turn = turn
+        self.next_sequence = 1
+        self.activity_dropped = 0
+        self.text_parts: list[str] = []
+        self._text_bytes = 0
+        self._text_encoded = 0
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue(
+            TURN_QUEUE_CAPACITY
+        )
+        self._admission_open = True
+        self.agent_task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._unsaved: Any = None
+
+    # -- the sink the agent writes to ----------------------------------------------------
+
+    async def text(self, delta: str) -> None:
+        for piece in _split(delta):
+            encoded = len(orjson.dumps(piece)) - 2
+            size = len(piece.encode())
+            if (
+                self._text_bytes + size > MAX_STRING_BYTES
+                or _TERMINAL_OVERHEAD + self._text_encoded + encoded > MAX_PAYLOAD_BYTES
+            ):
+                raise OutputLimitExceeded
+            self._text_bytes += size
+            self._text_encoded += encoded
+            self.text_parts.append(piece)
+            sequence = self._stamp()
+            payload = {"turn_id": self.turn_id, "sequence": sequence, "text": piece}
+            await self._queue.put(("turn.assistant_delta", payload))
+
+    def activity(self, payload: dict[str, Any]) -> None:
+        if not self._admission_open:
+            return
+        sequence = self._stamp()
+        event = {"turn_id": self.turn_id, "sequence": sequence, "activity": payload}
+        try:
+            self._queue.put_nowait(("turn.activity", event))
+        except asyncio.QueueFull:
+            self.activity_dropped += 1
+
+    async def record(self, record: Mapping[str, Any]) -> int:
+        return await asyncio.to_thread(self.attachment.lease.append, record)
+
+    def _stamp(self) -> int:
+        sequence = self.next_sequence
+        self.next_sequence += 1
+        return sequence
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.agent_task = asyncio.create_task(
+            self.service.runtime.run(self.turn, self, self._keep_unsaved)
+        )
+        self.task = asyncio.create_task(self._run())
+
+    def _keep_unsaved(self, getter: Any) -> None:
+        # The runtime hands back a callable giving text streamed but not yet durable.
+        self._unsaved = getter
+
+    def cancel(self) -> None:
+        if self.agent_task is not None:
+            self.agent_task.cancel()
+
+    async def _pump(self) -> None:
+        while (item := await self._queue.get()) is not None:
+            name, payload = item
+            event = self.conn.event(self.request_id, self.session_id, name, payload)
+            await self.conn.output.put(Batch([event])).done.wait()
+
+    async def _run(self) -> None:
+        assert self.agent_task is not None
+        pump = asyncio.create_task(self._pump())
+        status = "completed"
+        try:
+            await asyncio.shield(self.agent_task)
+        except asyncio.CancelledError:
+            # turn.cancel cancelled the agent, or owner drop cancelled this task.
+            if not self.agent_task.done():
+                self.agent_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self.agent_task
+            status = "cancelled"
+        except Exception as exc:  # noqa: BLE001 - the turn's failure boundary
+            status = "failed"
+            log.warning("turn failed (%s)", getattr(exc, "label", type(exc).__name__))
+        self._admission_open = False
+        await self._persist_end(status)
+        await self._queue.put(None)
+        await pump
+        terminal = {
+            "turn_id": self.turn_id,
+            "session_id": self.session_id,
+            "status": status,
+            "assistant_text": "".join(self.text_parts),
+            "sequence": self._stamp(),
+            "activity_dropped": self.activity_dropped,
+            "activity_replay_available": False,
+            "replay_required": True,
+        }
+        event = self.conn.event(self.request_id, self.session_id, "turn.terminal", terminal)
+        batch = Batch([event], after_write=[lambda: self.conn.release(self.request_id)])
+        await self.conn.output.put(batch).done.wait()
+        await self.service.finished(self)
+
+    async def _persist_end(self, status: str) -> None:
+        records: list[dict[str, Any]] = []
+        unsaved = self._unsaved() if self._unsaved is not None else ""
+        if unsaved:
+            records.append({"type": "assistant", "turn_id": self.turn_id, "text": unsaved})
+        records.append(
+            {
+                "type": "terminal",
+                "turn_id": self.turn_id,
+                "status": status,
+                "assistant_text": "".join(self.text_parts),
+            }
+        )
+        for record in records:
+            try:
+                await self.record(record)
+            except (OSError, ServiceError, ValueError):
+                log.warning("could not persist the end of a turn")
+                return
+
+
+class TurnService:
+    def __init__(self, sessions: SessionService, runtime: TurnRuntime) -> None:
+        self.sessions = sessions
+        self.runtime = runtime
+        self.active: dict[str, TurnRun] = {}
+
+    def routes(self) -> Sequence[Route]:
+        return (
+            Route("turn.start", _validate_start, self._start, SessionRule.OPTIONAL),
+            Route("turn.cancel", _validate_cancel, self._cancel, SessionRule.OPTIONAL),
+        )
+
+    def events(self) -> Sequence[str]:
+        return ("turn.started", "turn.assistant_delta", "turn.activity", "turn.terminal")
+
+    async def _start(self, conn: Connection, request: Request, prompt: str) -> Reply:
+        if len(self.active) >= MAX_ACTIVE_TURNS:
+            raise ServiceError(ErrorCode.TOO_MANY_ACTIVE_TURNS)
+        if request.session_id is None:
+            attachment = await self.sessions.create(conn, explicit=False)
+        else:
+            attachment = await self.sessions.attach(conn, request.session_id, explicit=False)
+        try:
+            if attachment.busy:
+                raise ServiceError(ErrorCode.SESSION_BUSY)
+            attachment.cancel_turn = lambda: None  # claimed before any await
+            attachment.idle.clear()
+            history = await asyncio.to_thread(
+                self.sessions.store.load_context, attachment.session_id
+            )
+            turn_id = f"turn_{secrets.token_hex(12)}"
+            await asyncio.to_thread(
+                attachment.lease.append, {"type": "user", "turn_id": turn_id, "text": prompt}
+            )
+        except BaseException:
+            await self._abandon(attachment)
+            raise
+        turn = TurnRequest(conn.ctx, attachment.session_id, turn_id, prompt, history)
+        run = TurnRun(self, conn, request.request_id, attachment, turn_id, turn)
+        attachment.cancel_turn = run.cancel
+        if attachment.closing:
+            run.cancel()
+        self.active[turn_id] = run
+        started = conn.event(
+            request.request_id,
+            attachment.session_id,
+            "turn.started",
+            {
+                "turn_id": turn_id,
+                "session_id": attachment.session_id,
+                "status": "started",
+                "sequence": 0,
+            },
+        )
+        return Reply(
+            {"turn_id": turn_id, "session_id": attachment.session_id, "status": "accepted"},
+            session_id=attachment.session_id,
+            events=[started],
+            keep_reserved=True,
+            after_write=run.start,
+        )
+
+    async def _abandon(self, attachment: Attachment) -> None:
+        if attachment.cancel_turn is not None and attachment.idle.is_set() is False:
+            attachment.cancel_turn = None
+            attachment.idle.set()
+        if not attachment.explicit:
+            await self.sessions.release(attachment)
+
+    async def _cancel(self, conn: Connection, request: Request, turn_id: str) -> Reply:
+        run = self.active.get(turn_id)
+        if run is None or run.conn is not conn:
+            raise ServiceError(ErrorCode.UNKNOWN_TURN)
+        run.cancel()
+        return Reply({"turn_id": turn_id, "status": "cancellation_requested"})
+
+    async def finished(self, run: TurnRun) -> None:
+        self.active.pop(run.turn_id, None)
+        await self.sessions.turn_finished(run.attachment)
+
+    async def connection_closed(self, connection: Connection) -> None:
+        runs = [run for run in self.active.values() if run.conn is connection]
+        for run in runs:
+            run.cancel()
+        for run in runs:
+            if run.task is None:
+                # Accepted but its batch was never written (output closed): settle it.
+                run.start()
+            assert run.task is not None
+            with contextlib.suppress(asyncio.CancelledError):
+                await run.task
+
+
+__all__ = ["SessionContext", "TurnRun", "TurnService"]

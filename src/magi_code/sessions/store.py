@@ -1,0 +1,403 @@
+"""Durable session store: layout, writer leases, appends, listing and replay.
+
+Theory of operation
+-------------------
+Each session is one directory ``<sessions_dir>/<session_id>/`` holding::
+
+    history.jsonl  append-only records (see ``records``), one compact JSON object a line
+    append.lock    flock: exclusive around each append/repair, shared around each read
+    lease.lock     flock: exclusive service writer lease, held while a service is attached
+    meta.json      optional sidecar {"v":1,"title":...} written atomically
+
+Locks are ``fcntl.flock`` on files opened with ``ONOFOLLOW``; the kernel drops them when
+the holding process dies, so a crashed (even ``kill -9``) holder never blocks others. Lock
+files are never unlinked (their inode is the mutex). All file access goes through a
+directory fd opened with ``ONOFOLLOW`` after the ID has been validated, so an ID never
+resolves outside its own directory.
+
+Durability: a new session is built under a hidden ``.new-<id>`` directory, fsynced and
+renamed into place (the parent is fsynced), so a listed session always has its header.
+``WriterLease.append`` writes one complete line with one ``write()`` on an ``O_APPEND``
+fd and fsyncs before returning the record's ``seq``. A crash can only leave a torn last
+line; readers skip it (``gap``) and the next lease holder truncates it before appending.
+
+Every method is blocking file I/O; async callers run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import orjson
+
+from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_WINDOW_BYTES
+from magi_code.sessions.fileio import (
+    APPEND_LOCK,
+    DIR_FLAGS,
+    DIR_MODE,
+    FILE_MODE,
+    HISTORY,
+    LEASE_LOCK,
+    META,
+    NEW_PREFIX,
+    NOFOLLOW,
+    close_all,
+    exists_at,
+    holding,
+    last_valid_seq,
+    pread_all,
+    repair_torn_tail,
+    unavailable,
+    write_all,
+)
+from magi_code.sessions.ids import new_session_id, validate_session_id
+from magi_code.sessions.listing import check_page_limit, list_sessions
+from magi_code.sessions.projection import (
+    ParsedWindow,
+    build_page,
+    latest_compaction,
+    parse_window,
+    project,
+    window_omits_history,
+)
+from magi_code.sessions.records import (
+    AssistantRecord,
+    TerminalRecord,
+    ToolCallRecord,
+    ToolResultRecord,
+    UserRecord,
+    encode_record,
+    now_rfc3339,
+)
+from magi_code.sessions.titles import title_from_prompt
+from magi_code.storage.files import atomic_write
+
+# One record line; larger records would crowd the replay window (tools must bound output).
+MAX_APPEND_RECORD_BYTES: Final = 1024 * 1024
+# Replay holds the shared append lock only briefly; appends wait longer for readers.
+REPLAY_LOCK_WAIT: Final = 0.05
+WRITER_LOCK_WAIT: Final = 5.0
+
+ContextRecord = UserRecord | AssistantRecord | ToolCallRecord | ToolResultRecord | TerminalRecord
+_CONTEXT_TYPES: Final = (
+    UserRecord,
+    AssistantRecord,
+    ToolCallRecord,
+    ToolResultRecord,
+    TerminalRecord,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """What a turn needs to rebuild the conversation.
+
+    ``records`` are the user/assistant/tool/terminal records after the latest compaction
+    cutoff (all of them when there is no checkpoint), in ``seq`` order, from the recent
+    replay window. ``history_cut`` means records the conversation needs lie before that
+    window; ``gap`` means torn or malformed lines were skipped.
+    """
+
+    summary: str | None
+    cutoff_seq: int | None
+    records: tuple[ContextRecord, ...]
+    history_cut: bool
+    gap: bool
+
+
+class WriterLease:
+    """The exclusive right to append to one session, held until ``release()``.
+
+    Thread-safe; appends are serialized. After a failed append the lease is unusable
+    (every later append raises ``SESSION_UNAVAILABLE``): release it and acquire a new one,
+    which repairs the tail.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        session_dir: Path,
+        fds: tuple[int, int, int],
+        next_seq: int,
+        has_title: bool,
+    ) -> None:
+        self.session_id = session_id
+        self._session_dir = session_dir
+        self._lease_fd, self._lock_fd, self._history_fd = fds
+        self._next_seq = next_seq
+        self._has_title = has_title
+        self._mutex = threading.Lock()
+        self._released = False
+        self._broken = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def append(self, record: Mapping[str, object]) -> int:
+        """Durably append one record and return its ``seq``.
+
+        ``record`` holds ``type`` and that type's fields (``v``/``seq``/``ts`` are
+        assigned here). The line is fsynced before this returns.
+
+        Raises:
+            ValueError: a header, an unknown type or invalid fields (a caller bug).
+            ServiceError: ``LIMIT_EXCEEDED`` for a record over ``MAX_APPEND_RECORD_BYTES``;
+                ``SESSION_BUSY`` if the append lock stays contended; ``SESSION_UNAVAILABLE``
+                after release or when the write/fsync fails.
+        """
+        if record.get("type") == "header":
+            raise ValueError("the header is written by create()")
+        with self._mutex:
+            if self._released or self._broken:
+                raise unavailable()
+            line = encode_record(record, self._next_seq, now_rfc3339())
+            if len(line) > MAX_APPEND_RECORD_BYTES:
+                raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+            with holding(self._lock_fd, fcntl.LOCK_EX, WRITER_LOCK_WAIT):
+                try:
+                    size = os.fstat(self._history_fd).st_size
+                except OSError:
+                    raise unavailable() from None
+                try:
+                    write_all(self._history_fd, line)
+                    os.fsync(self._history_fd)
+                except OSError:
+                    # After a failed write or fsync the file state is unknown: drop any
+                    # partial line if possible and stop appending through this lease.
+                    self._broken = True
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(self._history_fd, size)
+                    raise unavailable() from None
+            seq = self._next_seq
+            self._next_seq += 1
+            if not self._has_title and record.get("type") == "user":
+                self._write_title(str(record.get("text", "")))
+            return seq
+
+    def _write_title(self, text: str) -> None:
+        title = title_from_prompt(text)
+        if title is None:
+            return
+        # Best effort: a title is optional display metadata and must never fail a turn.
+        with contextlib.suppress(OSError):
+            atomic_write(self._session_dir / META, orjson.dumps({"v": 1, "title": title}))
+            self._has_title = True
+
+    def release(self) -> None:
+        """Drop the lease (idempotent). Closing the lease fd releases the flock."""
+        with self._mutex:
+            if self._released:
+                return
+            self._released = True
+            close_all([self._lease_fd, self._lock_fd, self._history_fd])
+
+    def __enter__(self) -> WriterLease:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
+class SessionStore:
+    """Session histories under ``sessions_dir`` (``$MC_HOME/sessions``)."""
+
+    def __init__(self, sessions_dir: Path) -> None:
+        self._root = sessions_dir
+
+    def create(self) -> str:
+        """Create a session with its header durably written and return its new ID.
+
+        Raises:
+            ServiceError: ``SESSION_UNAVAILABLE`` when the store cannot be written.
+        """
+        try:
+            self._root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            for _ in range(8):
+                session_id = new_session_id()
+                if not os.path.lexists(self._root / session_id):
+                    self._build(session_id)
+                    return session_id
+        except OSError:
+            raise unavailable() from None
+        raise unavailable()
+
+    def _build(self, session_id: str) -> None:
+        staging = self._root / (NEW_PREFIX + session_id)
+        os.mkdir(staging, DIR_MODE)
+        try:
+            dir_fd = os.open(staging, DIR_FLAGS)
+            try:
+                created = now_rfc3339()
+                header = {"type": "header", "session_id": session_id, "created_at": created}
+                for name in (LEASE_LOCK, APPEND_LOCK, HISTORY):
+                    fd = os.open(
+                        name,
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW,
+                        FILE_MODE,
+                        dir_fd=dir_fd,
+                    )
+                    try:
+                        if name == HISTORY:
+                            write_all(fd, encode_record(header, 0, created))
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+            os.rename(staging, self._root / session_id)
+        except BaseException:
+            for name in (LEASE_LOCK, APPEND_LOCK, HISTORY):
+                with contextlib.suppress(OSError):
+                    os.unlink(staging / name)
+            with contextlib.suppress(OSError):
+                os.rmdir(staging)
+            raise
+        root_fd = os.open(self._root, DIR_FLAGS & ~os.O_NOFOLLOW)
+        try:
+            os.fsync(root_fd)
+        finally:
+            os.close(root_fd)
+
+    def _open_dir(self, session_id: object) -> int:
+        name = validate_session_id(session_id)
+        try:
+            return os.open(self._root / name, DIR_FLAGS)
+        except OSError:
+            raise unavailable() from None
+
+    def exists(self, session_id: object) -> bool:
+        """Whether a session with a history file exists (``INVALID_SESSION_ID`` if unsafe)."""
+        name = validate_session_id(session_id)
+        try:
+            dir_fd = os.open(self._root / name, DIR_FLAGS)
+        except OSError:
+            return False
+        try:
+            info = os.stat(HISTORY, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        finally:
+            os.close(dir_fd)
+        return stat.S_ISREG(info.st_mode)
+
+    def acquire_writer_lease(self, session_id: object) -> WriterLease:
+        """Take the exclusive, cross-process writer lease of an existing session.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE`` if the session is
+                missing or unreadable; ``SESSION_BUSY`` if another holder (any process, or
+                another lease in this one) has it.
+        """
+        name = validate_session_id(session_id)
+        dir_fd = self._open_dir(name)
+        fds: list[int] = []
+        try:
+            lease_fd = os.open(
+                LEASE_LOCK, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE, dir_fd=dir_fd
+            )
+            fds.append(lease_fd)
+            try:
+                fcntl.flock(lease_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ServiceError(ErrorCode.SESSION_BUSY) from None
+            lock_fd = os.open(
+                APPEND_LOCK, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE, dir_fd=dir_fd
+            )
+            fds.append(lock_fd)
+            history_fd = os.open(HISTORY, os.O_RDWR | os.O_APPEND | NOFOLLOW, dir_fd=dir_fd)
+            fds.append(history_fd)
+            with holding(lock_fd, fcntl.LOCK_EX, WRITER_LOCK_WAIT):
+                repair_torn_tail(history_fd)
+                next_seq = last_valid_seq(history_fd) + 1
+            has_title = exists_at(dir_fd, META)
+        except ServiceError:
+            close_all(fds)
+            raise
+        except OSError:
+            close_all(fds)
+            raise unavailable() from None
+        finally:
+            os.close(dir_fd)
+        return WriterLease(
+            name, self._root / name, (lease_fd, lock_fd, history_fd), next_seq, has_title
+        )
+
+    def _read_window(self, session_id: str, wait: float) -> ParsedWindow:
+        """Parse the recent window under a shared append lock (never creates files)."""
+        dir_fd = self._open_dir(session_id)
+        fds = [dir_fd]
+        try:
+            lock_fd = os.open(APPEND_LOCK, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            fds.append(lock_fd)
+            history_fd = os.open(HISTORY, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            fds.append(history_fd)
+            with holding(lock_fd, fcntl.LOCK_SH, wait):
+                size = os.fstat(history_fd).st_size
+                # One byte before the window tells whether it starts on a line boundary.
+                start = max(0, size - MAX_SESSION_REPLAY_WINDOW_BYTES - 1)
+                data = pread_all(history_fd, size - start, start)
+        except OSError:
+            raise unavailable() from None
+        finally:
+            close_all(fds)
+        return parse_window(data, start == 0, session_id)
+
+    def load_context(self, session_id: object) -> SessionContext:
+        """The conversation state a new turn starts from (bounded to the replay window).
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE``; ``SESSION_BUSY``
+                when the append lock stays held.
+        """
+        name = validate_session_id(session_id)
+        window = self._read_window(name, WRITER_LOCK_WAIT)
+        compaction = latest_compaction(window.records)
+        cutoff = compaction.cutoff_seq if compaction else -1
+        records = tuple(
+            r for r in window.records if r.seq > cutoff and isinstance(r, _CONTEXT_TYPES)
+        )
+        return SessionContext(
+            summary=compaction.summary if compaction else None,
+            cutoff_seq=compaction.cutoff_seq if compaction else None,
+            records=records,
+            history_cut=window_omits_history(window, compaction),
+            gap=window.gap,
+        )
+
+    def replay(self, session_id: object, after: object, limit: object) -> dict[str, object]:
+        """One ``session.replay`` success payload (read-only, no lease needed).
+
+        A cursor that does not match the current projection (malformed, other session,
+        stale) yields ``resync_required``, not an error.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``INVALID_PAYLOAD`` for a non-integer or
+                non-positive ``limit`` or an ``after`` that is not a string of at most 128
+                bytes; ``LIMIT_EXCEEDED`` for ``limit`` over 32;
+                ``SESSION_UNAVAILABLE`` for a missing/unreadable session; ``SESSION_BUSY``
+                while an append holds the append lock.
+        """
+        name = validate_session_id(session_id)
+        page_limit = check_page_limit(limit)
+        if after is not None and (
+            not isinstance(after, str) or len(after.encode("utf-8", "replace")) > MAX_ID_BYTES
+        ):
+            raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+        window = self._read_window(name, REPLAY_LOCK_WAIT)
+        gap = window.gap or window_omits_history(window, latest_compaction(window.records))
+        return build_page(name, project(window.records), after, page_limit, gap)
+
+    def list_sessions(self, after: object, limit: object) -> dict[str, object]:
+        """One ``session.list`` success payload; see ``listing.list_sessions``."""
+        return list_sessions(self._root, after, limit)

@@ -1,0 +1,90 @@
+"""Process-group termination shared by the shell tool and MCP server cleanup.
+
+Children are started in their own session, so a process group holds everything they
+start (short of a grandchild calling ``setsid`` itself). Terminating is SIGTERM to the
+group, a grace period, then SIGKILL, every wait bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from typing import Final
+
+import psutil
+
+TERM_GRACE_SECONDS: Final = 2.0
+KILL_GRACE_SECONDS: Final = 2.0
+_POLL_SECONDS: Final = 0.05
+
+
+async def terminate_process_group(pgid: int) -> None:
+    """SIGTERM the group, SIGKILL what is left after a grace period; bounded in time."""
+    for sig, grace in ((signal.SIGTERM, TERM_GRACE_SECONDS), (signal.SIGKILL, KILL_GRACE_SECONDS)):
+        if not await asyncio.to_thread(group_has_live_members, pgid):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        deadline = asyncio.get_running_loop().time() + grace
+        while asyncio.get_running_loop().time() < deadline:
+            if not await asyncio.to_thread(group_has_live_members, pgid):
+                return
+            await asyncio.sleep(_POLL_SECONDS)
+
+
+def group_has_live_members(pgid: int) -> bool:
+    """Whether any non-zombie process is in group ``pgid``.
+
+    ``killpg(pgid, 0)`` also succeeds for zombies, which linger where PID 1 does not
+    reap orphans (some containers); a zombie is already dead, so it does not count.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def group_carries_env(pgid: int, name: str, value: str) -> bool:
+    """Whether a live member of group ``pgid`` has ``name=value`` in its environment.
+
+    Checked before killing a group found long ago: its leader may be gone and the id
+    reused by an unrelated group, whose members would not carry our token.
+    """
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if (
+                os.getpgid(proc.pid) == pgid
+                and proc.info["status"] != psutil.STATUS_ZOMBIE
+                and proc.environ().get(name) == value
+            ):
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def find_child_with_env(name: str, value: str) -> int | None:
+    """The pid of our direct child whose initial environment has ``name=value``.
+
+    The MCP SDK does not expose the server process it spawns; a per-server token in its
+    environment identifies it without guessing from command lines (shebang scripts run
+    under their interpreter's name).
+    """
+    for child in psutil.Process().children(recursive=False):
+        try:
+            if child.environ().get(name) == value:
+                return int(child.pid)
+        except psutil.Error:
+            continue
+    return None

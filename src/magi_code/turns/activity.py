@@ -1,0 +1,194 @@
+"""The allowlisted ``turn.activity`` projection: the only place activity payloads are built.
+
+Every builder takes runtime facts and returns the flattened ``activity`` object with
+exactly the documented fields. Runtime names (tools, MCP servers, call IDs) only ever
+leave here as namespace-prefixed SHA-256 identities; a tool's plain name appears only when
+it is an allowlisted built-in. Arguments, results, commands, labels and provider text are
+never accepted as inputs, so they cannot leak.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from typing import Any, Final, Literal
+
+from magi_code.protocol.limits import MAX_SUMMARY_BYTES
+
+# The v1 reasoning summary bounds: above this input size the text is omitted entirely.
+SUMMARY_INPUT_LIMIT: Final = 16384
+
+LifecycleStatus = Literal["queued", "running", "writing", "completed", "failed", "cancelled"]
+LifecycleCategory = Literal[
+    "tool",
+    "hook",
+    "context_injection",
+    "subagent_batch",
+    "subagent_task",
+    "assistant",
+    "diagnostic",
+    "compaction",
+]
+ContextSource = Literal[
+    "fallback_estimate",
+    "tokenizer_estimate",
+    "fallback_projection",
+    "tokenizer_projection",
+    "last_provider_usage",
+    "provider_exact",
+    "provider_partial",
+]
+UsageSource = Literal["provider_request", "subagent_aggregate"]
+CompactionStatus = Literal["triggered", "running", "completed", "failed", "cancelled"]
+
+
+def identity(namespace: str, *parts: str) -> str:
+    """``<namespace>:<sha256 hex>`` of the parts; stable, opaque, never the raw name."""
+    digest = hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{namespace}:{digest}"
+
+
+def lifecycle(
+    activity_id: str,
+    category: LifecycleCategory | Literal["activity"],
+    status: LifecycleStatus,
+    parent_activity_id: str | None = None,
+) -> dict[str, Any]:
+    activity: dict[str, Any] = {
+        "activity_id": activity_id,
+        "kind": "lifecycle",
+        "category": category,
+        "status": status,
+        "details_omitted": True,
+    }
+    if parent_activity_id is not None:
+        activity["parent_activity_id"] = parent_activity_id
+    return activity
+
+
+def tool(
+    activity_id: str,
+    *,
+    tool_name: str,
+    builtin_names: frozenset[str],
+    server_name: str | None,
+    status: LifecycleStatus,
+    timed_out: bool | None,
+) -> dict[str, Any]:
+    return {
+        "activity_id": activity_id,
+        "kind": "tool",
+        "tool_id": identity("tool", server_name or "", tool_name),
+        "tool_name": tool_name if server_name is None and tool_name in builtin_names else None,
+        "server_id": identity("mcp-server", server_name) if server_name is not None else None,
+        "transport": "mcp" if server_name is not None else "local",
+        "status": status,
+        "timed_out": timed_out,
+        "details_omitted": True,
+    }
+
+
+def context(
+    activity_id: str,
+    *,
+    current_tokens: int,
+    max_tokens: int,
+    reasoning_tokens: int | None,
+    request_sequence: int,
+    source: ContextSource,
+) -> dict[str, Any]:
+    return {
+        "activity_id": activity_id,
+        "kind": "context",
+        "current_tokens": max(0, current_tokens),
+        "max_tokens": max(0, max_tokens),
+        "reasoning_tokens": reasoning_tokens,
+        "request_sequence": request_sequence,
+        "source": source,
+    }
+
+
+def usage(
+    activity_id: str,
+    *,
+    effective_input: int,
+    output: int,
+    cache_read: int,
+    cache_known: bool,
+    request_sequence: int,
+    final_usage: bool,
+    source: UsageSource,
+) -> dict[str, Any]:
+    return {
+        "activity_id": activity_id,
+        "kind": "usage",
+        "effective_input": max(0, effective_input),
+        "output": max(0, output),
+        "cache_read": max(0, cache_read),
+        "cache_known": cache_known,
+        "request_sequence": request_sequence,
+        "final_usage": final_usage,
+        "source": source,
+    }
+
+
+def compaction(
+    activity_id: str,
+    status: CompactionStatus,
+    current_tokens: int | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    counted = status in ("triggered", "completed")
+    return {
+        "activity_id": activity_id,
+        "kind": "compaction",
+        "status": status,
+        "current_tokens": current_tokens if counted else None,
+        "max_tokens": max_tokens if counted else None,
+        "replay_required": status in ("completed", "failed", "cancelled"),
+    }
+
+
+# Secrets and locations a summary could quote: bearer tokens, key-like strings, URLs with
+# credentials, absolute home paths. Sanitizing is best effort, not a certification.
+_REDACTIONS: Final = (
+    re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(r"\b(?:sk|pk|rk|ak)[-_][A-Za-z0-9_-]{12,}"),
+    re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}(?:\.[A-Za-z0-9_-]*)?"),
+    re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s/@]+:[^\s/@]+@\S+"),
+    re.compile(r"(?:/home|/Users|/root)/[^\s\"'`]+"),
+)
+
+
+def sanitize_display(text: str) -> tuple[str, bool]:
+    """Remove control characters and redact secret-looking spans; report if it changed."""
+    cleaned = "".join(
+        ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs")
+    )
+    for pattern in _REDACTIONS:
+        cleaned = pattern.sub("[redacted]", cleaned)
+    return cleaned, cleaned != text
+
+
+def truncate_utf8(text: str, limit: int) -> tuple[str, bool]:
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, False
+    return data[:limit].decode("utf-8", "ignore"), True
+
+
+def reasoning_summary(activity_id: str, provider_summary: str) -> dict[str, Any]:
+    """Only for summaries the provider marked as verified reasoning summaries."""
+    if len(provider_summary.encode("utf-8", "surrogatepass")) > SUMMARY_INPUT_LIMIT:
+        text, redacted, truncated = "", False, True
+    else:
+        text, redacted = sanitize_display(provider_summary)
+        text, truncated = truncate_utf8(text, MAX_SUMMARY_BYTES)
+    return {
+        "activity_id": activity_id,
+        "kind": "reasoning_summary",
+        "text": text,
+        "redacted": redacted,
+        "truncated": truncated,
+    }

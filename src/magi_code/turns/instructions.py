@@ -1,0 +1,41 @@
+"""Startup instructions: the base system prompt plus the project's instruction files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+
+BASE_PROMPT: Final = (
+    "You are magi-code, a coding agent working in the user's project directory. "
+    "Use the tools to read, search, edit and run code; keep answers concise and say what "
+    "you changed."
+)
+# Instruction files, in order; each is read with a bounded read.
+INSTRUCTION_FILES: Final = ("AGENTS.md", ".magi-code/instructions.md", ".magi-code/AGENTS.md")
+MAX_INSTRUCTION_BYTES: Final = 64 * 1024
+
+
+def _read_bounded(path: Path) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not os.path.isfile(f"/proc/self/fd/{fd}") and not path.is_file():
+            return None
+        data = os.read(fd, MAX_INSTRUCTION_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").strip() or None
+
+
+def system_prompt(project_dir: Path) -> str:
+    sections = [BASE_PROMPT]
+    for name in INSTRUCTION_FILES:
+        text = _read_bounded(project_dir / name)
+        if text:
+            sections.append(f"# Project instructions ({name})\n\n{text}")
+    return "\n\n".join(sections)

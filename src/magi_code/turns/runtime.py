@@ -1,0 +1,188 @@
+"""The normal agent runtime a started turn runs: settings reload, credentials, startup
+instructions, built-in + MCP tools, subagents, compaction, then the agent loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import httpx
+
+from magi_code.auth.credentials import resolve_headers
+from magi_code.auth.store import AuthStore
+from magi_code.config.effective import resolve_effective
+from magi_code.config.settings import Settings, load_settings
+from magi_code.providers.types import ConversationItem, Endpoint, ReasoningLevel
+from magi_code.sessions.store import SessionContext
+from magi_code.storage.launch import LaunchContext
+from magi_code.tools.base import Tool, ToolContext
+from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
+from magi_code.tools.mcp import McpToolset
+
+from . import activity
+from .agent import Agent, AgentPlan, TurnSink
+from .context import (
+    estimate_tokens,
+    items_from_records,
+    needs_compaction,
+    summarize,
+    system_with_summary,
+)
+from .instructions import system_prompt
+from .subagent import TASK_TOOL_NAME, TaskTool
+
+# Windows used for estimates and compaction when neither discovery nor the provider
+# definition says otherwise.
+DEFAULT_CONTEXT_WINDOWS: Final = {
+    "anthropic": 200_000,
+    "openai-responses": 272_000,
+    "openai-chat": 128_000,
+}
+DEFAULT_MAX_OUTPUT_TOKENS: Final = 8192
+ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME}
+
+
+class TurnSetupError(Exception):
+    """The turn cannot reach a provider (no selection, no credentials); fixed label."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(label)
+        self.label = label
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    ctx: LaunchContext
+    session_id: str
+    turn_id: str
+    prompt: str
+    history: SessionContext
+
+
+class TurnRuntime:
+    """Shared per service: one HTTP client; everything else is read per turn."""
+
+    def __init__(self) -> None:
+        self.client = httpx.AsyncClient(http2=False, trust_env=False)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def run(
+        self,
+        turn: TurnRequest,
+        sink: TurnSink,
+        expose_unsaved: Callable[[Callable[[], str]], None],
+    ) -> None:
+        ctx = turn.ctx
+        # Each worker reloads selection, reasoning and fast settings; the turn keeps them.
+        settings = await asyncio.to_thread(load_settings, ctx)
+        effective = resolve_effective(ctx, settings)
+        provider = effective.provider
+        if provider is None:
+            raise TurnSetupError("provider_unavailable")
+        headers = await resolve_headers(ctx, provider, AuthStore(ctx.auth_path), self.client)
+        plan = AgentPlan(
+            endpoint=Endpoint(provider.api, provider.base_url, headers),
+            model=effective.model_id,
+            reasoning=_reasoning(effective.thinking_level),
+            fast=effective.fast,
+            max_output_tokens=effective.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS,
+            context_window=effective.context_window
+            or DEFAULT_CONTEXT_WINDOWS.get(provider.api, 128_000),
+            system=await asyncio.to_thread(system_prompt, ctx.project_dir),
+            cache_key=turn.session_id,
+        )
+        tool_ctx = ToolContext(
+            project_dir=ctx.project_dir,
+            env=ctx.env,
+            secret_names=_secret_names(settings),
+        )
+        history = items_from_records(turn.history.records)
+        summary = turn.history.summary
+        if history and needs_compaction(
+            estimate_tokens(system_with_summary(plan.system, summary), history)
+            + len(turn.prompt) // 4,
+            plan.context_window,
+        ):
+            summary = await self._compact(turn, sink, plan, history, summary)
+            if summary is not None:
+                history = []
+        plan = _with_system(plan, system_with_summary(plan.system, summary))
+        async with McpToolset(settings.mcp_servers.values(), tool_ctx) as toolset:
+            task_tool = TaskTool(
+                client=self.client,
+                plan=plan,
+                tools=BUILTIN_TOOLS,
+                tool_ctx=tool_ctx,
+                sink=sink,
+                turn_id=turn.turn_id,
+                builtin_names=ALLOWLISTED_TOOL_NAMES,
+            )
+            tools: list[Tool] = [*BUILTIN_TOOLS, task_tool, *toolset.tools()]
+            agent = Agent(
+                client=self.client,
+                plan=plan,
+                tools=tools,
+                tool_ctx=tool_ctx,
+                sink=sink,
+                turn_id=turn.turn_id,
+                builtin_names=ALLOWLISTED_TOOL_NAMES,
+            )
+            expose_unsaved(lambda: agent.unsaved_text)
+            await agent.run(history, turn.prompt)
+
+    async def _compact(
+        self,
+        turn: TurnRequest,
+        sink: TurnSink,
+        plan: AgentPlan,
+        history: list[ConversationItem],
+        summary: str | None,
+    ) -> str | None:
+        """Replace the prior conversation with a provider-written summary checkpoint."""
+        compaction_id = activity.identity("compaction", turn.turn_id)
+        tokens = estimate_tokens(plan.system, history)
+        sink.activity(activity.compaction(compaction_id, "triggered", tokens, plan.context_window))
+        sink.activity(activity.compaction(compaction_id, "running"))
+        cutoff = max((r.seq for r in turn.history.records), default=None)
+        try:
+            text = await summarize(self.client, plan.endpoint, plan.model, history, summary)
+            if not text.strip() or cutoff is None:
+                raise ValueError("empty summary")
+            await sink.record({"type": "compaction", "summary": text, "cutoff_seq": cutoff})
+        except asyncio.CancelledError:
+            sink.activity(activity.compaction(compaction_id, "cancelled"))
+            raise
+        except Exception:  # noqa: BLE001 - a failed compaction leaves the history as it was
+            sink.activity(activity.compaction(compaction_id, "failed"))
+            return None
+        after = estimate_tokens(system_with_summary(plan.system, text), [])
+        sink.activity(activity.compaction(compaction_id, "completed", after, plan.context_window))
+        return text
+
+
+def _reasoning(level: str) -> ReasoningLevel:
+    for known in ("default", "low", "medium", "high", "x_high", "max"):
+        if level == known:
+            return known
+    return "default"
+
+
+def _with_system(plan: AgentPlan, system: str) -> AgentPlan:
+    return AgentPlan(
+        endpoint=plan.endpoint,
+        model=plan.model,
+        reasoning=plan.reasoning,
+        fast=plan.fast,
+        max_output_tokens=plan.max_output_tokens,
+        context_window=plan.context_window,
+        system=system,
+        cache_key=plan.cache_key,
+    )
+
+
+def _secret_names(settings: Settings) -> frozenset[str]:
+    return frozenset(p.api_key_env for p in settings.providers.values() if p.api_key_env)

@@ -1,0 +1,104 @@
+"""The ``task`` tool: a subagent with its own context and tools, linked by activity.
+
+The child runs inside the parent's turn (so it is cancelled with it) and shares the
+parent's sequence and activity queue. Its text is not streamed to the frontend and its
+records are not persisted: only its final answer returns to the parent model as the tool
+result. Its work appears as a ``subagent_task`` lifecycle, child lifecycles linked through
+``parent_activity_id``, and one ``subagent_aggregate`` usage for the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import httpx
+
+from magi_code.tools.base import Tool, ToolContext, ToolOutcome
+
+from . import activity
+from .agent import Agent, AgentPlan, TurnSink
+
+TASK_TOOL_NAME: Final = "task"
+
+
+class TaskTool:
+    name = TASK_TOOL_NAME
+    description = (
+        "Delegate a self-contained task to a subagent with a fresh context and the file and "
+        "shell tools. It returns the subagent's final answer."
+    )
+    parameters: Mapping[str, object] = {
+        "type": "object",
+        "properties": {
+            "description": {"type": "string", "description": "A short name for the task."},
+            "prompt": {"type": "string", "description": "Everything the subagent needs."},
+        },
+        "required": ["prompt"],
+    }
+
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        plan: AgentPlan,
+        tools: Sequence[Tool],
+        tool_ctx: ToolContext,
+        sink: TurnSink,
+        turn_id: str,
+        builtin_names: frozenset[str],
+    ) -> None:
+        self._client = client
+        self._plan = plan
+        self._tools = tools
+        self._tool_ctx = tool_ctx
+        self._sink = sink
+        self._turn_id = turn_id
+        self._builtin_names = builtin_names
+        self._count = itertools.count(1)
+
+    async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        prompt = arguments.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            return ToolOutcome.error("The task tool needs a non-empty 'prompt' string.")
+        task_id = activity.identity("subagent", self._turn_id, str(next(self._count)))
+        self._sink.activity(activity.lifecycle(task_id, "subagent_task", "running"))
+        child = Agent(
+            client=self._client,
+            plan=self._plan,
+            tools=self._tools,
+            tool_ctx=self._tool_ctx,
+            sink=self._sink,
+            turn_id=self._turn_id,
+            builtin_names=self._builtin_names,
+            persist=False,
+            stream_text=False,
+            parent_activity_id=task_id,
+        )
+        status: Any = "completed"
+        try:
+            answer = await child.run([], prompt)
+        except asyncio.CancelledError:
+            self._sink.activity(activity.lifecycle(task_id, "activity", "cancelled"))
+            raise
+        except Exception:  # noqa: BLE001 - the child's failure is the tool's failure, not the turn's
+            status = "failed"
+            answer = ""
+        self._sink.activity(activity.lifecycle(task_id, "activity", status))
+        self._sink.activity(
+            activity.usage(
+                activity.identity("subagent-usage", task_id),
+                effective_input=child.usage.input_tokens,
+                output=child.usage.output_tokens,
+                cache_read=child.usage.cache_read_tokens,
+                cache_known=child.usage.cache_known,
+                request_sequence=child.request_sequence,
+                final_usage=True,
+                source="subagent_aggregate",
+            )
+        )
+        if status == "failed":
+            return ToolOutcome.error("The subagent could not finish the task.")
+        return ToolOutcome(answer or "(The subagent returned no text.)")

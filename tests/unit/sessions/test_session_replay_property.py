@@ -1,0 +1,163 @@
+"""Property: paging through replay yields exactly the projection (spec: parts <= 2,048
+bytes, pages <= limit items and <= 16 KiB, cursors continue across appends)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from magi_code.protocol.limits import MAX_SESSION_REPLAY_PAGE_BYTES
+from magi_code.sessions.records import encode_record
+from magi_code.sessions.store import HISTORY, SessionStore
+
+TS = "2025-01-01T00:00:00.000Z"
+
+texts = st.builds(
+    lambda unit, times: unit * times,
+    st.text(st.characters(codec="utf-8"), max_size=12),
+    st.integers(min_value=0, max_value=500),
+)
+turn_ids = st.sampled_from(["t1", "t2", "t3"])
+ops = st.one_of(
+    st.tuples(st.just("user"), turn_ids, texts),
+    st.tuples(st.just("assistant"), turn_ids, texts),
+    st.tuples(
+        st.just("terminal"),
+        turn_ids,
+        texts,
+        st.sampled_from(["completed", "cancelled", "failed", "compaction_required"]),
+    ),
+    st.tuples(st.just("tool_call"), turn_ids),
+    st.tuples(st.just("compaction"), texts, st.floats(min_value=0, max_value=1)),
+    st.tuples(st.just("unknown")),
+)
+
+
+def to_fields(op: tuple[object, ...], seq: int) -> dict[str, object] | None:
+    match op:
+        case ("user" | "assistant", turn_id, text):
+            return {"type": op[0], "turn_id": turn_id, "text": text}
+        case ("terminal", turn_id, text, status):
+            return {
+                "type": "terminal",
+                "turn_id": turn_id,
+                "status": status,
+                "assistant_text": text,
+            }
+        case ("tool_call", turn_id):
+            return {
+                "type": "tool_call",
+                "turn_id": turn_id,
+                "call_id": "c",
+                "name": "n",
+                "arguments": "{}",
+            }
+        case ("compaction", text, where):
+            assert isinstance(where, float)
+            return {"type": "compaction", "summary": text, "cutoff_seq": int(where * (seq - 1))}
+    return None
+
+
+def write(
+    path: Path, op_list: list[tuple[object, ...]], first_seq: int
+) -> tuple[int, list[dict[str, object]]]:
+    records = []
+    with path.open("ab") as fh:
+        seq = first_seq
+        for op in op_list:
+            fields = to_fields(op, seq)
+            if fields is None:
+                fh.write(orjson.dumps({"v": 1, "seq": seq, "ts": TS, "type": "future"}) + b"\n")
+            else:
+                fh.write(encode_record(fields, seq, TS))
+                records.append({**fields, "seq": seq})
+            seq += 1
+    return seq, records
+
+
+def reference_parts(text: str) -> list[str]:
+    parts, current = [], ""
+    for ch in text:
+        if len((current + ch).encode()) > 2048:
+            parts.append(current)
+            current = ""
+        current += ch
+    return [*parts, current] if current or not parts else parts
+
+
+def expected(records: list[dict[str, object]]) -> list[dict[str, object]]:
+    compactions = [r for r in records if r["type"] == "compaction"]
+    out: list[dict[str, object]] = []
+
+    def text_items(head: dict[str, object], text: object) -> None:
+        parts = reference_parts(str(text))
+        for i, part in enumerate(parts):
+            out.append({**head, "text": part, "part": i, "last_part": i == len(parts) - 1})
+
+    cutoff = -1
+    if compactions:
+        text_items({"kind": "summary"}, compactions[-1]["summary"])
+        cutoff = int(str(compactions[-1]["cutoff_seq"]))
+    answered = set()
+    for r in records:
+        if r["type"] == "assistant":
+            answered.add(r["turn_id"])
+        if int(str(r["seq"])) <= cutoff:
+            continue
+        if r["type"] == "user" or (r["type"] == "assistant" and r["text"]):
+            text_items({"kind": "message", "role": r["type"]}, r["text"])
+        elif r["type"] == "terminal":
+            if r["assistant_text"] and r["turn_id"] not in answered:
+                text_items({"kind": "message", "role": "assistant"}, r["assistant_text"])
+            out.append({"kind": "terminal", "status": r["status"]})
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    before=st.lists(ops, max_size=12),
+    later=st.lists(ops.filter(lambda op: op[0] != "compaction"), max_size=6),
+    limits=st.lists(st.integers(min_value=1, max_value=32), min_size=1, max_size=8),
+)
+def test_concatenated_pages_equal_the_projection(
+    before: list[tuple[object, ...]],
+    later: list[tuple[object, ...]],
+    limits: list[int],
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SessionStore(Path(tmp))
+        session = store.create()
+        path = Path(tmp) / session / HISTORY
+        next_seq, records = write(path, before, 1)
+        events: list[dict[str, object]] = []
+        cursors: set[str] = set()
+        after = None
+        appended = False
+        for page_index in range(100_000):
+            page = store.replay(session, after, limits[page_index % len(limits)])
+            encoded = orjson.dumps(page)
+            assert len(encoded) <= MAX_SESSION_REPLAY_PAGE_BYTES
+            assert page["resync_required"] is False and page["gap"] is False
+            assert len(page["events"]) <= limits[page_index % len(limits)]
+            for event in page["events"]:
+                cursor = event.pop("cursor")
+                assert isinstance(cursor, str) and len(cursor) <= 128 and cursor not in cursors
+                cursors.add(cursor)
+                events.append(event)
+                assert len(str(event.get("text", "")).encode()) <= 2048
+            if page["events"]:
+                assert page["next_cursor"] == cursor
+            after = page["next_cursor"]
+            if not page["truncated"]:
+                assert page["next_cursor"] == page["snapshot_cursor"]
+                if appended:
+                    break
+                # New durable records after the first pass continue from the saved cursor.
+                next_seq, more = write(path, later, next_seq)
+                records += more
+                appended = True
+        assert events == expected(records)
