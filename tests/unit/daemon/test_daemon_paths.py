@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import socket
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
