@@ -31,6 +31,19 @@ class Matcher:
         self.bound: dict[str, str] = {}
         self.sets = sets
 
+    def bind_all(self, pattern: Any, actual: Any) -> None:
+        """Bind every ``$bind`` first, so a ``$ref`` may precede its binding in key order."""
+        if isinstance(pattern, dict) and "$bind" in pattern:
+            if isinstance(actual, str) and actual:
+                self.bound[pattern["$bind"]] = actual
+        elif isinstance(pattern, dict) and isinstance(actual, dict):
+            for key, sub in pattern.items():
+                if key in actual:
+                    self.bind_all(sub, actual[key])
+        elif isinstance(pattern, list) and isinstance(actual, list):
+            for sub, item in zip(pattern, actual, strict=False):
+                self.bind_all(sub, item)
+
     def match(self, pattern: Any, actual: Any, where: str = "$") -> None:
         if isinstance(pattern, str) and pattern.startswith("$"):
             self._special(pattern, actual, where)
@@ -76,6 +89,17 @@ class Matcher:
             raise Mismatch(f"{where}: {actual!r} is not the bound {pattern['$ref']}")
 
 
+def substitute(value: Any, bound: dict[str, str]) -> Any:
+    """Replace ``{"$ref": name}`` in an outgoing record with the bound opaque ID."""
+    if isinstance(value, dict):
+        if set(value) == {"$ref"}:
+            return bound[value["$ref"]]
+        return {k: substitute(v, bound) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, bound) for v in value]
+    return value
+
+
 def padded(record: Any, total: int) -> bytes:
     text = orjson.dumps(record).decode()
     pads = text.count('"$PAD"')
@@ -96,7 +120,7 @@ async def run_scenario(path: Path, service: ServiceProcess) -> None:
     for index, step in enumerate(steps, start=1):
         where = f"{header['scenario']} step {index}"
         if "send" in step:
-            await service.send(step["send"])
+            await service.send(substitute(step["send"], matcher.bound))
         elif "send_text" in step:
             await service.send_raw(step["send_text"].encode())
         elif "send_hex" in step:
@@ -112,6 +136,7 @@ async def run_scenario(path: Path, service: ServiceProcess) -> None:
             await service.close_stdin()
         elif "expect" in step:
             message = await service.recv()
+            matcher.bind_all(step["expect"], message)
             try:
                 matcher.match(step["expect"], message)
             except Mismatch as exc:

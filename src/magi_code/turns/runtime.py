@@ -19,7 +19,6 @@ from magi_code.sessions.store import SessionContext
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.base import Tool, ToolContext
 from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
-from magi_code.tools.mcp import McpToolset
 
 from . import activity
 from .agent import Agent, AgentPlan, TurnSink
@@ -111,6 +110,9 @@ class TurnRuntime:
             if summary is not None:
                 history = []
         plan = _with_system(plan, system_with_summary(plan.system, summary))
+        # The MCP SDK is imported only when a turn needs it: it doubles start-up time.
+        from magi_code.tools.mcp import McpToolset
+
         async with McpToolset(settings.mcp_servers.values(), tool_ctx) as toolset:
             task_tool = TaskTool(
                 client=self.client,
