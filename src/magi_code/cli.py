@@ -39,6 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if used or args.command:
             return _fail("--app service cannot be combined with other arguments or subcommands")
         return _run_service()
+    if args.prompt is not None:
+        if args.command:
+            return _fail("--prompt cannot be combined with a subcommand")
+        if not args.prompt.strip():
+            return _fail("--prompt needs some text")
+        return _run_prompt(args.prompt, args.session, args.provider, args.model)
+    if args.session or args.provider or args.model:
+        return _fail("--session, --provider and --model go with --prompt")
     return _fail("nothing to do; try 'magi-code --app service' or 'magi-code --help'")
 
 
@@ -51,6 +59,21 @@ def _run_service() -> int:
 
     ctx = LaunchContext.from_process()
     return uvloop.run(serve_stdio(build_coordinator, ctx))
+
+
+def _run_prompt(prompt: str, session: str | None, provider: str | None, model: str | None) -> int:
+    import dataclasses
+
+    import uvloop
+
+    from magi_code.oneshot import run_prompt
+    from magi_code.storage.launch import LaunchContext
+
+    ctx = LaunchContext.from_process()
+    overrides = {"MC_PROVIDER": provider, "MC_MODEL": model}
+    env = {**ctx.env, **{k: v for k, v in overrides.items() if v}}
+    ctx = dataclasses.replace(ctx, env=env)
+    return uvloop.run(run_prompt(ctx, prompt, session))
 
 
 if __name__ == "__main__":
