@@ -409,6 +409,7 @@ class FakeProviderServer:
         ]
         self.models_page_size = 1000
         self.listing_reply: HttpError | None = None  # answer GET …/models with this instead
+        self.listing_delay = 0.0  # seconds before answering GET …/models (slow discovery)
         self.stall_timeout = 30.0
         self._lock = threading.Condition()
         self._queue: deque[ScriptedReply] = deque()
@@ -546,6 +547,7 @@ class FakeProviderServer:
         with self._lock:
             self._requests.append(RecordedRequest(method, url.path, query, headers, body, parsed))
         if method == "GET" and url.path.endswith("/models"):
+            await asyncio.sleep(self.listing_delay)
             if self.listing_reply is not None:
                 return await self._play("listing", self.listing_reply, reader, writer)
             await self._send_json(writer, 200, self._listing(url.path, query, headers))

@@ -1,0 +1,96 @@
+"""Session attachments across real service processes: leases, crashes, restarts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.service import ServiceProcess, running_service
+
+
+async def _create(service: ServiceProcess) -> str:
+    response = await service.request("session.create")
+    assert response["error"] is None, response
+    session_id: str = response["payload"]["session_id"]
+    return session_id
+
+
+async def test_second_process_cannot_attach_a_held_session(home: Path, project: Path) -> None:
+    async with running_service(home, project) as first, running_service(home, project) as second:
+        session_id = await _create(first)
+        opened = await second.request("session.open", session_id=session_id)
+        assert opened["error"]["code"] == "session_busy"
+        turn = await second.request("turn.start", {"prompt": "hi"}, session_id=session_id)
+        assert turn["error"]["code"] == "session_busy"
+        # Replay needs no lease; close never releases another process's lease.
+        replay = await second.request("session.replay", session_id=session_id)
+        assert replay["error"] is None
+        closed = await second.request("session.close", session_id=session_id)
+        assert closed["payload"]["status"] == "closed"
+        assert (await second.request("session.open", session_id=session_id))["error"]["code"] == (
+            "session_busy"
+        )
+        await first.request("session.close", session_id=session_id)
+        reopened = await second.request("session.open", session_id=session_id)
+        assert reopened["payload"] == {"session_id": session_id, "status": "open"}
+
+
+async def test_killed_holder_does_not_block_the_session(home: Path, project: Path) -> None:
+    holder = await ServiceProcess.start(home, project)
+    try:
+        await holder.initialize()
+        session_id = await _create(holder)
+        holder.proc.kill()
+        await holder.proc.wait()
+    finally:
+        await holder.stop()
+    async with running_service(home, project) as other:
+        opened = await other.request("session.open", session_id=session_id)
+        assert opened["payload"] == {"session_id": session_id, "status": "open"}
+
+
+async def test_attachment_limit_is_sixteen(home: Path, project: Path) -> None:
+    async with running_service(home, project) as service:
+        for _ in range(16):
+            await _create(service)
+        over = await service.request("session.create")
+        assert over["error"]["code"] == "limit_exceeded"
+        listing = await service.request("session.list")
+        assert len(listing["payload"]["sessions"]) == 16
+
+
+async def test_replay_cursor_survives_restart_and_appends(home: Path, project: Path) -> None:
+    with FakeProviderServer() as fake:
+        provider = {"api": "openai-chat", "base_url": fake.base_url + "/v1"}
+        settings = {"provider": "local", "model": "m1", "providers": {"local": provider}}
+        (home / "settings.json").write_text(json.dumps(settings))
+        fake.enqueue(Reply(text=["first answer"]), Reply(text=["second answer"]))
+        async with running_service(home, project) as service:
+            started = await service.request("turn.start", {"prompt": "one"})
+            session_id = started["payload"]["session_id"]
+            await service.events_until_terminal(started["request_id"])
+            page = await service.request("session.replay", session_id=session_id)
+            saved = page["payload"]["next_cursor"]
+            assert [e["kind"] for e in page["payload"]["events"]] == [
+                "message",
+                "message",
+                "terminal",
+            ]
+        async with running_service(home, project) as restarted:
+            again = await restarted.request(
+                "session.replay", {"after": saved}, session_id=session_id
+            )
+            assert again["payload"]["events"] == []
+            assert again["payload"]["resync_required"] is False
+            started = await restarted.request(
+                "turn.start", {"prompt": "two"}, session_id=session_id
+            )
+            assert started["error"] is None
+            await restarted.events_until_terminal(started["request_id"])
+            newer = await restarted.request(
+                "session.replay", {"after": saved}, session_id=session_id
+            )
+            texts = [e.get("text") for e in newer["payload"]["events"]]
+            assert texts == ["two", "second answer", None]
+            assert newer["payload"]["next_cursor"] == newer["payload"]["snapshot_cursor"]
