@@ -94,3 +94,38 @@ async def test_replay_cursor_survives_restart_and_appends(home: Path, project: P
             texts = [e.get("text") for e in newer["payload"]["events"]]
             assert texts == ["two", "second answer", None]
             assert newer["payload"]["next_cursor"] == newer["payload"]["snapshot_cursor"]
+
+
+async def test_close_during_a_turn_is_closing_until_the_terminal(home: Path, project: Path) -> None:
+    with FakeProviderServer() as fake:
+        provider = {"api": "openai-chat", "base_url": fake.base_url + "/v1"}
+        settings = {"provider": "local", "model": "m1", "providers": {"local": provider}}
+        (home / "settings.json").write_text(json.dumps(settings))
+        fake.enqueue(Reply(text=["partial "], ending="stall"))
+        async with running_service(home, project) as service:
+            session_id = await _create(service)
+            turn = await service.request("turn.start", {"prompt": "wait"}, session_id=session_id)
+            delta = await service.recv()
+            while delta["event"] != "turn.assistant_delta":
+                delta = await service.recv()
+            first = await service.request("session.close", session_id=session_id)
+            assert first["payload"] == {"session_id": session_id, "status": "closing"}
+            second = await service.request("session.close", session_id=session_id)
+            assert second["payload"]["status"] == "closing"
+            reopen = await service.request("session.open", session_id=session_id)
+            assert reopen["error"]["code"] == "session_busy"
+            events = await service.events_until_terminal(turn["request_id"])
+            terminal = events[-1]["payload"]
+            assert terminal["status"] == "cancelled"
+            assert terminal["assistant_text"] == "partial "
+            closed = await service.request("session.close", session_id=session_id)
+            assert closed["payload"]["status"] == "closed"
+            replay = await service.request("session.replay", session_id=session_id)
+            items = [
+                (e["kind"], e.get("text"), e.get("status")) for e in replay["payload"]["events"]
+            ]
+            assert items == [
+                ("message", "wait", None),
+                ("message", "partial ", None),
+                ("terminal", None, "cancelled"),
+            ]
