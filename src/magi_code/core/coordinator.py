@@ -44,10 +44,18 @@ class DomainService(Protocol):
 class Connection:
     """One client: its launch context, initialization state, reservations and output."""
 
-    def __init__(self, coordinator: ServiceCoordinator, ctx: LaunchContext, conn_id: int) -> None:
+    def __init__(
+        self,
+        coordinator: ServiceCoordinator,
+        ctx: LaunchContext,
+        conn_id: int,
+        transports: Sequence[str],
+    ) -> None:
         self.coordinator = coordinator
         self.ctx = ctx
         self.conn_id = conn_id
+        # Advertised per connection: a v1 shim of the daemon still speaks only "stdio".
+        self.transports = tuple(transports)
         self.output = Output()
         self.initialized = False
         self.reserved: set[str] = set()
@@ -102,6 +110,10 @@ class ServiceCoordinator:
         self._events.extend(e for e in service.events() if e not in self._events)
 
     @property
+    def services(self) -> tuple[DomainService, ...]:
+        return tuple(self._services)
+
+    @property
     def operations(self) -> list[str]:
         return list(self._routes)
 
@@ -114,15 +126,26 @@ class ServiceCoordinator:
 
     # -- connections -------------------------------------------------------------------
 
-    def open_connection(self, ctx: LaunchContext) -> Connection:
-        conn = Connection(self, ctx, next(self._conn_ids))
+    def open_connection(
+        self, ctx: LaunchContext, transports: Sequence[str] | None = None
+    ) -> Connection:
+        conn = Connection(self, ctx, next(self._conn_ids), transports or self.transports)
         self.connections[conn.conn_id] = conn
         return conn
 
-    async def close_connection(self, conn: Connection) -> None:
-        """Cancel and drain everything the connection owns, then let output finish."""
+    async def close_connection(self, conn: Connection, *, detach: bool = False) -> None:
+        """Cancel and drain everything the connection owns, then let output finish.
+
+        ``detach`` (a lost persistent v2 client): services that offer
+        ``connection_detached`` let that connection's accepted work run to its end
+        instead of cancelling it; everything else (its login) is cancelled as usual.
+        """
         for service in reversed(self._services):
-            await service.connection_closed(conn)
+            detached = getattr(service, "connection_detached", None) if detach else None
+            if detached is not None:
+                await detached(conn)
+            else:
+                await service.connection_closed(conn)
         self.connections.pop(conn.conn_id, None)
         conn.output.finish()
 

@@ -103,12 +103,12 @@ class ServiceInfo:
     async def connection_closed(self, connection: Connection) -> None:
         return None
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self, conn: Connection) -> dict[str, Any]:
         return {
             "protocol_versions": [PROTOCOL_VERSION],
             "operations": self._coordinator.operations,
             "events": self._coordinator.events,
-            "transports": list(self._coordinator.transports),
+            "transports": list(conn.transports),
             "limits": dict(ADVERTISED_LIMITS),
             "activity": dict(ACTIVITY_CAPABILITIES),
         }
@@ -125,7 +125,7 @@ class ServiceInfo:
                 "server_name": SERVER_NAME,
                 "server_version": self._version,
                 "limits": dict(ADVERTISED_LIMITS),
-                "capabilities": self.capabilities(),
+                "capabilities": self.capabilities(conn),
             }
         )
 
@@ -137,4 +137,4 @@ class ServiceInfo:
         return Reply({"service": "ready", "provider_auth_ready": ready})
 
     async def _capabilities(self, conn: Connection, request: Request, _: None) -> Reply:
-        return Reply(self.capabilities())
+        return Reply(self.capabilities(conn))

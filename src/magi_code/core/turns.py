@@ -171,6 +171,8 @@ class TurnRun:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.task is not None:
+            return  # started by its acceptance write or by connection cleanup, once
         self.agent_task = asyncio.create_task(
             self.service.runtime.run(self.turn, self, self._keep_unsaved)
         )
@@ -268,9 +270,10 @@ class TurnService:
             attachment = await self.sessions.create(conn, explicit=False)
         else:
             attachment = await self.sessions.attach(conn, request.session_id, explicit=False)
+        if attachment.busy:
+            # Another turn owns this attachment: refuse without touching its state.
+            raise ServiceError(ErrorCode.SESSION_BUSY)
         try:
-            if attachment.busy:
-                raise ServiceError(ErrorCode.SESSION_BUSY)
             attachment.cancel_turn = lambda: None  # claimed before any await
             attachment.idle.clear()
             history = await asyncio.to_thread(
@@ -325,6 +328,17 @@ class TurnService:
     async def finished(self, run: TurnRun) -> None:
         self.active.pop(run.turn_id, None)
         await self.sessions.turn_finished(run.attachment)
+
+    async def connection_detached(self, connection: Connection) -> None:
+        """A persistent client went away: its accepted turns run on to their terminal."""
+        for run in [run for run in self.active.values() if run.conn is connection]:
+            if run.task is None:
+                # Its acceptance was never delivered: the client never saw it, cancel it.
+                run.start()
+                run.cancel()
+            assert run.task is not None
+            with contextlib.suppress(asyncio.CancelledError):
+                await run.task
 
     async def connection_closed(self, connection: Connection) -> None:
         runs = [run for run in self.active.values() if run.conn is connection]

@@ -4,6 +4,7 @@ instructions, built-in + MCP tools, subagents, compaction, then the agent loop."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -109,7 +110,7 @@ class TurnRuntime:
             summary = await self._compact(turn, sink, plan, history, summary)
             if summary is not None:
                 history = []
-        plan = _with_system(plan, system_with_summary(plan.system, summary))
+        plan = dataclasses.replace(plan, system=system_with_summary(plan.system, summary))
         # The MCP SDK is imported only when a turn needs it: it doubles start-up time.
         from magi_code.tools.mcp import McpToolset
 
@@ -171,19 +172,6 @@ def _reasoning(level: str) -> ReasoningLevel:
         if level == known:
             return known
     return "default"
-
-
-def _with_system(plan: AgentPlan, system: str) -> AgentPlan:
-    return AgentPlan(
-        endpoint=plan.endpoint,
-        model=plan.model,
-        reasoning=plan.reasoning,
-        fast=plan.fast,
-        max_output_tokens=plan.max_output_tokens,
-        context_window=plan.context_window,
-        system=system,
-        cache_key=plan.cache_key,
-    )
 
 
 def _secret_names(settings: Settings) -> frozenset[str]:
