@@ -4,12 +4,15 @@ stored token, logout, readiness, and no secret anywhere on the wire or on disk."
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
 
+from magi_code.auth.store import AuthStore
+from magi_code.auth.tokens import codex_record
 from tests.support.fake_oauth import FakeOAuthIssuer
-from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.service import ServiceProcess, running_service
 
 ACCOUNT = "acct-DISTINCTIVE-7731"
@@ -160,3 +163,21 @@ async def test_login_cancel_and_busy_and_eof(home: Path, project: Path) -> None:
             terminals = [m for m in rest if m.get("event") == "auth.login.terminal"]
             assert [t["payload"]["state"] for t in terminals] == ["cancelled"]
             assert await service.wait() == 0
+
+
+async def test_codex_turn_refreshes_after_401_and_retries(home: Path, project: Path) -> None:
+    with FakeOAuthIssuer(account_id=ACCOUNT) as issuer, FakeProviderServer() as provider:
+        record = codex_record(issuer.mint_tokens(), time.time())
+        AuthStore(home / "auth.json").commit("openai-codex", record, None)
+        (home / "settings.json").write_text(json.dumps({"provider": "openai-codex"}))
+        provider.enqueue(HttpError(401), Reply(text=["after refresh"]))
+        async with running_service(home, project, _env(issuer, provider)) as service:
+            turn = await service.request("turn.start", {"prompt": "hi"})
+            events = await service.events_until_terminal(turn["request_id"])
+        assert events[-1]["payload"]["status"] == "completed"
+        assert events[-1]["payload"]["assistant_text"] == "after refresh"
+        first, second = (r.headers["authorization"] for r in provider.requests)
+        assert first != second
+        assert any(r.path.endswith("/oauth/token") for r in issuer.requests)
+        stored = AuthStore(home / "auth.json").read().record("openai-codex")
+        assert stored is not None and f"Bearer {stored['access_token']}" == second

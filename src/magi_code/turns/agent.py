@@ -13,12 +13,15 @@ provider stream is closed by leaving its ``async for``, and tools kill their chi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import dataclasses
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import httpx
 
+from magi_code.providers.errors import ProviderFailure
 from magi_code.providers.stream import stream_response
 from magi_code.providers.types import (
     AssistantText,
@@ -29,6 +32,7 @@ from magi_code.providers.types import (
     ProviderRequest,
     ReasoningLevel,
     ReasoningSummary,
+    StreamEvent,
     TextDelta,
     ToolCall,
     ToolCallEvent,
@@ -102,6 +106,7 @@ class Agent:
         persist: bool = True,
         stream_text: bool = True,
         parent_activity_id: str | None = None,
+        reauthorize: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
     ) -> None:
         self.client = client
         self.plan = plan
@@ -114,6 +119,8 @@ class Agent:
         self.persist = persist
         self.stream_text = stream_text
         self.parent_activity_id = parent_activity_id
+        # Codex only: fresh credentials after a 401 (the token was revoked or rotated).
+        self.reauthorize = reauthorize
         self.request_sequence = 0
         self.usage = UsageTotals()
         # Text of the provider response in flight, not yet durable (cancel/fail saves it).
@@ -158,24 +165,25 @@ class Agent:
         calls: list[ToolCall] = []
         usage: UsageEvent | None = None
         self.unsaved_text = ""
-        async for event in stream_response(self.client, self.plan.endpoint, request):
-            if isinstance(event, TextDelta):
-                if self.stream_text:
-                    await self.sink.text(event.text)
-                self.unsaved_text += event.text
-            elif isinstance(event, ToolCallEvent):
-                calls.append(event.call)
-            elif isinstance(event, ReasoningSummary):
-                summary_id = activity.identity(
-                    "reasoning", self.turn_id, str(self.request_sequence)
-                )
-                self.sink.activity(activity.reasoning_summary(summary_id, event.text))
-            elif isinstance(event, UsageEvent):
-                usage = event
-            elif isinstance(event, ContinuityItem):
-                continuity.append(event)
-            elif isinstance(event, Completed):
-                break
+        async with contextlib.aclosing(self._events(request)) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    if self.stream_text:
+                        await self.sink.text(event.text)
+                    self.unsaved_text += event.text
+                elif isinstance(event, ToolCallEvent):
+                    calls.append(event.call)
+                elif isinstance(event, ReasoningSummary):
+                    summary_id = activity.identity(
+                        "reasoning", self.turn_id, str(self.request_sequence)
+                    )
+                    self.sink.activity(activity.reasoning_summary(summary_id, event.text))
+                elif isinstance(event, UsageEvent):
+                    usage = event
+                elif isinstance(event, ContinuityItem):
+                    continuity.append(event)
+                elif isinstance(event, Completed):
+                    break
         text = self.unsaved_text
         if text:
             await self._record({"type": "assistant", "turn_id": self.turn_id, "text": text})
@@ -188,6 +196,30 @@ class Agent:
         if usage is not None:
             self._report_usage(usage, context_id, final=not calls)
         return calls
+
+    async def _events(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
+        """The provider stream; a 401 before any event re-authorizes once and retries."""
+        started = False
+        try:
+            async with contextlib.aclosing(
+                stream_response(self.client, self.plan.endpoint, request)
+            ) as stream:
+                async for event in stream:
+                    started = True
+                    yield event
+            return
+        except ProviderFailure as exc:
+            if started or exc.status != 401 or self.reauthorize is None:
+                raise
+        headers = await self.reauthorize()
+        self.reauthorize = None
+        endpoint = dataclasses.replace(self.plan.endpoint, headers=headers)
+        self.plan = dataclasses.replace(self.plan, endpoint=endpoint)
+        async with contextlib.aclosing(
+            stream_response(self.client, self.plan.endpoint, request)
+        ) as stream:
+            async for event in stream:
+                yield event
 
     def _report_usage(self, usage: UsageEvent, context_id: str, *, final: bool) -> None:
         effective = usage.input_tokens or 0

@@ -83,7 +83,8 @@ class TurnRuntime:
         provider = effective.provider
         if provider is None:
             raise TurnSetupError("provider_unavailable")
-        headers = await resolve_headers(ctx, provider, AuthStore(ctx.auth_path), self.client)
+        store = AuthStore(ctx.auth_path)
+        headers = await resolve_headers(ctx, provider, store, self.client)
         plan = AgentPlan(
             endpoint=Endpoint(provider.api, provider.base_url, headers),
             model=effective.model_id,
@@ -133,6 +134,11 @@ class TurnRuntime:
                 sink=sink,
                 turn_id=turn.turn_id,
                 builtin_names=ALLOWLISTED_TOOL_NAMES,
+                reauthorize=(
+                    (lambda: resolve_headers(ctx, provider, store, self.client, force_refresh=True))
+                    if provider.credential == "oauth"
+                    else None
+                ),
             )
             expose_unsaved(lambda: agent.unsaved_text)
             await agent.run(history, turn.prompt)
