@@ -1,0 +1,144 @@
+"""Structured activity and the tool loop through the real stdio process (issue 8).
+
+Figures: ``turn.activity`` events/s (and drops) for a tool-heavy scripted turn (many
+``list_files`` calls per provider reply, over many replies); and the tool loop's cost per
+iteration: the time of a turn with K provider round trips that each make one cheap tool
+call, minus the time of a turn without tools, divided by K.
+
+    .venv/bin/python benchmarks/bench_activity.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from benchlib import (
+    FakeProvider,
+    ServiceProcess,
+    figure,
+    heading,
+    median,
+    run,
+    running_service,
+    workspace,
+    write_provider_settings,
+)
+
+from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
+
+LIST_ARGUMENTS = orjson.dumps({"pattern": "**/*.py"}).decode()
+
+
+def tool_reply(calls: int, round_no: int) -> dict[str, Any]:
+    tool_calls = [
+        {"call_id": f"call-{round_no}-{i}", "name": "list_files", "arguments": LIST_ARGUMENTS}
+        for i in range(calls)
+    ]
+    return {"text": [], "tool_calls": tool_calls}
+
+
+FINAL_REPLY = {"text": ["Done."]}
+
+
+async def timed_turn(service: ServiceProcess) -> tuple[float, dict[str, int]]:
+    """Run one turn in a new session (so history and context do not grow between turns);
+    returns (start -> terminal seconds, counts of what arrived)."""
+    request_id = service.next_id("turn")
+    start = time.perf_counter()
+    await service.send(
+        {
+            "protocol_version": 1,
+            "kind": "request",
+            "request_id": request_id,
+            "method": "turn.start",
+            "payload": {"prompt": "List the Python files.", "options": {}},
+        }
+    )
+    counts = {"activity": 0, "delta": 0, "dropped": 0}
+    while True:
+        message = await service.recv()
+        if message["kind"] == "response":
+            if message["error"] is not None:
+                raise RuntimeError(f"turn.start failed: {message['error']}")
+            continue
+        if message["event"] == "turn.activity":
+            counts["activity"] += 1
+        elif message["event"] == "turn.assistant_delta":
+            counts["delta"] += 1
+        elif message["event"] == "turn.terminal":
+            elapsed = time.perf_counter() - start
+            payload = message["payload"]
+            if payload["status"] != "completed":
+                raise RuntimeError(f"turn ended {payload['status']}")
+            counts["dropped"] = payload["activity_dropped"]
+            return elapsed, counts
+
+
+async def activity_rate(
+    service: ServiceProcess, fake: FakeProvider, turns: int, rounds: int
+) -> None:
+    calls = 16
+    rates: list[float] = []
+    delivered = dropped = 0
+    for _ in range(turns):
+        await fake.enqueue(*(tool_reply(calls, r) for r in range(rounds)), FINAL_REPLY)
+        elapsed, counts = await timed_turn(service)
+        rates.append(counts["activity"] / elapsed)
+        delivered += counts["activity"]
+        dropped += counts["dropped"]
+    figure(
+        f"activity events/s, {rounds} replies x {calls} list_files calls",
+        median(rates),
+        "events/s",
+    )
+    figure(f"  activity events per turn (delivered, {turns} turns)", delivered // turns, "events")
+    figure("  activity dropped per turn (queue full)", dropped // turns, "events")
+
+
+async def tool_loop_overhead(
+    service: ServiceProcess, fake: FakeProvider, repeats: int, rounds: int
+) -> None:
+    plain: list[float] = []
+    looped: list[float] = []
+    for _ in range(repeats):
+        await fake.enqueue(FINAL_REPLY)
+        plain.append((await timed_turn(service))[0])
+        await fake.enqueue(*(tool_reply(1, r) for r in range(rounds)), FINAL_REPLY)
+        looped.append((await timed_turn(service))[0])
+    no_tools = median(plain)
+    with_tools = median(looped)
+    figure(f"turn without tools, median of {repeats}", no_tools * 1e3, "ms")
+    figure(f"turn with {rounds} one-tool round trips, median", with_tools * 1e3, "ms")
+    figure("tool loop cost per iteration", (with_tools - no_tools) / rounds * 1e3, "ms")
+
+
+def populate_project(project: Path) -> None:
+    for package in range(4):
+        directory = project / f"pkg{package}"
+        directory.mkdir()
+        for module in range(10):
+            (directory / f"mod{module}.py").write_text("x = 1\n")
+
+
+async def main(args: argparse.Namespace) -> None:
+    heading("bench_activity: activity events and the tool loop", args.quick)
+    # One provider request is the final answer; the rest may call tools.
+    rounds = 4 if args.quick else MAX_PROVIDER_REQUESTS - 1
+    async with FakeProvider.running() as fake:
+        with workspace() as ws:
+            populate_project(ws.project)
+            write_provider_settings(ws.home, fake.base_url)
+            async with running_service(ws) as service:
+                # Warm-up: first-use imports and connections are not part of the figures.
+                await fake.enqueue(tool_reply(1, 0), FINAL_REPLY)
+                await timed_turn(service)
+                await activity_rate(service, fake, 1 if args.quick else 3, rounds)
+                await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
+
+
+if __name__ == "__main__":
+    run(main, __doc__ or "")

@@ -1,0 +1,163 @@
+"""Durable sessions through the real stdio process (issue 3).
+
+Figures: paged ``session.replay`` of a ~2 MiB session (pages/s, bytes/s); ``session.list``
+paging over a 20,000-entry sessions directory (the scan budget), ms per page; and the
+``session.create`` rate (each create is closed again: attachments are capped at 16).
+
+    .venv/bin/python benchmarks/bench_sessions.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import orjson
+from benchlib import ServiceProcess, figure, heading, median, run, running_service, workspace
+
+from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES, MAX_SESSION_PAGE_ITEMS
+from magi_code.sessions.ids import new_session_id
+from magi_code.sessions.records import encode_record, now_rfc3339
+from magi_code.sessions.store import SessionStore
+
+# One turn as the runtime records it: user prompt, assistant text, terminal (which repeats
+# the assistant text), so replay splits long messages into 2 KiB parts across pages.
+USER_TEXT = "Please look at the module and explain it. " * 12
+ASSISTANT_TEXT = "The module reads records, validates them and writes pages. " * 100
+
+
+def build_session(sessions_dir: Path, target_bytes: int) -> tuple[str, int]:
+    """A session of about ``target_bytes`` written through the store (fsynced appends)."""
+    store = SessionStore(sessions_dir)
+    session_id = store.create()
+    with store.acquire_writer_lease(session_id) as lease:
+        turn = 0
+        while (sessions_dir / session_id / "history.jsonl").stat().st_size < target_bytes:
+            turn_id = f"t{turn}"
+            lease.append({"type": "user", "turn_id": turn_id, "text": USER_TEXT})
+            lease.append({"type": "assistant", "turn_id": turn_id, "text": ASSISTANT_TEXT})
+            lease.append(
+                {
+                    "type": "terminal",
+                    "turn_id": turn_id,
+                    "status": "completed",
+                    "assistant_text": ASSISTANT_TEXT,
+                }
+            )
+            turn += 1
+    return session_id, (sessions_dir / session_id / "history.jsonl").stat().st_size
+
+
+def populate_sessions(sessions_dir: Path, count: int) -> None:
+    """``count`` valid session directories written directly (no fsync: only the listing
+    is measured); every one gets its own header and shares one title sidecar by hard link."""
+    sessions_dir.mkdir(parents=True, exist_ok=True)
+    title = sessions_dir / "title.json"
+    title.write_bytes(orjson.dumps({"v": 1, "title": "Benchmark session"}))
+    created = now_rfc3339()
+    for _ in range(count):
+        session_id = new_session_id()
+        directory = sessions_dir / session_id
+        directory.mkdir(mode=0o700)
+        header = {"type": "header", "session_id": session_id, "created_at": created}
+        (directory / "history.jsonl").write_bytes(encode_record(header, 0, created))
+        os.link(title, directory / "meta.json")
+    title.unlink()
+
+
+async def replay(service: ServiceProcess, session_id: str, size: int, rounds: int) -> None:
+    timings: list[float] = []
+    pages = wire = 0
+    for _ in range(rounds):
+        after: str | None = None
+        pages = wire = 0
+        start = time.perf_counter()
+        while True:
+            response = await service.request(
+                "session.replay", {"after": after}, session_id=session_id
+            )
+            if response["error"] is not None:
+                raise RuntimeError(f"replay failed: {response['error']}")
+            page = response["payload"]
+            pages += 1
+            wire += len(orjson.dumps(response)) + 1
+            after = page["next_cursor"]
+            if not page["truncated"]:
+                break
+        timings.append(time.perf_counter() - start)
+    best = median(timings)
+    figure(f"replay {size / 2**20:.2f} MiB session: pages", pages, "pages")
+    figure("replay: pages per second", pages / best, "pages/s")
+    figure("replay: session bytes per second", size / best / 2**20, "MiB/s")
+    figure("replay: response bytes per second", wire / best / 2**20, "MiB/s")
+    figure("replay: whole session", best * 1e3, "ms")
+
+
+async def listing(service: ServiceProcess, count: int, pages: int) -> None:
+    samples: list[float] = []
+    after: str | None = None
+    seen = 0
+    for _ in range(pages):
+        start = time.perf_counter()
+        response = await service.request("session.list", {"after": after})
+        samples.append(time.perf_counter() - start)
+        if response["error"] is not None:
+            raise RuntimeError(f"list failed: {response['error']}")
+        page = response["payload"]
+        seen += len(page["sessions"])
+        after = page["next_after"]
+        if after is None:
+            break
+    per_page = median(samples)
+    figure(f"session.list over {count:,} sessions, median/page", per_page * 1e3, "ms")
+    figure(
+        f"  whole list ({-(-count // MAX_SESSION_PAGE_ITEMS)} pages), extrapolated",
+        per_page * -(-count // MAX_SESSION_PAGE_ITEMS),
+        "s",
+    )
+
+
+async def creates(service: ServiceProcess, count: int) -> None:
+    create_times: list[float] = []
+    close_times: list[float] = []
+    for _ in range(count):
+        start = time.perf_counter()
+        created = await service.request("session.create")
+        create_times.append(time.perf_counter() - start)
+        if created["error"] is not None:
+            raise RuntimeError(f"create failed: {created['error']}")
+        session_id = created["payload"]["session_id"]
+        start = time.perf_counter()
+        closed = await service.request("session.close", session_id=session_id)
+        close_times.append(time.perf_counter() - start)
+        if closed["error"] is not None:
+            raise RuntimeError(f"close failed: {closed['error']}")
+    figure("session.create rate", count / sum(create_times), "creates/s")
+    figure("  session.create latency, median", median(create_times) * 1e3, "ms")
+    figure("  session.close latency, median", median(close_times) * 1e3, "ms")
+
+
+async def main(args: argparse.Namespace) -> None:
+    heading("bench_sessions: durable session operations", args.quick)
+    with workspace() as ws:
+        sessions_dir = ws.home / "sessions"
+        start = time.perf_counter()
+        session_id, size = build_session(sessions_dir, (256 if args.quick else 2000) * 1024)
+        build = time.perf_counter() - start
+        figure("  (setup) build session through SessionStore", build * 1e3, "ms")
+        async with running_service(ws) as service:
+            await replay(service, session_id, size, 1 if args.quick else 5)
+            await creates(service, 20 if args.quick else 200)
+    with workspace() as ws:
+        count = 500 if args.quick else MAX_SESSION_LIST_SCAN_ENTRIES
+        start = time.perf_counter()
+        populate_sessions(ws.home / "sessions", count)
+        figure("  (setup) write session directories", time.perf_counter() - start, "s")
+        async with running_service(ws) as service:
+            await listing(service, count, 10 if args.quick else 40)
+
+
+if __name__ == "__main__":
+    run(main, __doc__ or "")

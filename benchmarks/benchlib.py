@@ -1,0 +1,243 @@
+"""Shared pieces of the benchmark scripts: workspaces, real processes, statistics, output.
+
+Every benchmark drives real processes: the service (``python -m magi_code --app service``
+through ``tests.support.service.ServiceProcess``) and, when a model is needed, the loopback
+fake provider as its own process (``python -m tests.support.fake_providers``), so the
+benchmark client, the service and the provider do not share an interpreter or a GIL.
+Everything runs under a fresh temporary MC_HOME/project that is removed afterwards, and
+every process is stopped (killed if needed) even when a benchmark fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import statistics
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Scripts run as ``python benchmarks/<name>.py``: make the repository's test helpers
+# importable the same way pytest does.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+from tests.support.service import ServiceProcess  # noqa: E402
+
+__all__ = [
+    "ROOT",
+    "FakeProvider",
+    "ServiceProcess",
+    "Workspace",
+    "figure",
+    "heading",
+    "median",
+    "parse_args",
+    "percentile",
+    "rss_bytes",
+    "run",
+    "running_service",
+    "workspace",
+    "write_provider_settings",
+]
+
+PROCESS_TIMEOUT = 30.0
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--quick", action="store_true", help="small smoke run (seconds), figures not meaningful"
+    )
+    return parser.parse_args()
+
+
+def run(main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], description: str) -> None:
+    """Parse ``--quick`` and run ``main`` on the same event loop the service uses.
+
+    SIGTERM is turned into KeyboardInterrupt so the context managers still stop every
+    process and remove every temporary directory when a runner stops the script.
+    """
+    args = parse_args(description)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a declared dependency
+        runner: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        runner(main(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def heading(title: str, quick: bool) -> None:
+    mode = " (quick smoke run: figures are not meaningful)" if quick else ""
+    cpus = os.cpu_count()
+    print(f"== {title}{mode}")
+    print(f"   python {platform.python_version()}, {cpus} CPUs, {platform.platform()}")
+
+
+def figure(label: str, value: float, unit: str, reference: str | None = None) -> None:
+    """One result line; ``reference`` is the comparison figure printed beside it."""
+    if isinstance(value, int) or value >= 100:
+        shown = f"{value:,.0f}"
+    elif value >= 10:
+        shown = f"{value:.1f}"
+    else:
+        shown = f"{value:.3f}"
+    line = f"   {label:<52} {shown:>12} {unit}"
+    if reference:
+        line += f"   [reference: {reference}]"
+    print(line, flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (no interpolation: a real observed sample)."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
+
+
+# -- temporary MC_HOME / project ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+    home: Path
+    project: Path
+
+
+@contextlib.contextmanager
+def workspace() -> Iterator[Workspace]:
+    """A fresh MC_HOME and project directory (never the real home), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="mc-bench-") as tmp:
+        root = Path(tmp)
+        home = root / "home"
+        project = root / "project"
+        home.mkdir()
+        project.mkdir()
+        (root / "user-home").mkdir()
+        yield Workspace(root, home, project)
+
+
+def write_provider_settings(home: Path, base_url: str) -> None:
+    """Select a custom chat-completions provider at ``base_url`` (the fake provider)."""
+    doc = {
+        "provider": "local",
+        "model": "m1",
+        "providers": {"local": {"api": "openai-chat", "base_url": f"{base_url}/v1"}},
+    }
+    (home / "settings.json").write_text(json.dumps(doc))
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+async def _stop_service(service: ServiceProcess) -> None:
+    try:
+        await service.stop()
+    finally:
+        if service.proc.returncode is None:
+            service.proc.kill()
+            await service.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_service(
+    ws: Workspace, env: Mapping[str, str] | None = None, *, initialize: bool = True
+) -> AsyncIterator[ServiceProcess]:
+    """The real stdio service for ``ws``; stdin closed (then killed if needed) on exit."""
+    service = await ServiceProcess.start(ws.home, ws.project, env)
+    try:
+        if initialize:
+            await service.initialize()
+        yield service
+    finally:
+        await _stop_service(service)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` plus any child processes it started."""
+    proc = psutil.Process(pid)
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return total
+
+
+class FakeProvider:
+    """The loopback fake provider as a separate process, scripted over its control routes.
+
+    Replies use the JSON form of ``tests.support.fake_providers`` (``{"kind": "fast",
+    "count": N}``, ``{"text": [...], "tool_calls": [...]}``).
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process, base_url: str) -> None:
+        self.proc = proc
+        self.base_url = base_url
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=PROCESS_TIMEOUT)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(cls) -> AsyncIterator[FakeProvider]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.support.fake_providers",
+            "--port",
+            "0",
+            cwd=ROOT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        fake: FakeProvider | None = None
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), PROCESS_TIMEOUT)
+            if not line:
+                raise RuntimeError("fake provider exited before announcing its port")
+            fake = cls(proc, json.loads(line)["base_url"])
+            yield fake
+        finally:
+            if fake is not None:
+                await fake.client.aclose()
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 5)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+
+    async def enqueue(self, *replies: Mapping[str, Any]) -> None:
+        response = await self.client.post("/__fake__/enqueue", json=list(replies))
+        response.raise_for_status()
+
+    async def pending(self) -> int:
+        response = await self.client.get("/__fake__/state")
+        response.raise_for_status()
+        pending: int = response.json()["pending"]
+        return pending
