@@ -7,6 +7,8 @@ outbound values alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .errors import ErrorCode, ServiceError
 from .limits import MAX_ARRAY_ITEMS, MAX_JSON_DEPTH, MAX_OBJECT_FIELDS, MAX_STRING_BYTES
 
@@ -22,28 +24,39 @@ def string_fits(value: str, limit: int = MAX_STRING_BYTES) -> bool:
     return len(value.encode("utf-8", "surrogatepass")) <= limit
 
 
+def _check_string(value: str) -> None:
+    if len(value) > _SAFE_STR_CHARS and not string_fits(value):
+        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+
+
 def check_bounds(value: object) -> None:
     """Raise ``limit_exceeded`` if ``value`` breaks a structural limit.
 
-    Depth counts containers: a top-level object is depth 1.
+    Depth counts containers: a top-level object is depth 1. Strings are checked where
+    they are met; only containers go on the stack (wide records are the common case).
     """
-    stack: list[tuple[object, int]] = [(value, 0)]
+    if isinstance(value, str):
+        _check_string(value)
+        return
+    stack: list[tuple[dict[str, object] | list[object], int]] = []
+    if isinstance(value, (dict, list)):
+        stack.append((value, 1))
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, str):
-            if len(item) > _SAFE_STR_CHARS and not string_fits(item):
+        if depth > MAX_JSON_DEPTH:
+            raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+        if type(item) is dict:
+            if len(item) > MAX_OBJECT_FIELDS:
                 raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-        elif isinstance(item, dict):
-            depth += 1
-            if depth > MAX_JSON_DEPTH or len(item) > MAX_OBJECT_FIELDS:
+            for key in item:
+                _check_string(key)
+            children: Iterable[object] = item.values()
+        else:
+            if len(item) > MAX_ARRAY_ITEMS:
                 raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-            for key, child in item.items():
-                if len(key) > _SAFE_STR_CHARS and not string_fits(key):
-                    raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-                if isinstance(child, (dict, list, str)):
-                    stack.append((child, depth))
-        elif isinstance(item, list):
-            depth += 1
-            if depth > MAX_JSON_DEPTH or len(item) > MAX_ARRAY_ITEMS:
-                raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-            stack.extend((child, depth) for child in item if isinstance(child, (dict, list, str)))
+            children = item
+        for child in children:
+            if isinstance(child, str):
+                _check_string(child)
+            elif isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
