@@ -79,6 +79,7 @@ class SessionService:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
         self._attachments: dict[str, Attachment] = {}
+        self._releasing: dict[str, asyncio.Event] = {}
 
     def routes(self) -> Sequence[Route]:
         return (
@@ -116,6 +117,9 @@ class SessionService:
             attachment.explicit |= explicit
             return attachment
         self._check_capacity(conn)
+        if (releasing := self._releasing.get(session_id)) is not None:
+            await releasing.wait()
+            return await self.attach(conn, session_id, explicit=explicit)
         lease = await asyncio.to_thread(self.store.acquire_writer_lease, session_id)
         # Another request of this loop may have attached meanwhile (the lease call
         # would then have failed with session_busy, so this is our lease).
@@ -132,12 +136,24 @@ class SessionService:
     async def release(self, attachment: Attachment) -> None:
         if self._attachments.get(attachment.session_id) is attachment:
             del self._attachments[attachment.session_id]
-        await asyncio.to_thread(attachment.lease.release)
+        # Until the lease is really dropped, a new attach of this session waits for it
+        # (otherwise it would meet our own lock and report session_busy).
+        done = self._releasing.setdefault(attachment.session_id, asyncio.Event())
+        try:
+            await asyncio.to_thread(attachment.lease.release)
+        finally:
+            done.set()
+            if self._releasing.get(attachment.session_id) is done:
+                del self._releasing[attachment.session_id]
 
     async def turn_finished(self, attachment: Attachment) -> None:
-        """After a turn's terminal output and cleanup: drop implicit or closing holds."""
-        attachment.cancel_turn = None
-        attachment.idle.set()
+        """After a turn's terminal output and cleanup: drop implicit or closing holds.
+
+        The turn marked the attachment idle when its terminal was written; since then a
+        newer turn may have claimed it (its own finish settles it) or a close released it.
+        """
+        if attachment.busy or self._attachments.get(attachment.session_id) is not attachment:
+            return
         if attachment.closing or not attachment.explicit:
             await self.release(attachment)
 

@@ -224,8 +224,16 @@ class TurnRun:
         }
         event = self.conn.event(self.request_id, self.session_id, "turn.terminal", terminal)
         batch = Batch([event], after_write=[lambda: self.conn.release(self.request_id)])
+        # The session is free once the terminal is written: a client may start its next
+        # turn on it as soon as it reads the terminal, before this task resumes.
+        batch.after_write.append(self._settled)
         await self.conn.output.put(batch).done.wait()
         await self.service.finished(self)
+
+    def _settled(self) -> None:
+        self.service.active.pop(self.turn_id, None)
+        self.attachment.cancel_turn = None
+        self.attachment.idle.set()
 
     async def _persist_end(self, status: str) -> None:
         records: list[dict[str, Any]] = []
