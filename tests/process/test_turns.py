@@ -5,6 +5,7 @@ restart), cancellation, EOF, admission errors, provider failures and the output 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from tests.process.turn_support import (
     stdout_text,
     write_settings,
 )
-from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
+from tests.support.fake_providers import FakeProviderServer, FakeToolCall, HttpError, Reply
 from tests.support.service import ServiceProcess, running_service
 
 
@@ -355,3 +356,45 @@ async def test_next_turn_can_start_as_soon_as_the_terminal_is_read(
             assert turn.terminal["status"] == "completed"
         items = conversation(await replay_all(svc, session_id))
     assert items.count(("terminal", "completed")) == 18
+
+
+async def test_active_turn_limit_and_subagent_cancelled_with_parent(
+    home: Path, project: Path
+) -> None:
+    """Sixteen running turns fill the service; a seventeenth is refused. A turn whose
+    subagent is mid-stream ends cancelled with it."""
+    with FakeProviderServer() as fake:
+        write_settings(home, fake)
+        task = FakeToolCall("t1", "task", json.dumps({"prompt": "dig"}))
+        fake.enqueue(Reply(text=["delegating"], tool_calls=[task]))
+        fake.enqueue(Reply(text=["child "], ending="stall"))
+        for _ in range(15):
+            fake.enqueue(Reply(text=["x"], ending="stall"))
+        async with running_service(home, project) as service:
+            starts = [await service.request("turn.start", {"prompt": f"p{i}"}) for i in range(16)]
+            assert all(s["error"] is None for s in starts)
+            refused = await service.request("turn.start", {"prompt": "one more"})
+            assert refused["error"]["code"] == "too_many_active_turns"
+            for start in starts:
+                cancel = await service.request(
+                    "turn.cancel", {"turn_id": start["payload"]["turn_id"]}
+                )
+                assert cancel["payload"]["status"] == "cancellation_requested"
+            subagents = []
+            for start in starts:
+                events = await service.events_until_terminal(start["request_id"])
+                assert events[-1]["payload"]["status"] == "cancelled"
+                lifecycles = [
+                    e["payload"]["activity"]
+                    for e in events
+                    if e["event"] == "turn.activity"
+                    and e["payload"]["activity"]["kind"] == "lifecycle"
+                ]
+                subagents += [a for a in lifecycles if a.get("category") == "subagent_task"]
+                task_ids = {
+                    a["activity_id"] for a in lifecycles if a.get("category") == "subagent_task"
+                }
+                finishes = [a["status"] for a in lifecycles if a["activity_id"] in task_ids]
+                if task_ids:
+                    assert finishes == ["running", "cancelled"]
+            assert len(subagents) == 1
