@@ -9,9 +9,10 @@ characters are dropped and the UTF-8 size is bounded without splitting a charact
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Iterable
 from typing import Final, TypeGuard
+
+from magi_code.protocol.text import one_line, truncate_utf8
 
 MAX_SELECTION_ID_BYTES: Final = 256
 MAX_LABEL_BYTES: Final = 128
@@ -65,26 +66,13 @@ def is_safe_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(_ID_RE.fullmatch(value)) and not looks_secret(value)
 
 
-def _truncate_utf8(text: str, limit: int) -> str:
-    encoded = text.encode("utf-8")
-    if len(encoded) <= limit:
-        return text
-    # errors="ignore" drops a trailing partial character instead of splitting it.
-    return encoded[:limit].decode("utf-8", errors="ignore")
-
-
 def sanitize_label(label: object, fallback_id: str) -> str:
     """A bounded display label; falls back to the (bounded) ID when nothing usable remains."""
     if isinstance(label, str):
-        kept = "".join(
-            " " if ch.isspace() else ch
-            for ch in label
-            if ch.isspace() or not unicodedata.category(ch).startswith("C")
-        )
-        text = _truncate_utf8(" ".join(kept.split()), MAX_LABEL_BYTES).strip()
+        text = truncate_utf8(one_line(label), MAX_LABEL_BYTES)[0].strip()
         if text and not looks_secret(text):
             return text
-    return _truncate_utf8(fallback_id, MAX_LABEL_BYTES)
+    return truncate_utf8(fallback_id, MAX_LABEL_BYTES)[0]
 
 
 def normalize_levels(levels: Iterable[object]) -> list[str]:

@@ -31,6 +31,7 @@ import orjson
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
+from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.store import SessionContext
 from magi_code.turns.agent import OutputLimitExceeded
@@ -86,20 +87,6 @@ def _validate_cancel(request: Request) -> str:
     return turn_id
 
 
-def _split(text: str) -> list[str]:
-    if len(text) <= MAX_DELTA_BYTES // 4:
-        return [text]
-    data = text.encode()
-    pieces: list[str] = []
-    while data:
-        cut = min(len(data), MAX_DELTA_BYTES)
-        while cut < len(data) and (data[cut] & 0xC0) == 0x80:
-            cut -= 1
-        pieces.append(data[:cut].decode())
-        data = data[cut:]
-    return pieces
-
-
 class TurnRun:
     """One accepted turn: its sequence counter, bounded event queue, and worker."""
 
@@ -135,7 +122,7 @@ class TurnRun:
     # -- the sink the agent writes to ----------------------------------------------------
 
     async def text(self, delta: str) -> None:
-        for piece in _split(delta):
+        for piece in utf8_parts(delta, MAX_DELTA_BYTES):
             encoded = len(orjson.dumps(piece)) - 2
             size = len(piece.encode())
             if (

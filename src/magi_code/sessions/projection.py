@@ -32,6 +32,7 @@ from typing import Final
 import orjson
 
 from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_PAGE_BYTES
+from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.records import (
     AssistantRecord,
     CompactionRecord,
@@ -110,20 +111,6 @@ def window_omits_history(window: ParsedWindow, compaction: CompactionRecord | No
     return window.records[0].seq > compaction.cutoff_seq + 1
 
 
-def split_text(text: str, limit: int = MAX_PART_BYTES) -> list[str]:
-    """``text`` in parts of at most ``limit`` UTF-8 bytes, never splitting a character."""
-    data = text.encode("utf-8")
-    parts: list[str] = []
-    start = 0
-    while start < len(data):
-        end = min(start + limit, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:
-            end -= 1  # back off continuation bytes to the character start
-        parts.append(data[start:end].decode("utf-8"))
-        start = end
-    return parts or [""]
-
-
 @dataclass(frozen=True, slots=True)
 class Item:
     seq: int
@@ -140,7 +127,7 @@ class Projection:
 
 
 def _text_items(seq: int, sub: int, head: dict[str, object], text: str) -> list[Item]:
-    parts = split_text(text)
+    parts = utf8_parts(text, MAX_PART_BYTES)
     items = []
     for index, part in enumerate(parts):
         body = {**head, "text": part, "part": index, "last_part": index == len(parts) - 1}

@@ -10,11 +10,10 @@ never accepted as inputs, so they cannot leak.
 from __future__ import annotations
 
 import hashlib
-import re
-import unicodedata
 from typing import Any, Final, Literal
 
 from magi_code.protocol.limits import MAX_SUMMARY_BYTES
+from magi_code.protocol.text import redact_secrets, truncate_utf8, without_hidden
 
 # The v1 reasoning summary bounds: above this input size the text is omitted entirely.
 SUMMARY_INPUT_LIMIT: Final = 16384
@@ -150,32 +149,10 @@ def compaction(
     }
 
 
-# Secrets and locations a summary could quote: bearer tokens, key-like strings, URLs with
-# credentials, absolute home paths. Sanitizing is best effort, not a certification.
-_REDACTIONS: Final = (
-    re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}"),
-    re.compile(r"\b(?:sk|pk|rk|ak)[-_][A-Za-z0-9_-]{12,}"),
-    re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}(?:\.[A-Za-z0-9_-]*)?"),
-    re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s/@]+:[^\s/@]+@\S+"),
-    re.compile(r"(?:/home|/Users|/root)/[^\s\"'`]+"),
-)
-
-
 def sanitize_display(text: str) -> tuple[str, bool]:
-    """Remove control characters and redact secret-looking spans; report if it changed."""
-    cleaned = "".join(
-        ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs")
-    )
-    for pattern in _REDACTIONS:
-        cleaned = pattern.sub("[redacted]", cleaned)
+    """Remove hidden characters and redact secret-looking spans; report if it changed."""
+    cleaned = redact_secrets(without_hidden(text, keep="\n\t"))
     return cleaned, cleaned != text
-
-
-def truncate_utf8(text: str, limit: int) -> tuple[str, bool]:
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text, False
-    return data[:limit].decode("utf-8", "ignore"), True
 
 
 def reasoning_summary(activity_id: str, provider_summary: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from magi_code.sessions.projection import split_text
+from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.records import (
     CompactionRecord,
     TerminalRecord,
@@ -87,7 +87,7 @@ def test_decoder_skips_malformed_and_keeps_unknown_types() -> None:
     "text", ["", "a", "a" * 2048, "a" * 2049, "é" * 1500, "😀" * 1000, "a" + "😀" * 600]
 )
 def test_text_parts_split_on_utf8_boundaries_within_2048_bytes(text: str) -> None:
-    parts = split_text(text)
+    parts = utf8_parts(text, 2048)
     assert "".join(parts) == text
     assert all(len(p.encode()) <= 2048 for p in parts)
     assert all(p for p in parts) or parts == [""]
