@@ -82,6 +82,18 @@ class AgentPlan:
     cache_key: str
 
 
+@dataclass(frozen=True, slots=True)
+class AgentEnv:
+    """What a turn's agents share: the main agent and every subagent of the turn."""
+
+    client: httpx.AsyncClient
+    plan: AgentPlan
+    tool_ctx: ToolContext
+    sink: TurnSink
+    turn_id: str
+    builtin_names: frozenset[str]
+
+
 @dataclass(slots=True)
 class UsageTotals:
     input_tokens: int = 0
@@ -95,27 +107,22 @@ class Agent:
 
     def __init__(
         self,
-        *,
-        client: httpx.AsyncClient,
-        plan: AgentPlan,
+        env: AgentEnv,
         tools: Sequence[Tool],
-        tool_ctx: ToolContext,
-        sink: TurnSink,
-        turn_id: str,
-        builtin_names: frozenset[str],
+        *,
         persist: bool = True,
         stream_text: bool = True,
         parent_activity_id: str | None = None,
         reauthorize: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
     ) -> None:
-        self.client = client
-        self.plan = plan
+        self.client = env.client
+        self.plan = env.plan
         self.tools = {tool.name: tool for tool in tools}
         self.specs = [ToolSpec(t.name, t.description, t.parameters) for t in tools]
-        self.tool_ctx = tool_ctx
-        self.sink = sink
-        self.turn_id = turn_id
-        self.builtin_names = builtin_names
+        self.tool_ctx = env.tool_ctx
+        self.sink = env.sink
+        self.turn_id = env.turn_id
+        self.builtin_names = env.builtin_names
         self.persist = persist
         self.stream_text = stream_text
         self.parent_activity_id = parent_activity_id

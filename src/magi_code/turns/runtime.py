@@ -22,7 +22,7 @@ from magi_code.tools.base import Tool, ToolContext
 from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
 
 from . import activity
-from .agent import Agent, AgentPlan, TurnSink
+from .agent import Agent, AgentEnv, AgentPlan, TurnSink
 from .context import (
     estimate_tokens,
     items_from_records,
@@ -116,24 +116,11 @@ class TurnRuntime:
         from magi_code.tools.mcp import McpToolset
 
         async with McpToolset(settings.mcp_servers.values(), tool_ctx) as toolset:
-            task_tool = TaskTool(
-                client=self.client,
-                plan=plan,
-                tools=BUILTIN_TOOLS,
-                tool_ctx=tool_ctx,
-                sink=sink,
-                turn_id=turn.turn_id,
-                builtin_names=ALLOWLISTED_TOOL_NAMES,
-            )
-            tools: list[Tool] = [*BUILTIN_TOOLS, task_tool, *toolset.tools()]
+            env = AgentEnv(self.client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
+            tools: list[Tool] = [*BUILTIN_TOOLS, TaskTool(env, BUILTIN_TOOLS), *toolset.tools()]
             agent = Agent(
-                client=self.client,
-                plan=plan,
-                tools=tools,
-                tool_ctx=tool_ctx,
-                sink=sink,
-                turn_id=turn.turn_id,
-                builtin_names=ALLOWLISTED_TOOL_NAMES,
+                env,
+                tools,
                 reauthorize=(
                     (lambda: resolve_headers(ctx, provider, store, self.client, force_refresh=True))
                     if provider.credential == "oauth"

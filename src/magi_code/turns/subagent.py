@@ -14,12 +14,10 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-import httpx
-
 from magi_code.tools.base import Tool, ToolContext, ToolOutcome
 
 from . import activity
-from .agent import Agent, AgentPlan, TurnSink
+from .agent import Agent, AgentEnv
 
 TASK_TOOL_NAME: Final = "task"
 
@@ -39,55 +37,32 @@ class TaskTool:
         "required": ["prompt"],
     }
 
-    def __init__(
-        self,
-        *,
-        client: httpx.AsyncClient,
-        plan: AgentPlan,
-        tools: Sequence[Tool],
-        tool_ctx: ToolContext,
-        sink: TurnSink,
-        turn_id: str,
-        builtin_names: frozenset[str],
-    ) -> None:
-        self._client = client
-        self._plan = plan
+    def __init__(self, env: AgentEnv, tools: Sequence[Tool]) -> None:
+        self._env = env
         self._tools = tools
-        self._tool_ctx = tool_ctx
-        self._sink = sink
-        self._turn_id = turn_id
-        self._builtin_names = builtin_names
         self._count = itertools.count(1)
 
     async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
         prompt = arguments.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             return ToolOutcome.error("The task tool needs a non-empty 'prompt' string.")
-        task_id = activity.identity("subagent", self._turn_id, str(next(self._count)))
-        self._sink.activity(activity.lifecycle(task_id, "subagent_task", "running"))
+        sink = self._env.sink
+        task_id = activity.identity("subagent", self._env.turn_id, str(next(self._count)))
+        sink.activity(activity.lifecycle(task_id, "subagent_task", "running"))
         child = Agent(
-            client=self._client,
-            plan=self._plan,
-            tools=self._tools,
-            tool_ctx=self._tool_ctx,
-            sink=self._sink,
-            turn_id=self._turn_id,
-            builtin_names=self._builtin_names,
-            persist=False,
-            stream_text=False,
-            parent_activity_id=task_id,
+            self._env, self._tools, persist=False, stream_text=False, parent_activity_id=task_id
         )
         status: Any = "completed"
         try:
             answer = await child.run([], prompt)
         except asyncio.CancelledError:
-            self._sink.activity(activity.lifecycle(task_id, "activity", "cancelled"))
+            sink.activity(activity.lifecycle(task_id, "activity", "cancelled"))
             raise
         except Exception:  # noqa: BLE001 - the child's failure is the tool's failure, not the turn's
             status = "failed"
             answer = ""
-        self._sink.activity(activity.lifecycle(task_id, "activity", status))
-        self._sink.activity(
+        sink.activity(activity.lifecycle(task_id, "activity", status))
+        sink.activity(
             activity.usage(
                 activity.identity("subagent-usage", task_id),
                 effective_input=child.usage.input_tokens,
