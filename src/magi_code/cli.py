@@ -9,7 +9,20 @@ from collections.abc import Sequence
 
 # Options that select a provider, model, credential, theme or session: the v1 contract
 # forbids combining any of them (or a subcommand) with ``--app service``.
-_EXCLUSIVE_WITH_APP = ("prompt", "provider", "model", "api_key", "theme", "session", "resume")
+_EXCLUSIVE_WITH_APP = (
+    "prompt",
+    "provider",
+    "model",
+    "api_key",
+    "theme",
+    "session",
+    "resume",
+    "json",
+    "print_unit",
+    "on_demand",
+    "ready_fd",
+)
+_MODE_ENV = "MC_SERVICE_MODE"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,7 +35,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--theme", help=argparse.SUPPRESS)
     parser.add_argument("--session", help="continue this session (with --prompt)")
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("command", nargs="*", help="subcommand, e.g. 'daemon start'")
+    parser.add_argument("--json", action="store_true", help="daemon status: print JSON")
+    parser.add_argument(
+        "--print", dest="print_unit", action="store_true", help="daemon install: print only"
+    )
+    parser.add_argument(
+        "--on-demand", dest="on_demand", action="store_true", help=argparse.SUPPRESS
+    )
+    parser.add_argument("--ready-fd", dest="ready_fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "command", nargs="*", help="subcommand: daemon start|stop|status|run|install"
+    )
     return parser
 
 
@@ -39,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if used or args.command:
             return _fail("--app service cannot be combined with other arguments or subcommands")
         return _run_service()
+    if args.command[:1] == ["daemon"] and len(args.command) == 2:
+        return _run_daemon_command(args)
     if args.prompt is not None:
         if args.command:
             return _fail("--prompt cannot be combined with a subcommand")
@@ -53,12 +78,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_service() -> int:
     import uvloop
 
-    from magi_code.composition import build_coordinator
-    from magi_code.stdio.adapter import serve_stdio
     from magi_code.storage.launch import LaunchContext
 
     ctx = LaunchContext.from_process()
-    return uvloop.run(serve_stdio(build_coordinator, ctx))
+    mode = ctx.env.get(_MODE_ENV) or "daemon"
+    if mode == "embedded":
+        from magi_code.composition import build_coordinator
+        from magi_code.stdio.adapter import serve_stdio
+
+        return uvloop.run(serve_stdio(build_coordinator, ctx))
+    if mode == "daemon":
+        from magi_code.shim.bridge import serve_shim
+
+        return uvloop.run(serve_shim(ctx))
+    return _fail(f"{_MODE_ENV} must be 'daemon' or 'embedded'")
+
+
+def _run_daemon_command(args: argparse.Namespace) -> int:
+    from magi_code.daemon import commands
+    from magi_code.storage.launch import LaunchContext
+
+    ctx = LaunchContext.from_process()
+    action = args.command[1]
+    if action == "run":
+        return commands.run(ctx, on_demand=args.on_demand, ready_fd=args.ready_fd)
+    return commands.main(ctx, action, json=args.json, print_unit=args.print_unit)
 
 
 def _run_prompt(prompt: str, session: str | None, provider: str | None, model: str | None) -> int:

@@ -19,6 +19,54 @@ import orjson
 
 STEP_TIMEOUT = 20.0
 
+# Captured at import, before the autouse fixture strips MC_* variables; the mode matrix
+# fixture (tests/contract, tests/process) overrides it per test.
+DEFAULT_MODE = os.environ.get("MC_TEST_SERVICE_MODE", "embedded")
+_mode: list[str] = [DEFAULT_MODE]
+_live: dict[Path, int] = {}
+
+
+def set_mode(mode: str) -> None:
+    _mode[0] = mode
+
+
+def current_mode() -> str:
+    return _mode[0]
+
+
+def stop_daemon(home: Path, timeout: float = 60.0) -> None:
+    """Stop the daemon of ``home`` (if any); kill it if it does not stop in time."""
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, "-m", "magi_code", "daemon", "stop"],
+        env=service_env(home),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+    kill_leftover_daemon(home)
+
+
+def kill_leftover_daemon(home: Path) -> None:
+    """Last resort at teardown: SIGKILL the daemon recorded for ``home`` if it still runs."""
+    import signal
+
+    from magi_code.daemon.lifecycle import read_info
+    from magi_code.daemon.lock import is_held
+    from magi_code.daemon.paths import runtime_paths
+    from magi_code.storage.launch import LaunchContext
+
+    paths = runtime_paths(LaunchContext(home, home, service_env(home)))
+    if not is_held(paths.lock):
+        return
+    info = read_info(paths) or {}
+    pid = info.get("pid")
+    if isinstance(pid, int):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
 
 def service_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
@@ -28,7 +76,7 @@ def service_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str,
     }
     env["MC_HOME"] = str(home)
     env["HOME"] = str(home.parent / "user-home")
-    env.setdefault("MC_SERVICE_MODE", os.environ.get("MC_TEST_SERVICE_MODE", "embedded"))
+    env["MC_SERVICE_MODE"] = current_mode()
     env["PYTHONUNBUFFERED"] = "1"
     if extra:
         env.update(extra)
@@ -36,8 +84,12 @@ def service_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str,
 
 
 class ServiceProcess:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, home: Path, mode: str) -> None:
         self.proc = proc
+        self.home = home
+        self.mode = mode
+        self._counted = True
+        _live[home] = _live.get(home, 0) + 1
         self._ids = itertools.count(1)
         self.pending: list[dict[str, Any]] = []
 
@@ -61,7 +113,7 @@ class ServiceProcess:
             env=service_env(home, env),
             limit=1 << 20,
         )
-        return cls(proc)
+        return cls(proc, home, (env or {}).get("MC_SERVICE_MODE", current_mode()))
 
     async def send_raw(self, data: bytes) -> None:
         assert self.proc.stdin is not None
@@ -179,6 +231,14 @@ class ServiceProcess:
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
+        if self._counted and self.home in _live:
+            self._counted = False
+            _live[self.home] -= 1
+            if _live[self.home] <= 0:
+                del _live[self.home]
+                if self.mode == "daemon":
+                    # No daemon outlives the last service process of its test home.
+                    await asyncio.to_thread(stop_daemon, self.home)
 
 
 @contextlib.asynccontextmanager

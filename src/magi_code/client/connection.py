@@ -1,0 +1,294 @@
+"""Typed async client for the magi-code daemon (protocol v2, RFC-0002).
+
+:class:`Channel` is the raw frame channel (connect, peer check, hello/welcome, send and
+receive frames); the stdio shim uses it directly. :class:`Client` adds request/response
+correlation and event iteration for ``persistent`` and ``control`` connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from magi_code.core.service_info import package_version
+from magi_code.daemon.lifecycle import read_info
+from magi_code.daemon.paths import runtime_paths, verify_private_dir
+from magi_code.daemon.peer import check_peer
+from magi_code.daemon.wire import Role, hello
+from magi_code.protocol.frames import FrameDecoder, FrameError, encode_frame
+from magi_code.storage.launch import LaunchContext
+
+CONNECT_TIMEOUT = 10.0
+READ_CHUNK = 65536
+
+
+class DaemonUnavailable(Exception):
+    """No daemon answers (not running, refused, draining); safe to start one and retry."""
+
+
+class DaemonError(Exception):
+    """A daemon answered but cannot serve us (foreign UID, incompatible, protocol error)."""
+
+
+def socket_for(ctx: LaunchContext) -> Path:
+    """The socket the daemon of ``ctx.mc_home`` bound (from ``daemon.json``), or the default."""
+    paths = runtime_paths(ctx)
+    info = read_info(paths)
+    recorded = info.get("socket") if info else None
+    return Path(recorded) if isinstance(recorded, str) else paths.socket
+
+
+class Channel:
+    """A connected, handshaken v2 connection (use :meth:`open`)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, welcome: dict[str, Any]
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder()
+        self._frames: list[dict[str, Any]] = []
+        self.welcome = welcome
+
+    @classmethod
+    async def open(
+        cls,
+        socket_path: Path,
+        role: Role,
+        launch: LaunchContext | None,
+        *,
+        client_name: str = "magi_code.client",
+        timeout: float = CONNECT_TIMEOUT,
+    ) -> Channel:
+        """Connect, check the daemon's UID before writing a byte, and do the handshake."""
+        try:
+            verify_private_dir(socket_path.parent)
+        except FileNotFoundError:
+            raise DaemonUnavailable("no daemon is running") from None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(str(socket_path), limit=READ_CHUNK * 2), timeout
+            )
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+            raise DaemonUnavailable("no daemon is running") from None
+        except TimeoutError:
+            raise DaemonError("the daemon did not accept the connection in time") from None
+        sock = writer.get_extra_info("socket")
+        if sock is None or not check_peer(sock):
+            writer.close()
+            raise DaemonError("the daemon socket belongs to another user; refusing to use it")
+        channel = cls(reader, writer, {})
+        try:
+            await channel.send(hello(role, launch, client_name, package_version()))
+            first = await asyncio.wait_for(channel.recv(), timeout)
+        except (ConnectionError, OSError):
+            await channel.close()
+            raise DaemonUnavailable("the daemon closed the connection") from None
+        except TimeoutError:
+            await channel.close()
+            raise DaemonError("the daemon did not answer the handshake in time") from None
+        if first is None:
+            await channel.close()
+            raise DaemonUnavailable("the daemon closed the connection")
+        if first.get("t") == "refused":
+            await channel.close()
+            code = first.get("code")
+            if code == "draining":
+                raise DaemonUnavailable("the daemon is stopping")
+            raise DaemonError(f"the daemon refused the connection ({code})")
+        if first.get("t") != "welcome":
+            await channel.close()
+            raise DaemonError("the daemon answered with an unexpected frame")
+        channel.welcome = first
+        return channel
+
+    async def send(self, frame: Mapping[str, Any]) -> None:
+        self._writer.write(encode_frame(frame))
+        await self._writer.drain()
+
+    async def recv(self) -> dict[str, Any] | None:
+        """The next frame, or None at end of stream."""
+        while not self._frames:
+            data = await self._reader.read(READ_CHUNK)
+            if not data:
+                with contextlib.suppress(FrameError):
+                    self._decoder.eof()
+                return None
+            try:
+                self._frames.extend(self._decoder.feed(data))
+            except FrameError:
+                raise DaemonError("the daemon sent an invalid frame") from None
+        return self._frames.pop(0)
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self._writer.wait_closed()
+
+
+class Client:
+    """A ``persistent`` (or ``control``) connection with request/response correlation.
+
+    Example::
+
+        async with await Client.connect(LaunchContext.from_process()) as client:
+            await client.request("initialize", {"supported_protocol_versions": [1]})
+            reply = await client.request("turn.start", {"prompt": "hi"})
+            async for event in client.events():
+                if event["event"] == "turn.terminal":
+                    break
+    """
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self._ids = itertools.count(1)
+        self._waiting: dict[tuple[str, Any], asyncio.Future[dict[str, Any]]] = {}
+        self._events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(
+        cls,
+        ctx: LaunchContext,
+        role: Role = "persistent",
+        *,
+        autostart: bool = True,
+        client_name: str = "magi_code.client",
+    ) -> Client:
+        """Connect to the daemon of ``ctx.mc_home``, starting it on demand if allowed."""
+        return cls(await connect_channel(ctx, role, autostart=autostart, client_name=client_name))
+
+    @property
+    def welcome(self) -> dict[str, Any]:
+        return self.channel.welcome
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def request(
+        self,
+        method: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Send a v1 request envelope; returns its v1 response envelope."""
+        rid = request_id or f"c-{next(self._ids)}"
+        message: dict[str, Any] = {
+            "protocol_version": 1,
+            "kind": "request",
+            "request_id": rid,
+            "method": method,
+            "payload": dict(payload or {}),
+        }
+        if session_id is not None:
+            message["session_id"] = session_id
+        return await self._call(("response", rid), {"t": "request", "message": message})
+
+    async def control(self, op: str) -> dict[str, Any]:
+        """``status`` or ``stop``; returns the result map."""
+        frame = await self._call_id("control_result", {"t": "control", "op": op})
+        result: dict[str, Any] = frame["result"]
+        return result
+
+    async def snapshot(self) -> list[dict[str, Any]]:
+        """Running and recently finished turns this daemon knows (RFC-0002 §6)."""
+        frame = await self._call_id("snapshot_result", {"t": "snapshot"})
+        turns: list[dict[str, Any]] = frame["turns"]
+        return turns
+
+    async def attach(self, turn_id: str, after_sequence: int = -1) -> dict[str, Any]:
+        """Follow a turn: buffered events after ``after_sequence``, then live events."""
+        frame = await self._call_id(
+            "attach_result",
+            {"t": "attach", "turn_id": turn_id, "after_sequence": after_sequence},
+        )
+        return frame
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """v1 event envelopes as they arrive; ends when the connection closes."""
+        while (event := await self._events.get()) is not None:
+            yield event
+
+    async def close(self) -> None:
+        await self.channel.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, DaemonError):
+            await self._reader
+
+    async def _call_id(self, kind: str, frame: dict[str, Any]) -> dict[str, Any]:
+        frame_id = next(self._ids)
+        return await self._call((kind, frame_id), {**frame, "id": frame_id})
+
+    async def _call(self, key: tuple[str, Any], frame: dict[str, Any]) -> dict[str, Any]:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = future
+        try:
+            await self.channel.send(frame)
+            return await future
+        finally:
+            self._waiting.pop(key, None)
+
+    async def _read(self) -> None:
+        try:
+            while (frame := await self.channel.recv()) is not None:
+                self._dispatch(frame)
+        finally:
+            self._events.put_nowait(None)
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(DaemonUnavailable("the daemon closed the connection"))
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("t")
+        if kind == "message":
+            message = frame.get("message")
+            if not isinstance(message, dict):
+                return
+            if message.get("kind") == "response":
+                future = self._waiting.get(("response", message.get("request_id")))
+                if future is not None and not future.done():
+                    future.set_result(message)
+                    return
+            self._events.put_nowait(message)
+            return
+        if kind in ("control_error", "attach_error"):
+            for key in (("control_result", frame.get("id")), ("attach_result", frame.get("id"))):
+                future = self._waiting.get(key)
+                if future is not None and not future.done():
+                    future.set_exception(DaemonError(f"request failed ({frame.get('code')})"))
+            return
+        future = self._waiting.get((str(kind), frame.get("id")))
+        if future is not None and not future.done():
+            future.set_result(frame)
+
+
+async def connect_channel(
+    ctx: LaunchContext,
+    role: Role,
+    *,
+    autostart: bool,
+    client_name: str = "magi_code.client",
+) -> Channel:
+    """Connect to the daemon for ``ctx``; with ``autostart`` start it when none answers."""
+    launch = None if role == "control" else ctx
+    try:
+        return await Channel.open(socket_for(ctx), role, launch, client_name=client_name)
+    except DaemonUnavailable:
+        if not autostart:
+            raise
+    from magi_code.daemon.starter import ensure_daemon
+
+    for _ in range(3):  # a daemon may go idle between its start and our connect
+        await ensure_daemon(ctx)
+        with contextlib.suppress(DaemonUnavailable):
+            return await Channel.open(socket_for(ctx), role, launch, client_name=client_name)
+    raise DaemonUnavailable("the daemon stopped while connecting")

@@ -1,0 +1,170 @@
+"""Start the daemon on demand: one daemon from any number of concurrent starters.
+
+A starter takes ``start.lock``, retries the connection (someone may have just started
+it), and spawns ``magi-code daemon run --on-demand`` only while nobody holds the lifetime
+lock; it then waits on a readiness pipe (``READY`` / ``ERR reason`` / EOF) and keeps the
+start lock until the daemon answers. A live daemon that does not answer is never killed
+or unlinked: the starter waits for it (it may be starting or draining) and then reports.
+
+The daemon is spawned through ``/bin/sh -c '... &'`` so it is not our child (no zombie),
+and it calls ``setsid`` itself, leaving the frontend's session and process group. Where
+a systemd user manager runs, it is also wrapped in ``systemd-run --user --scope`` so it
+leaves the frontend's cgroup (a terminal or IDE scope being stopped would kill it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+from magi_code.storage.launch import LaunchContext
+
+from .lock import StartLockTimeout, is_held, start_lock
+from .paths import ensure_private_dir, runtime_paths
+
+START_TIMEOUT_SECONDS: Final = 30.0
+NO_SCOPE_ENV: Final = "MC_DAEMON_NO_SCOPE"
+
+
+class DaemonStartError(Exception):
+    """The daemon could not be started; the message names the reason (operator text)."""
+
+
+async def ensure_daemon(ctx: LaunchContext, timeout: float = START_TIMEOUT_SECONDS) -> None:
+    """Return once a daemon for ``ctx.mc_home`` answers a control hello."""
+    from magi_code.client.connection import DaemonUnavailable
+
+    if await _answers(ctx):
+        return
+    paths = runtime_paths(ctx)
+    await asyncio.to_thread(ensure_private_dir, paths.state_dir)
+    deadline = time.monotonic() + timeout
+    # The start lock is a blocking flock: hold it in a worker thread for the whole start.
+    acquired: asyncio.Event = asyncio.Event()
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def hold() -> None:
+        with start_lock(paths.start_lock, timeout):
+            loop.call_soon_threadsafe(acquired.set)
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+
+    holder = asyncio.ensure_future(asyncio.to_thread(hold))
+    try:
+        waiter = asyncio.ensure_future(acquired.wait())
+        await asyncio.wait({waiter, holder}, return_when=asyncio.FIRST_COMPLETED)
+        if holder.done():
+            waiter.cancel()
+            try:
+                holder.result()
+            except StartLockTimeout as exc:
+                raise DaemonStartError(str(exc)) from None
+        await _start_locked(ctx, deadline)
+    except DaemonUnavailable as exc:
+        raise DaemonStartError(str(exc)) from None
+    finally:
+        release.set()
+        if not holder.done():
+            await holder
+
+
+async def _start_locked(ctx: LaunchContext, deadline: float) -> None:
+    paths = runtime_paths(ctx)
+    attempts = 0
+    while time.monotonic() < deadline:
+        if await _answers(ctx):
+            return
+        if await asyncio.to_thread(is_held, paths.lock):
+            await asyncio.sleep(0.05)  # starting or draining: never touch it, wait
+            continue
+        if attempts >= 3:
+            break
+        use_scope = attempts == 0 and _scope_available(ctx)
+        attempts += 1
+        reply = await asyncio.to_thread(_spawn_and_wait, ctx, use_scope, deadline)
+        if reply.startswith("ERR "):
+            raise DaemonStartError(reply[4:])
+    if await asyncio.to_thread(is_held, paths.lock):
+        raise DaemonStartError(
+            "a daemon holds the lock for this MC_HOME but does not answer; "
+            "check `magi-code daemon status` and its log"
+        )
+    raise DaemonStartError(f"the daemon did not start; see its log at {paths.log}")
+
+
+async def _answers(ctx: LaunchContext) -> bool:
+    from magi_code.client.connection import Channel, DaemonUnavailable, socket_for
+
+    try:
+        channel = await Channel.open(socket_for(ctx), "control", None)
+    except DaemonUnavailable:
+        return False
+    await channel.close()
+    return True
+
+
+def _scope_available(ctx: LaunchContext) -> bool:
+    if ctx.env.get(NO_SCOPE_ENV) or not sys.platform.startswith("linux"):
+        return False
+    runtime = ctx.env.get("XDG_RUNTIME_DIR")
+    if not runtime or shutil.which("systemd-run", path=ctx.env.get("PATH")) is None:
+        return False
+    return (Path(runtime) / "systemd" / "private").exists()
+
+
+def _spawn_and_wait(ctx: LaunchContext, use_scope: bool, deadline: float) -> str:
+    """Spawn a detached daemon; return its readiness line ("" when it exited silently)."""
+    read_fd, write_fd = os.pipe()
+    argv = [
+        sys.executable,
+        "-m",
+        "magi_code",
+        "daemon",
+        "run",
+        "--on-demand",
+        "--ready-fd",
+        str(write_fd),
+    ]
+    if use_scope:
+        argv = ["systemd-run", "--user", "--scope", "--quiet", "--collect", "--", *argv]
+    try:
+        shell = subprocess.Popen(
+            ["/bin/sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv],
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            cwd="/",
+            env=dict(ctx.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        shell.wait()
+    finally:
+        os.close(write_fd)
+    try:
+        return _read_line(read_fd, deadline)
+    finally:
+        os.close(read_fd)
+
+
+def _read_line(fd: int, deadline: float) -> str:
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            break
+        chunk = os.read(fd, 1024)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()

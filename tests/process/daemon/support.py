@@ -1,0 +1,69 @@
+"""Helpers for daemon tests: CLI runs, launch contexts, v2 clients, the lock and info files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from magi_code.client import Client
+from magi_code.daemon.paths import RuntimePaths, runtime_paths
+from magi_code.storage.launch import LaunchContext
+from tests.support.service import service_env
+
+
+def context(home: Path, project: Path, extra: Mapping[str, str] | None = None) -> LaunchContext:
+    return LaunchContext(home, project, service_env(home, extra))
+
+
+def paths(home: Path) -> RuntimePaths:
+    return runtime_paths(LaunchContext(home, home, service_env(home)))
+
+
+def cli(
+    home: Path, *args: str, extra: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "magi_code", *args],
+        env=service_env(home, extra),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def status(home: Path) -> dict[str, Any]:
+    result = cli(home, "daemon", "status", "--json")
+    data: dict[str, Any] = orjson.loads(result.stdout)
+    return data
+
+
+async def persistent(home: Path, project: Path, **extra: str) -> Client:
+    client = await Client.connect(context(home, project, extra), "persistent")
+    init = await client.request("initialize", {"supported_protocol_versions": [1]})
+    assert init["error"] is None, init
+    return client
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
