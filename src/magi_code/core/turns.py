@@ -118,6 +118,7 @@ class TurnRun:
         self.agent_task: asyncio.Task[None] | None = None
         self.task: asyncio.Task[None] | None = None
         self._unsaved: Any = None
+        self._cancel_requested = False
 
     # -- the sink the agent writes to ----------------------------------------------------
 
@@ -163,6 +164,8 @@ class TurnRun:
         self.agent_task = asyncio.create_task(
             self.service.runtime.run(self.turn, self, self._keep_unsaved)
         )
+        if self._cancel_requested:
+            self.agent_task.cancel()
         self.task = asyncio.create_task(self._run())
 
     def _keep_unsaved(self, getter: Any) -> None:
@@ -170,6 +173,8 @@ class TurnRun:
         self._unsaved = getter
 
     def cancel(self) -> None:
+        # Before the worker starts (acceptance not yet written) the request is remembered.
+        self._cancel_requested = True
         if self.agent_task is not None:
             self.agent_task.cancel()
 
