@@ -1,0 +1,372 @@
+"""The per-user daemon: shim vs embedded, start-up, memory, v2 turns (issue 5).
+
+Figures: sequential ``status`` round trip (median, p99) and pipelined throughput through
+``magi-code --app service`` with ``MC_SERVICE_MODE=daemon`` (a shim bridged to a warm
+daemon) beside ``embedded``; spawn -> first ``initialize`` response with no daemon
+running (the shim starts it: cold) and with one already running (warm); the daemon's RSS
+idle and with N persistent ``magi_code.client`` connections; and aggregate
+``turn.assistant_delta`` throughput of 16 concurrent turns, one per persistent v2
+connection, against the loopback fake provider.
+
+Every daemon runs for a temporary MC_HOME and is stopped (``magi-code daemon stop``, then
+killed if it is still there) when the script ends, also on errors and SIGTERM.
+
+    .venv/bin/python benchmarks/bench_daemon.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+
+import orjson
+import psutil
+from benchlib import (
+    FakeProvider,
+    ServiceProcess,
+    Workspace,
+    figure,
+    heading,
+    median,
+    percentile,
+    rss_bytes,
+    run,
+    running_service,
+    workspace,
+    write_provider_settings,
+)
+from tests.support.service import service_env, stop_daemon
+
+from magi_code.client import Client
+from magi_code.core.turns import MAX_ACTIVE_TURNS
+from magi_code.daemon.lifecycle import read_info
+from magi_code.daemon.paths import runtime_paths
+from magi_code.protocol.limits import MAX_STRING_BYTES
+from magi_code.storage.launch import LaunchContext
+
+MIB = 2**20
+STEP_TIMEOUT = 60.0
+# A turn's whole text is bounded by max_string_bytes, so one turn streams at most that
+# many one-byte deltas (same size as bench_turns' long turn).
+TURN_DELTAS = MAX_STRING_BYTES - 384
+# No systemd scope (the daemon stays where we can find and kill it); the idle stop is a
+# safety net should every cleanup below fail (the daemon always has a client or a turn
+# while it is measured, so it never fires during a run).
+DAEMON_ENV = {
+    "MC_SERVICE_MODE": "daemon",
+    "MC_DAEMON_NO_SCOPE": "1",
+    "MC_DAEMON_IDLE_SECONDS": "60",
+}
+EMBEDDED_ENV = {"MC_SERVICE_MODE": "embedded"}
+
+# Every daemon process seen, so the last-resort sweep at exit can kill it (psutil.Process
+# remembers the create time: a reused pid is never killed).
+_daemons: list[psutil.Process] = []
+
+
+def launch_context(ws: Workspace) -> LaunchContext:
+    """The context a frontend of ``ws`` would send (same env the shims get)."""
+    return LaunchContext(ws.home, ws.project, service_env(ws.home, DAEMON_ENV))
+
+
+def daemon_process(ws: Workspace) -> psutil.Process:
+    """The running daemon of ``ws`` (from ``daemon.json``), remembered for the exit sweep."""
+    info = read_info(runtime_paths(launch_context(ws))) or {}
+    pid = info.get("pid")
+    if not isinstance(pid, int):
+        raise RuntimeError("no daemon.json with a pid: the daemon is not running")
+    proc = psutil.Process(pid)
+    if proc not in _daemons:
+        _daemons.append(proc)
+    return proc
+
+
+def kill_seen_daemons() -> None:
+    for proc in _daemons:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+@contextlib.contextmanager
+def daemon_workspace() -> Iterator[Workspace]:
+    """A workspace whose daemon (if one was started) is stopped before it is removed."""
+    with workspace() as ws:
+        try:
+            yield ws
+        finally:
+            # Synchronous on purpose: it cannot be cancelled half way.
+            stop_daemon(ws.home)
+
+
+async def daemon_command(ws: Workspace, *args: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "magi_code",
+        "daemon",
+        *args,
+        env=service_env(ws.home, DAEMON_ENV),
+        cwd=ws.project,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), STEP_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"daemon {' '.join(args)} failed: {err.decode(errors='replace')}")
+
+
+# -- status over stdio, both modes ----------------------------------------------------------
+
+
+def status_batch(count: int) -> bytes:
+    return b"".join(
+        orjson.dumps(
+            {
+                "protocol_version": 1,
+                "kind": "request",
+                "request_id": f"pipe-{i}",
+                "method": "status",
+                "payload": {},
+            }
+        )
+        + b"\n"
+        for i in range(count)
+    )
+
+
+async def status_figures(service: ServiceProcess, warmup: int, count: int, piped: int) -> None:
+    for _ in range(warmup):
+        await service.request("status")
+    samples: list[float] = []
+    for _ in range(count):
+        start = time.perf_counter()
+        response = await service.request("status")
+        samples.append(time.perf_counter() - start)
+        if response["error"] is not None:
+            raise RuntimeError(f"status failed: {response['error']}")
+    mode = service.mode
+    figure(f"status round trip, median ({mode})", median(samples) * 1e3, "ms")
+    figure(f"status round trip, p99 ({mode})", percentile(samples, 99) * 1e3, "ms")
+    figure(
+        f"sequential status rate ({mode})",
+        count / sum(samples),
+        "req/s",
+        "codex app-server ~7,200 req/s",
+    )
+    # Responses are read while the batch is written (both pipe buffers would fill).
+    began = time.perf_counter()
+    writer = asyncio.create_task(service.send_raw(status_batch(piped)))
+    try:
+        for _ in range(piped):
+            message = await service.recv()
+            if message["kind"] != "response" or message["error"] is not None:
+                raise RuntimeError(f"unexpected message: {message}")
+        total = time.perf_counter() - began
+    finally:
+        await writer
+    figure(
+        f"pipelined status throughput, {piped:,} in flight ({mode})",
+        piped / total,
+        "req/s",
+        "codex app-server ~17,000 req/s",
+    )
+
+
+async def spawn_to_initialize(ws: Workspace, env: Mapping[str, str]) -> float:
+    """Seconds from process creation to the first ``initialize`` response; the process is
+    stopped afterwards (in daemon mode the last shim of ``ws`` also stops the daemon)."""
+    start = time.perf_counter()
+    async with running_service(ws, env, initialize=False) as service:
+        await service.initialize()
+        elapsed = time.perf_counter() - start
+        if service.mode == "daemon":
+            daemon_process(ws)
+    return elapsed
+
+
+# -- persistent v2 clients ------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def persistent_clients(ws: Workspace, count: int) -> AsyncIterator[list[Client]]:
+    """``count`` initialized persistent connections to the running daemon, closed on exit."""
+    ctx = launch_context(ws)
+    clients: list[Client] = []
+    try:
+        for _ in range(count):
+            client = await Client.connect(ctx, autostart=False, client_name="bench")
+            clients.append(client)
+            response = await asyncio.wait_for(
+                client.request("initialize", {"supported_protocol_versions": [1]}), STEP_TIMEOUT
+            )
+            if response["error"] is not None:
+                raise RuntimeError(f"initialize failed: {response['error']}")
+        yield clients
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def settled_rss(proc: psutil.Process) -> float:
+    await asyncio.sleep(0.5)
+    return rss_bytes(proc.pid) / MIB
+
+
+async def clients_rss(ws: Workspace, daemon: psutil.Process, count: int) -> None:
+    idle = await settled_rss(daemon)
+    figure("daemon RSS idle (started, no clients)", idle, "MiB", "codex app-server ~89 MiB")
+    async with persistent_clients(ws, count):
+        loaded = await settled_rss(daemon)
+        async with await Client.connect(launch_context(ws), "control", autostart=False) as ctl:
+            seen = (await ctl.control("status")).get("clients")
+    if not isinstance(seen, int) or seen < count:
+        raise RuntimeError(f"the daemon reports {seen} clients, expected at least {count}")
+    figure(f"daemon RSS with {count} persistent clients", loaded, "MiB")
+    figure("  per connected client", (loaded - idle) * 1024 / count, "KiB")
+
+
+async def one_turn(client: Client, started: list[float]) -> int:
+    """Start a turn on ``client``; its assistant delta count once its terminal arrives."""
+    request_id = f"turn-{id(client)}"
+    events = client.events()
+    started.append(time.perf_counter())
+    response = await client.request(
+        "turn.start", {"prompt": "Say something.", "options": {}}, request_id=request_id
+    )
+    if response["error"] is not None:
+        raise RuntimeError(f"turn.start failed: {response['error']}")
+    deltas = 0
+    async for event in events:
+        if event.get("request_id") != request_id:
+            continue
+        if event["event"] == "turn.assistant_delta":
+            deltas += 1
+        elif event["event"] == "turn.terminal":
+            if event["payload"]["status"] != "completed":
+                raise RuntimeError(f"turn ended {event['payload']['status']}")
+            return deltas
+    raise RuntimeError("connection closed before the turn's terminal")
+
+
+async def concurrent_turns(
+    ws: Workspace, daemon: psutil.Process, fake: FakeProvider, deltas: int
+) -> None:
+    turns = MAX_ACTIVE_TURNS
+    peak = rss_bytes(daemon.pid)
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                peak = max(peak, rss_bytes(daemon.pid))
+            await asyncio.sleep(0.005)
+
+    async with persistent_clients(ws, turns) as clients:
+        await fake.enqueue(*({"kind": "fast", "count": deltas} for _ in range(turns)))
+        sampler = asyncio.create_task(sample())
+        started: list[float] = []
+        try:
+            async with asyncio.timeout(STEP_TIMEOUT * 4):
+                counts = await asyncio.gather(*(one_turn(client, started) for client in clients))
+            elapsed = time.perf_counter() - min(started)
+        finally:
+            stop.set()
+            await sampler
+    if sum(counts) != turns * deltas:
+        raise RuntimeError(f"expected {turns * deltas} deltas, got {sum(counts)}")
+    figure(
+        f"aggregate deltas/s, {turns} turns x {deltas:,} over v2", sum(counts) / elapsed, "deltas/s"
+    )
+    figure(f"daemon RSS peak during those {turns} turns", peak / MIB, "MiB")
+
+
+# -- phases ---------------------------------------------------------------------------------
+
+
+async def embedded_phase(args: argparse.Namespace) -> float:
+    """Embedded figures; returns the median spawn -> initialize for the start-up lines."""
+    with workspace() as ws:
+        async with running_service(ws, EMBEDDED_ENV) as service:
+            await status_figures(service, *counts(args))
+        samples = [await spawn_to_initialize(ws, EMBEDDED_ENV) for _ in range(spawns(args))]
+    return median(samples)
+
+
+async def daemon_phase(args: argparse.Namespace, embedded_start: float) -> None:
+    async with FakeProvider.running() as fake:
+        with daemon_workspace() as ws:
+            write_provider_settings(ws.home, fake.base_url)
+            # Cold: each shim finds no daemon and starts one; stopping the shim (the last
+            # one of this MC_HOME) runs `daemon stop`, so the next spawn is cold again.
+            cold = [await spawn_to_initialize(ws, DAEMON_ENV) for _ in range(spawns(args))]
+
+            await daemon_command(ws, "start")
+            daemon = daemon_process(ws)
+            await clients_rss(ws, daemon, 10 if args.quick else 100)
+            await concurrent_turns(ws, daemon, fake, 200 if args.quick else TURN_DELTAS)
+            after = await settled_rss(daemon)
+
+            # A long-lived shim keeps the daemon warm: the measured shims are never the
+            # last one of this MC_HOME, so stopping them leaves the daemon running.
+            async with running_service(ws, DAEMON_ENV) as keeper:
+                warm = [await spawn_to_initialize(ws, DAEMON_ENV) for _ in range(spawns(args))]
+                await status_figures(keeper, *counts(args))
+    n = spawns(args)
+    figure(f"spawn -> initialize, embedded, median of {n}", embedded_start * 1e3, "ms")
+    figure(
+        f"spawn -> initialize, shim, cold daemon, median of {n}",
+        median(cold) * 1e3,
+        "ms",
+        "codex app-server ~56 ms",
+    )
+    figure(
+        f"spawn -> initialize, shim, warm daemon, median of {n}",
+        median(warm) * 1e3,
+        "ms",
+        "codex app-server ~56 ms",
+    )
+    figure("daemon RSS after that work, no clients", after, "MiB")
+
+
+def counts(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(warm-up, sequential, pipelined) status request counts."""
+    return (50, 200, 500) if args.quick else (300, 2000, 10000)
+
+
+def spawns(args: argparse.Namespace) -> int:
+    return 2 if args.quick else 8
+
+
+async def main(args: argparse.Namespace) -> None:
+    # SIGTERM/SIGINT cancel this task, so every await unwinds through the cleanups in
+    # order (an interrupt raised inside a transport callback would skip some of them).
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    heading("bench_daemon: shim and daemon vs embedded", args.quick)
+    try:
+        embedded_start = await embedded_phase(args)
+        await daemon_phase(args, embedded_start)
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+
+
+if __name__ == "__main__":
+    try:
+        run(main, __doc__ or "")
+    finally:
+        kill_seen_daemons()
