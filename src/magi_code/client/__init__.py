@@ -10,6 +10,7 @@ from magi_code.client.connection import (
     Client,
     DaemonError,
     DaemonUnavailable,
+    DeadlineExceeded,
     connect_channel,
     socket_for,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "Client",
     "DaemonError",
     "DaemonUnavailable",
+    "DeadlineExceeded",
     "connect_channel",
     "socket_for",
 ]

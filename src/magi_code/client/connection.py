@@ -31,7 +31,19 @@ class DaemonUnavailable(Exception):
 
 
 class DaemonError(Exception):
-    """A daemon answered but cannot serve us (foreign UID, incompatible, protocol error)."""
+    """A daemon answered but cannot serve us (foreign UID, incompatible, protocol error).
+
+    ``code`` is the RFC-0002 code when the daemon answered one request with an error
+    (``attach_error``, ``grant_error``, ``control_error``, ``request_error``).
+    """
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DeadlineExceeded(DaemonError):
+    """The request's deadline passed before the daemon ran it (it did not run)."""
 
 
 def socket_for(ctx: LaunchContext) -> Path:
@@ -63,8 +75,12 @@ class Channel:
         *,
         client_name: str = "magi_code.client",
         timeout: float = CONNECT_TIMEOUT,
+        options: Mapping[str, Any] | None = None,
     ) -> Channel:
-        """Connect, check the daemon's UID before writing a byte, and do the handshake."""
+        """Connect, check the daemon's UID before writing a byte, and do the handshake.
+
+        ``options`` go into ``hello`` (RFC-0002 §3), e.g. ``{"delta_interval_ms": 50}``.
+        """
         try:
             verify_private_dir(socket_path.parent)
         except FileNotFoundError:
@@ -83,7 +99,7 @@ class Channel:
             raise DaemonError("the daemon socket belongs to another user; refusing to use it")
         channel = cls(reader, writer, {})
         try:
-            await channel.send(hello(role, launch, client_name, package_version()))
+            await channel.send(hello(role, launch, client_name, package_version(), options))
             first = await asyncio.wait_for(channel.recv(), timeout)
         except (ConnectionError, OSError):
             await channel.close()
@@ -158,9 +174,18 @@ class Client:
         *,
         autostart: bool = True,
         client_name: str = "magi_code.client",
+        delta_interval_ms: int = 0,
     ) -> Client:
-        """Connect to the daemon of ``ctx.mc_home``, starting it on demand if allowed."""
-        return cls(await connect_channel(ctx, role, autostart=autostart, client_name=client_name))
+        """Connect to the daemon of ``ctx.mc_home``, starting it on demand if allowed.
+
+        ``delta_interval_ms`` (0..10000) asks the daemon to merge a turn's assistant
+        deltas so they arrive at most once per interval (RFC-0002 §6.3).
+        """
+        options = {"delta_interval_ms": delta_interval_ms} if delta_interval_ms else None
+        channel = await connect_channel(
+            ctx, role, autostart=autostart, client_name=client_name, options=options
+        )
+        return cls(channel)
 
     @property
     def welcome(self) -> dict[str, Any]:
@@ -179,8 +204,13 @@ class Client:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        deadline_ms: int | None = None,
     ) -> dict[str, Any]:
-        """Send a v1 request envelope; returns its v1 response envelope."""
+        """Send a v1 request envelope; returns its v1 response envelope.
+
+        ``deadline_ms`` (Unix time in milliseconds): if the daemon reaches the request
+        only after it, the request does not run and :class:`DeadlineExceeded` is raised.
+        """
         rid = request_id or f"c-{next(self._ids)}"
         message: dict[str, Any] = {
             "protocol_version": 1,
@@ -191,7 +221,10 @@ class Client:
         }
         if session_id is not None:
             message["session_id"] = session_id
-        return await self._call(("response", rid), {"t": "request", "message": message})
+        frame: dict[str, Any] = {"t": "request", "message": message}
+        if deadline_ms is not None:
+            frame["deadline_ms"] = deadline_ms
+        return await self._call(("response", rid), frame)
 
     async def control(self, op: str) -> dict[str, Any]:
         """``status`` or ``stop``; returns the result map."""
@@ -213,8 +246,25 @@ class Client:
         )
         return frame
 
+    async def take_control(self, session_id: str) -> dict[str, Any]:
+        """Become the session's controller (RFC-0002 §6.1).
+
+        Takes over a session held by a lost persistent client, with its running turn
+        (which this connection may then cancel), or opens a free one. Returns the
+        ``control_granted`` frame (``turns``: running turns with their last sequence);
+        raises :class:`DaemonError` with ``code`` (e.g. ``session_busy``) otherwise.
+        """
+        frame = {"t": "take_control", "session_id": session_id}
+        return await self._call_id("control_granted", frame)
+
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """v1 event envelopes as they arrive; ends when the connection closes."""
+        """v1 event envelopes as they arrive; ends when the connection closes.
+
+        The daemon's overload notice (RFC-0002 §6.2) arrives here too, as
+        ``{"kind": "overloaded", "event": "overloaded", "payload": {"turn_id": ...,
+        "after_sequence": k}}``: no more live events of that turn follow; resync with
+        ``attach(turn_id, k)``.
+        """
         while (event := await self._events.get()) is not None:
             yield event
 
@@ -260,11 +310,24 @@ class Client:
                     return
             self._events.put_nowait(message)
             return
-        if kind in ("control_error", "attach_error"):
-            for key in (("control_result", frame.get("id")), ("attach_result", frame.get("id"))):
-                future = self._waiting.get(key)
+        if kind == "overloaded":
+            payload = {k: frame.get(k) for k in ("turn_id", "after_sequence")}
+            notice = {"kind": "overloaded", "event": "overloaded", "payload": payload}
+            self._events.put_nowait(notice)
+            return
+        code = frame.get("code")
+        code = code if isinstance(code, str) else None
+        if kind == "request_error":
+            future = self._waiting.get(("response", frame.get("request_id")))
+            error = DeadlineExceeded if code == "deadline_exceeded" else DaemonError
+            if future is not None and not future.done():
+                future.set_exception(error(f"request rejected ({code})", code))
+            return
+        if kind in ("control_error", "attach_error", "grant_error"):
+            for answer in ("control_result", "attach_result", "control_granted"):
+                future = self._waiting.get((answer, frame.get("id")))
                 if future is not None and not future.done():
-                    future.set_exception(DaemonError(f"request failed ({frame.get('code')})"))
+                    future.set_exception(DaemonError(f"request failed ({code})", code))
             return
         future = self._waiting.get((str(kind), frame.get("id")))
         if future is not None and not future.done():
@@ -277,11 +340,18 @@ async def connect_channel(
     *,
     autostart: bool,
     client_name: str = "magi_code.client",
+    options: Mapping[str, Any] | None = None,
 ) -> Channel:
     """Connect to the daemon for ``ctx``; with ``autostart`` start it when none answers."""
     launch = None if role == "control" else ctx
+
+    async def attempt() -> Channel:
+        return await Channel.open(
+            socket_for(ctx), role, launch, client_name=client_name, options=options
+        )
+
     try:
-        return await Channel.open(socket_for(ctx), role, launch, client_name=client_name)
+        return await attempt()
     except DaemonUnavailable:
         if not autostart:
             raise
@@ -290,5 +360,5 @@ async def connect_channel(
     for _ in range(3):  # a daemon may go idle between its start and our connect
         await ensure_daemon(ctx)
         with contextlib.suppress(DaemonUnavailable):
-            return await Channel.open(socket_for(ctx), role, launch, client_name=client_name)
+            return await attempt()
     raise DaemonUnavailable("the daemon stopped while connecting")

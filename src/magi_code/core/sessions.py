@@ -18,9 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from magi_code.protocol.bounds import string_fits
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
-from magi_code.protocol.limits import MAX_SESSION_ATTACHMENTS, MAX_SESSION_PAGE_ITEMS
+from magi_code.protocol.limits import (
+    MAX_ID_BYTES,
+    MAX_SESSION_ATTACHMENTS,
+    MAX_SESSION_PAGE_ITEMS,
+)
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.store import SessionStore, WriterLease
 
@@ -54,7 +59,7 @@ def _page_args(payload: dict[str, Any]) -> tuple[Any, int]:
     if limit > MAX_SESSION_PAGE_ITEMS:
         raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
     after = payload.get("after")
-    if after is not None and not isinstance(after, str):
+    if after is not None and not (isinstance(after, str) and string_fits(after, MAX_ID_BYTES)):
         raise ServiceError(ErrorCode.INVALID_PAYLOAD)
     return after, limit
 
@@ -157,11 +162,31 @@ class SessionService:
         if attachment.closing or not attachment.explicit:
             await self.release(attachment)
 
+    async def take(
+        self, conn: Connection, session_id: str, revoked: Callable[[int], bool]
+    ) -> Attachment:
+        """A control grant (RFC-0002 §6): make ``conn`` the session's one controller.
+
+        A free session is attached as by ``session.open``. An attachment whose owner
+        ``revoked`` names (a lost persistent client) moves to ``conn`` with its running
+        turn; any other holder keeps it (``session_busy``).
+        """
+        attachment = self._attachments.get(session_id)
+        if attachment is None or attachment.owner == conn.conn_id:
+            return await self.attach(conn, session_id, explicit=True)
+        if attachment.closing or not revoked(attachment.owner):
+            raise ServiceError(ErrorCode.SESSION_BUSY)
+        self._check_capacity(conn)
+        attachment.owner = conn.conn_id
+        attachment.explicit = True
+        return attachment
+
     async def connection_closed(self, connection: Connection) -> None:
         # Turns were drained first (the turn service closes before this one).
         for attachment in self.owned(connection):
             await attachment.idle.wait()
-            await self.release(attachment)
+            if attachment.owner == connection.conn_id:  # not granted to another meanwhile
+                await self.release(attachment)
 
     # -- routes --------------------------------------------------------------------------
 

@@ -320,7 +320,9 @@ class TurnService:
 
     async def _cancel(self, conn: Connection, request: Request, turn_id: str) -> Reply:
         run = self.active.get(turn_id)
-        if run is None or run.conn is not conn:
+        # Cancel authority follows the session's controller (the starting client, or the
+        # holder of a control grant, RFC-0002 §6).
+        if run is None or run.attachment.owner != conn.conn_id:
             raise ServiceError(ErrorCode.UNKNOWN_TURN)
         run.cancel()
         return Reply({"turn_id": turn_id, "status": "cancellation_requested"})

@@ -117,6 +117,16 @@ class TurnJournal:
         log.followers.append(deliver)
         return ("resync" if after < log.evicted_upto else "attached"), events
 
+    def unfollow(self, turn_id: str, deliver: Deliver) -> None:
+        log = self._turns.get(turn_id)
+        if log is not None and deliver in log.followers:
+            log.followers.remove(deliver)
+
+    def sequence(self, turn_id: str) -> int:
+        """The last sequence recorded for a turn (-1 when none or unknown)."""
+        log = self._turns.get(turn_id)
+        return -1 if log is None else log.last_sequence
+
     def forget(self, deliver: Deliver) -> None:
         for log in self._turns.values():
             if deliver in log.followers:

@@ -28,12 +28,14 @@ from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
 
 from .lock import LifetimeLock, remove_own_socket, remove_stale_socket, socket_identity
+from .outbound import DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
 from .paths import RuntimePaths, UnsafeRuntimeDir, ensure_private_dir, runtime_paths
 from .wire import SUPPORTED_VERSIONS
 
 EXIT_ALREADY_RUNNING: Final = 3
 EXIT_UNSAFE: Final = 2
 IDLE_ENV: Final = "MC_DAEMON_IDLE_SECONDS"
+OUTBOUND_ENV: Final = "MC_DAEMON_OUTBOUND_BYTES"
 DEFAULT_ON_DEMAND_IDLE_SECONDS: Final = 60.0
 LOCK_WAIT_SECONDS: Final = 10.0
 LOG_MAX_BYTES: Final = 1024 * 1024
@@ -52,6 +54,12 @@ def idle_seconds(ctx: LaunchContext, on_demand: bool) -> float | None:
             value = DEFAULT_ON_DEMAND_IDLE_SECONDS
         return value if value > 0 else None
     return DEFAULT_ON_DEMAND_IDLE_SECONDS if on_demand else None
+
+
+def outbound_limit(ctx: LaunchContext) -> int:
+    """``MC_DAEMON_OUTBOUND_BYTES``: a persistent connection's outbound queue bound."""
+    raw = ctx.env.get(OUTBOUND_ENV, "")
+    return max(MIN_LIMIT_BYTES, int(raw)) if raw.isdigit() else DEFAULT_LIMIT_BYTES
 
 
 def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = None) -> int:
@@ -119,6 +127,7 @@ def _serve(
             idle_seconds=idle_seconds(ctx, on_demand),
             mode="on_demand" if on_demand else "foreground",
             self_check=self_check,
+            outbound_limit=outbound_limit(ctx),
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

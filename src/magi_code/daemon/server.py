@@ -8,6 +8,10 @@ Theory of operation:
   is one v1 stdio service on the shared coordinator (connection-scoped), a
   ``persistent`` client's turns survive it, a ``control`` connection only asks for
   ``status`` or ``stop`` and never keeps the daemon alive.
+- A persistent connection never makes a turn wait: its outbound side (``outbound.py``)
+  bounds, coalesces and, on overload, cuts live turn streams with an explicit notice.
+  ``take_control`` moves a lost persistent client's session (and the authority over
+  its running turn) to the caller; expired request deadlines are answered unrun.
 - Idle stop is decided and enacted in one event-loop step (no await between the check
   and closing the listener), so a client either was counted or meets a closed socket.
 - Owner drop (``stop``, SIGTERM, idle) cancels every turn and login, lets each
@@ -31,12 +35,16 @@ import orjson
 
 from magi_code.core.coordinator import Connection, ServiceCoordinator
 from magi_code.core.output import Batch
+from magi_code.core.sessions import SessionService
 from magi_code.core.turns import TurnService
 from magi_code.protocol.envelope import OutboundError, encode_batch
+from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.frames import MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
 from magi_code.protocol.limits import ADVERTISED_LIMITS, MAX_RECORD_BYTES
+from magi_code.sessions.ids import validate_session_id
 
 from .journal import TurnJournal
+from .outbound import DEFAULT_LIMIT_BYTES, Outbound
 from .peer import check_peer
 from .wire import (
     PROTOCOL_VERSION,
@@ -46,6 +54,7 @@ from .wire import (
     error,
     parse_hello,
     refused,
+    request_error,
 )
 
 log = logging.getLogger("magi_code.daemon")
@@ -59,9 +68,13 @@ CAPABILITIES: Final = (
     "v1_bridge",
     "control.status",
     "control.stop",
+    "control.take",
     "turn.detach",
     "turn.snapshot",
     "turn.attach",
+    "turn.overload",
+    "delta.coalesce",
+    "request.deadline",
 )
 
 
@@ -76,6 +89,7 @@ class DaemonServer:
         idle_seconds: float | None,
         mode: str,
         self_check: Callable[[], bool] = lambda: True,
+        outbound_limit: int = DEFAULT_LIMIT_BYTES,
     ) -> None:
         self.coordinator = coordinator
         self.mc_home = mc_home.resolve()
@@ -83,6 +97,7 @@ class DaemonServer:
         self.version = version
         self.idle_seconds = idle_seconds
         self.mode = mode
+        self.outbound_limit = outbound_limit
         self.instance_id = secrets.token_hex(8)
         self.started_at = int(time.time())
         self.journal = TurnJournal()
@@ -94,6 +109,8 @@ class DaemonServer:
         self._listener: asyncio.AbstractServer | None = None
         turns = [s for s in coordinator.services if isinstance(s, TurnService)]
         self.turns: TurnService | None = turns[0] if turns else None
+        sessions = [s for s in coordinator.services if isinstance(s, SessionService)]
+        self.sessions: SessionService | None = sessions[0] if sessions else None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -191,7 +208,8 @@ class DaemonServer:
             "started_at": self.started_at,
             "clients": len(self.coordinator.connections) - len(self.detached),
             "active_turns": len(turns),
-            "detached_turns": sum(1 for r in turns.values() if r.conn.conn_id in self.detached),
+            # Detached: its session's controller is a lost persistent client.
+            "detached_turns": sum(1 for r in turns.values() if r.attachment.owner in self.detached),
             "idle_stop_seconds": self.idle_seconds,
             "mode": self.mode,
         }
@@ -252,6 +270,7 @@ class Peer:
         self._acked = asyncio.Event()
         self._ack_ok = False
         self._ack_seq = 0
+        self.outbound: Outbound | None = None
         server.peers.add(self)
         self.task: asyncio.Task[None] | None = asyncio.create_task(self._run())
 
@@ -360,8 +379,19 @@ class Peer:
         self.send(self.server.welcome(hello.role))
         if hello.role == "v1_shim":
             await self._serve_v1(conn)
-        else:
+            return
+        self.outbound = Outbound(
+            self._write_message,
+            self.send,
+            self.transport.get_write_buffer_size,
+            limit=self.server.outbound_limit,
+            interval_ms=hello.delta_interval_ms,
+            on_cut=lambda turn_id: self.server.journal.unfollow(turn_id, self._deliver),
+        )
+        try:
             await self._serve_persistent(conn)
+        finally:
+            self.outbound.close()
 
     # -- control -------------------------------------------------------------------------
 
@@ -448,9 +478,13 @@ class Peer:
             while (frame := await self.next_frame()) is not None:
                 kind, request_id = frame.get("t"), frame.get("id")
                 if kind == "request":
+                    if self._expired(frame):
+                        continue
                     batch = await self._persistent_request(conn, frame.get("message"))
                     if batch is not None:
                         await _wait_either(batch.done.wait(), writer)
+                elif kind == "take_control":
+                    await self._take_control(conn, frame)
                 elif kind == "control":
                     self._control(frame)
                 elif kind == "snapshot":
@@ -471,6 +505,46 @@ class Peer:
                 await writer
             finally:
                 self.server.detached.discard(conn.conn_id)
+
+    def _expired(self, frame: dict[str, Any]) -> bool:
+        """Answer a request whose deadline is invalid or passed without running it."""
+        deadline = frame.get("deadline_ms")
+        if deadline is None:
+            return False
+        message = frame.get("message")
+        request_id = message.get("request_id") if isinstance(message, dict) else None
+        if not isinstance(deadline, int) or isinstance(deadline, bool):
+            self.send(request_error(request_id, "invalid_deadline"))
+            return True
+        if time.time() * 1000 >= deadline:
+            log.info("request expired before it ran")
+            self.send(request_error(request_id, "deadline_exceeded"))
+            return True
+        return False
+
+    async def _take_control(self, conn: Connection, frame: dict[str, Any]) -> None:
+        """A control grant (RFC-0002 §6.1): this connection becomes the session's controller."""
+        request_id, session_id = frame.get("id"), frame.get("session_id")
+        server = self.server
+        try:
+            if not conn.initialized:
+                raise ServiceError(ErrorCode.NOT_INITIALIZED)
+            if server.sessions is None or server.turns is None:
+                raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+            session_id = validate_session_id(session_id)
+            attachment = await server.sessions.take(conn, session_id, server.detached.__contains__)
+        except ServiceError as exc:
+            self.send({"t": "grant_error", "id": request_id, "code": exc.code.value})
+            return
+        turns = [
+            {"turn_id": run.turn_id, "sequence": server.journal.sequence(run.turn_id)}
+            for run in server.turns.active.values()
+            if run.attachment is attachment
+        ]
+        log.info("control granted")
+        self.send(
+            {"t": "control_granted", "id": request_id, "session_id": session_id, "turns": turns}
+        )
 
     async def _persistent_request(self, conn: Connection, message: object) -> Any:
         coordinator = self.server.coordinator
@@ -498,23 +572,32 @@ class Peer:
             self.send({"t": "attach_error", "id": request_id, "code": "unknown_turn"})
             return
         status, events = answer
+        assert self.outbound is not None
+        if status == "finished":
+            self.outbound.cut.pop(turn_id, None)
+        else:
+            self.outbound.follow(turn_id)
         self.send({"t": "attach_result", "id": request_id, "status": status, "events": events})
 
     def _deliver(self, message: dict[str, Any]) -> None:
-        self.send({"t": "message", "message": message})
+        """A followed turn's event from the journal."""
+        if self.outbound is not None:
+            self.outbound.deliver(message)
+
+    def _write_message(self, message: dict[str, Any]) -> None:
+        try:
+            self.send({"t": "message", "message": message})
+        except FrameError:
+            log.warning("persistent output error")
 
     async def _persistent_writer(self, conn: Connection) -> None:
         # Runs until the connection's output ends, also after the client is gone: detached
-        # turns keep feeding the journal (their replay buffer) through it.
+        # turns keep feeding the journal (their replay buffer) through it. It never waits
+        # for the client: a slow one is cut from turns' live streams (outbound.py).
+        assert self.outbound is not None
         while (batch := await conn.output.get()) is not None:
             for message in batch.messages:
-                self.server.journal.observe(message)
-                try:
-                    self.send({"t": "message", "message": message})
-                except FrameError:
-                    log.warning("persistent output error")
-            if not self.lost.is_set():
-                await self.drain()
+                self.outbound.own(message, self.server.journal.observe)
             batch.written()
 
 

@@ -6,6 +6,7 @@ names and validates; it does no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -17,6 +18,7 @@ SUPPORTED_VERSIONS: Final = (2,)
 MAX_HELLO_VERSIONS: Final = 8
 MAX_ENV_ENTRIES: Final = 4096
 MAX_CLIENT_NAME: Final = 64
+MAX_DELTA_INTERVAL_MS: Final = 10_000
 
 Role = Literal["v1_shim", "persistent", "control"]
 ROLES: Final[dict[str, str]] = {
@@ -38,6 +40,11 @@ ERRORS: Final[dict[str, str]] = {
     "protocol_error": "frame not valid in this state",
     "internal_error": "internal error",
 }
+# ``request_error`` codes: the request was answered without running (RFC-0002 §6.4).
+REQUEST_ERRORS: Final[dict[str, str]] = {
+    "deadline_exceeded": "the request deadline passed before it could run",
+    "invalid_deadline": "the request deadline is invalid",
+}
 
 
 class WireError(Exception):
@@ -48,13 +55,20 @@ class WireError(Exception):
         self.code = code
 
 
-def hello(role: Role, ctx: LaunchContext | None, client_name: str, version: str) -> dict[str, Any]:
+def hello(
+    role: Role,
+    ctx: LaunchContext | None,
+    client_name: str,
+    version: str,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     frame: dict[str, Any] = {
         "t": "hello",
         "protocol_versions": list(SUPPORTED_VERSIONS),
         "client_name": client_name[:MAX_CLIENT_NAME],
         "client_version": version,
         "role": role,
+        "options": dict(options or {}),
     }
     if ctx is not None:
         frame["launch"] = {
@@ -71,6 +85,7 @@ class Hello:
     version: int
     launch: LaunchContext | None
     client_name: str
+    delta_interval_ms: int = 0
 
 
 def parse_hello(frame: dict[str, Any]) -> Hello:
@@ -96,10 +111,17 @@ def parse_hello(frame: dict[str, Any]) -> Hello:
     options = frame.get("options", {})
     if not isinstance(options, dict):
         raise WireError("invalid_hello")
+    interval = options.get("delta_interval_ms", 0)
+    if (
+        not isinstance(interval, int)
+        or isinstance(interval, bool)
+        or not 0 <= interval <= MAX_DELTA_INTERVAL_MS
+    ):
+        raise WireError("invalid_hello")
     launch = None
     if role != "control":
         launch = _parse_launch(frame.get("launch"))
-    return Hello(role, max(common), launch, name)
+    return Hello(role, max(common), launch, name, interval)
 
 
 def _parse_launch(value: object) -> LaunchContext:
@@ -121,3 +143,8 @@ def refused(code: str) -> dict[str, Any]:
 
 def error(code: str) -> dict[str, Any]:
     return {"t": "error", "code": code, "message": ERRORS[code]}
+
+
+def request_error(request_id: object, code: str) -> dict[str, Any]:
+    rid = request_id if isinstance(request_id, str) else None
+    return {"t": "request_error", "request_id": rid, "code": code, "message": REQUEST_ERRORS[code]}

@@ -22,7 +22,9 @@ def test_attach_returns_exactly_the_events_after_the_sequence_then_follows_live(
     for i in range(1, 4):
         journal.observe(_event("turn.assistant_delta", i, text=f"x{i}"))
     live: list[dict[str, Any]] = []
-    status, events = journal.attach("t1", 1, live.append)
+    answer = journal.attach("t1", 1, live.append)
+    assert answer is not None
+    status, events = answer
     assert status == "attached"
     assert [e["payload"]["sequence"] for e in events] == [2, 3]
     journal.observe(_event("turn.terminal", 4, status="completed", assistant_text="x1x2x3"))
