@@ -90,6 +90,8 @@ class TurnJournal:
         elif name == "turn.terminal":
             log.terminal = payload
             log.finished_at = self._clock()
+            # The terminal carries the authoritative text: drop the per-delta pieces.
+            log.text.clear()
         for deliver in list(log.followers):
             deliver(message)
         if log.terminal is not None:
