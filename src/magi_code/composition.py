@@ -19,6 +19,7 @@ from magi_code.core.configuration import ConfigurationService
 from magi_code.core.coordinator import ServiceCoordinator
 from magi_code.core.service_info import ServiceInfo
 from magi_code.core.sessions import SessionService
+from magi_code.core.settings_gate import SettingsGate
 from magi_code.core.turns import TurnService
 from magi_code.sessions.store import SessionStore
 from magi_code.storage.launch import LaunchContext
@@ -48,7 +49,8 @@ async def build_coordinator(
     sessions = SessionService(SessionStore(ctx.sessions_dir))
     coordinator.add_service(sessions)
     runtime = TurnRuntime()
-    coordinator.add_service(TurnService(sessions, runtime))
+    gate = SettingsGate()
+    coordinator.add_service(TurnService(sessions, runtime, gate))
     coordinator.add_service(AuthService())
-    coordinator.add_service(ConfigurationService(runtime.client))
+    coordinator.add_service(ConfigurationService(runtime.client, gate))
     return coordinator

@@ -33,6 +33,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 
 from .coordinator import Connection
 from .routes import Reply, Route
+from .settings_gate import SettingsGate
 
 Work = Callable[[Connection, Any], Awaitable[dict[str, Any]]]
 
@@ -48,8 +49,9 @@ def _validate_set(request: Request) -> dict[str, Any]:
 
 
 class ConfigurationService:
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, gate: SettingsGate) -> None:
         self._client = client
+        self._gate = gate
         self._busy = False
         self._worker: asyncio.Task[None] | None = None
 
@@ -122,4 +124,5 @@ class ConfigurationService:
         return await asyncio.to_thread(effective_config, conn.ctx, settings)
 
     async def _set(self, conn: Connection, payload: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(apply_config_set, conn.ctx, payload)
+        with self._gate.write():
+            return await asyncio.to_thread(apply_config_set, conn.ctx, payload)

@@ -35,12 +35,13 @@ from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.store import SessionContext
 from magi_code.turns.agent import OutputLimitExceeded
-from magi_code.turns.runtime import TurnRequest, TurnRuntime
+from magi_code.turns.runtime import TurnRequest, TurnRuntime, prepare_settings
 
 from .coordinator import Connection
 from .output import Batch
 from .routes import Reply, Route, SessionRule, check_fields
 from .sessions import Attachment, SessionService
+from .settings_gate import SettingsGate
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +250,10 @@ class TurnRun:
 
 
 class TurnService:
-    def __init__(self, sessions: SessionService, runtime: TurnRuntime) -> None:
+    def __init__(self, sessions: SessionService, runtime: TurnRuntime, gate: SettingsGate) -> None:
         self.sessions = sessions
         self.runtime = runtime
+        self.gate = gate
         self.active: dict[str, TurnRun] = {}
 
     def routes(self) -> Sequence[Route]:
@@ -274,11 +276,19 @@ class TurnService:
             # Another turn owns this attachment: refuse without touching its state.
             raise ServiceError(ErrorCode.SESSION_BUSY)
         try:
-            attachment.cancel_turn = lambda: None  # claimed before any await
+            # Claimed before any await; a close during admission is remembered.
+            closed_early = asyncio.Event()
+            attachment.cancel_turn = closed_early.set
             attachment.idle.clear()
             history = await asyncio.to_thread(
                 self.sessions.store.load_context, attachment.session_id
             )
+            async with self.gate.capture():
+                prepared = await asyncio.to_thread(prepare_settings, conn.ctx)
+            # Revalidate on the coordinator after the awaits: the client may be gone, or
+            # a close may have started meanwhile.
+            if conn.output.closed or attachment.closing:
+                raise ServiceError(ErrorCode.SESSION_BUSY)
             turn_id = f"turn_{secrets.token_hex(12)}"
             await asyncio.to_thread(
                 attachment.lease.append, {"type": "user", "turn_id": turn_id, "text": prompt}
@@ -286,10 +296,10 @@ class TurnService:
         except BaseException:
             await self._abandon(attachment)
             raise
-        turn = TurnRequest(conn.ctx, attachment.session_id, turn_id, prompt, history)
+        turn = TurnRequest(conn.ctx, attachment.session_id, turn_id, prompt, history, prepared)
         run = TurnRun(self, conn, request.request_id, attachment, turn_id, turn)
         attachment.cancel_turn = run.cancel
-        if attachment.closing:
+        if closed_early.is_set():
             run.cancel()
         self.active[turn_id] = run
         started = conn.event(

@@ -4,19 +4,23 @@ instructions, built-in + MCP tools, subagents, compaction, then the agent loop."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+import filelock
 import httpx
 
 from magi_code.auth.credentials import resolve_headers
 from magi_code.auth.store import AuthStore
-from magi_code.config.effective import resolve_effective
+from magi_code.config.effective import Effective, resolve_effective
 from magi_code.config.settings import Settings, load_settings
+from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.types import ConversationItem, Endpoint, ReasoningLevel
 from magi_code.sessions.store import SessionContext
+from magi_code.storage.files import locked
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.base import Tool, ToolContext
 from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
@@ -53,12 +57,49 @@ class TurnSetupError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedSettings:
+    """The settings a turn runs with, captured once at admission."""
+
+    settings: Settings
+    effective: Effective
+
+
+# A capture that failed: the turn is still accepted and fails in its worker, as before.
+Prepared = PreparedSettings | ServiceError
+
+# How long admission waits for another process's settings write before reporting busy.
+SETTINGS_LOCK_WAIT: Final = 2.0
+
+
+def prepare_settings(ctx: LaunchContext) -> Prepared:
+    """Capture selection, reasoning and fast settings under the settings files' locks.
+
+    Blocking (run it in a thread). A write holding a lock past ``SETTINGS_LOCK_WAIT``
+    raises ``configuration_busy``; the project lock is only taken when the project has a
+    settings directory (capture never creates files in the user's project).
+    """
+    with contextlib.ExitStack() as stack:
+        for path in (ctx.global_settings_path, ctx.project_settings_path):
+            if path.parent.is_dir():
+                try:
+                    stack.enter_context(locked(path, timeout=SETTINGS_LOCK_WAIT))
+                except filelock.Timeout:
+                    raise ServiceError(ErrorCode.CONFIGURATION_BUSY) from None
+        try:
+            settings = load_settings(ctx)
+            return PreparedSettings(settings, resolve_effective(ctx, settings))
+        except ServiceError as exc:
+            return exc
+
+
+@dataclass(frozen=True, slots=True)
 class TurnRequest:
     ctx: LaunchContext
     session_id: str
     turn_id: str
     prompt: str
     history: SessionContext
+    prepared: Prepared
 
 
 class TurnRuntime:
@@ -77,9 +118,10 @@ class TurnRuntime:
         expose_unsaved: Callable[[Callable[[], str]], None],
     ) -> None:
         ctx = turn.ctx
-        # Each worker reloads selection, reasoning and fast settings; the turn keeps them.
-        settings = await asyncio.to_thread(load_settings, ctx)
-        effective = resolve_effective(ctx, settings)
+        # Captured at admission, right before this worker started; the turn keeps them.
+        if isinstance(turn.prepared, ServiceError):
+            raise turn.prepared
+        settings, effective = turn.prepared.settings, turn.prepared.effective
         provider = effective.provider
         if provider is None:
             raise TurnSetupError("provider_unavailable")
