@@ -134,7 +134,8 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
             sys.stdout.write(f"  not answering: {status.get('error')}\n")
     else:
         sys.stdout.write("magi-code daemon not running\n")
-    return 0 if status["running"] else EXIT_NOT_RUNNING
+    # --json answers in the document (scripts read "running"); text follows LSB status codes.
+    return 0 if status["running"] or as_json else EXIT_NOT_RUNNING
 
 
 async def _stop(ctx: LaunchContext) -> int:

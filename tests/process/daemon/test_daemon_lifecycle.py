@@ -13,6 +13,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import orjson
 import pytest
 
 from magi_code.client import Client, DaemonUnavailable
@@ -201,3 +202,11 @@ async def test_idle_stop_racing_new_connections_never_loses_a_request(
         for _ in range(100):
             await asyncio.sleep(0.1)
             await (await Client.connect(context(home, project), "control", autostart=False)).close()
+
+
+def test_status_json_reports_a_stopped_daemon_with_exit_zero(home: Path) -> None:
+    result = cli(home, "daemon", "status", "--json")
+    assert result.returncode == 0
+    data = orjson.loads(result.stdout)
+    assert data["running"] is False
+    assert {"pid", "socket", "version", "protocol_versions"} <= set(data)
