@@ -193,6 +193,32 @@ async def test_mcp_tool_call_is_projected_by_hash_only(
         assert needle not in stdout, needle
 
 
+async def test_published_mcp_server_package_answers_a_tool_call(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    """The ``mcp-server-time`` package from PyPI (a dev dependency), started per turn."""
+    servers = {"clock": {"command": sys.executable, "args": ["-m", "mcp_server_time"]}}
+    write_settings(home, fake, mcp_servers=servers)
+    fake.enqueue(
+        _tools("", _call("t1", "mcp__clock__get_current_time", timezone="UTC")),
+        Reply(text=["it is now"]),
+    )
+    async with running_service(home, project) as svc:
+        rid, accepted = await start_turn(svc, "what time is it?")
+        events = await svc.events_until_terminal(rid)
+        turn = check_turn(events, accepted["turn_id"], accepted["session_id"])
+    assert turn.terminal["status"] == "completed"
+    assert [(a["status"], a["transport"]) for a in turn.of_kind("tool")] == [
+        ("running", "mcp"),
+        ("completed", "mcp"),
+    ]
+    posts = [r for r in fake.requests if r.method == "POST"]
+    offered = " ".join(_strings(posts[0].json))
+    assert "mcp__clock__get_current_time" in offered
+    result = " ".join(_strings(posts[1].json))
+    assert "UTC" in result and "datetime" in result
+
+
 # -- subagents -----------------------------------------------------------------------------
 
 
