@@ -104,15 +104,21 @@ async def test_browser_login_then_codex_turn_then_logout(home: Path, project: Pa
         stderr = await service.stderr_text()
     tokens = [r for r in issuer.requests if r.path.endswith("/token")]
     secrets = [ACCOUNT, "fake-refresh", "fake-access", "code-fake"]
-    for blob in (stdout_seen, stderr, *_session_files(home)):
+    for blob in (stdout_seen, stderr, *_home_files(home)):
         for secret in secrets:
             assert secret not in blob
     assert tokens  # the exchange really happened
     assert oct((home / "auth.json").stat().st_mode & 0o777) == "0o600"
 
 
-def _session_files(home: Path) -> list[str]:
-    return [p.read_text(errors="replace") for p in (home / "sessions").rglob("*") if p.is_file()]
+def _home_files(home: Path) -> list[str]:
+    """Every file under MC_HOME except the credential store: sessions, settings, catalog
+    cache, and (in daemon mode) the daemon's log."""
+    return [
+        p.read_text(errors="replace")
+        for p in home.rglob("*")
+        if p.is_file() and p.name != "auth.json" and not p.name.endswith(".lock")
+    ]
 
 
 async def test_manual_callback_wrong_state_fails_and_is_never_echoed(
