@@ -31,6 +31,7 @@ import fcntl
 import os
 import stat
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ from magi_code.sessions.ids import new_session_id, validate_session_id
 from magi_code.sessions.listing import check_page_limit, list_sessions
 from magi_code.sessions.projection import (
     ParsedWindow,
+    Projection,
     build_page,
     latest_compaction,
     parse_window,
@@ -95,6 +97,35 @@ _CONTEXT_TYPES: Final = (
     ToolResultRecord,
     TerminalRecord,
 )
+
+
+_CacheKey = tuple[int, int, int, int]
+_Parsed = tuple[ParsedWindow, Projection | None]
+
+
+class _WindowCache:
+    """A few recently parsed windows; callers run in worker threads, hence the lock."""
+
+    CAPACITY: Final = 8
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[_CacheKey, _Parsed]] = OrderedDict()
+
+    def get(self, session_id: str, key: _CacheKey) -> _Parsed | None:
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is None or entry[0] != key:
+                return None
+            self._entries.move_to_end(session_id)
+            return entry[1]
+
+    def put(self, session_id: str, key: _CacheKey, parsed: _Parsed) -> None:
+        with self._lock:
+            self._entries[session_id] = (key, parsed)
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self.CAPACITY:
+                self._entries.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +244,7 @@ class SessionStore:
 
     def __init__(self, sessions_dir: Path) -> None:
         self._root = sessions_dir
+        self._cache = _WindowCache()
 
     def create(self) -> str:
         """Create a session with its header durably written and return its new ID.
@@ -335,6 +367,17 @@ class SessionStore:
 
     def _read_window(self, session_id: str, wait: float) -> ParsedWindow:
         """Parse the recent window under a shared append lock (never creates files)."""
+        return self._window_and_projection(session_id, wait, with_projection=False)[0]
+
+    def _window_and_projection(
+        self, session_id: str, wait: float, *, with_projection: bool
+    ) -> tuple[ParsedWindow, Projection | None]:
+        """The parsed window (and its projection), reused while the file is unchanged.
+
+        A replay pages through one snapshot with many requests; the history file only
+        grows (or is truncated by a torn-tail repair), so its identity, size and mtime
+        say whether an earlier parse still describes it.
+        """
         dir_fd = self._open_dir(session_id)
         fds = [dir_fd]
         try:
@@ -343,7 +386,12 @@ class SessionStore:
             history_fd = os.open(HISTORY, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
             fds.append(history_fd)
             with holding(lock_fd, fcntl.LOCK_SH, wait):
-                size = os.fstat(history_fd).st_size
+                info = os.fstat(history_fd)
+                key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+                cached = self._cache.get(session_id, key)
+                if cached is not None and (cached[1] is not None or not with_projection):
+                    return cached
+                size = info.st_size
                 # One byte before the window tells whether it starts on a line boundary.
                 start = max(0, size - MAX_SESSION_REPLAY_WINDOW_BYTES - 1)
                 data = pread_all(history_fd, size - start, start)
@@ -351,7 +399,10 @@ class SessionStore:
             raise unavailable() from None
         finally:
             close_all(fds)
-        return parse_window(data, start == 0, session_id)
+        window = parse_window(data, start == 0, session_id)
+        projection = project(window.records) if with_projection else None
+        self._cache.put(session_id, key, (window, projection))
+        return window, projection
 
     def load_context(self, session_id: object) -> SessionContext:
         """The conversation state a new turn starts from (bounded to the replay window).
@@ -394,9 +445,12 @@ class SessionStore:
             not isinstance(after, str) or len(after.encode("utf-8", "replace")) > MAX_ID_BYTES
         ):
             raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-        window = self._read_window(name, REPLAY_LOCK_WAIT)
+        window, projection = self._window_and_projection(
+            name, REPLAY_LOCK_WAIT, with_projection=True
+        )
+        assert projection is not None
         gap = window.gap or window_omits_history(window, latest_compaction(window.records))
-        return build_page(name, project(window.records), after, page_limit, gap)
+        return build_page(name, projection, after, page_limit, gap)
 
     def list_sessions(self, after: object, limit: object) -> dict[str, object]:
         """One ``session.list`` success payload; see ``listing.list_sessions``."""
