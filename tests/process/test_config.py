@@ -106,3 +106,21 @@ async def test_configuration_busy_while_a_slow_refresh_runs_and_a_turn_streams(
             assert refreshed["payload"]["state"] == "fresh_cache"
             await asyncio.sleep(0)
             assert (await service.request("config.get"))["error"] is None
+
+
+async def test_unreadable_settings_and_auth_give_fixed_errors(home: Path, project: Path) -> None:
+    (home / "settings.json").write_text('{"provider": 42, "secret-looking": "sk-live-XYZ"')
+    async with running_service(home, project) as service:
+        status = await service.request("status")
+        assert status["error"]["code"] == "internal_error"
+        config = await service.request("config.get")
+        assert config["error"]["code"] == "configuration_unavailable"
+        (home / "settings.json").write_text("{}")
+        assert (await service.request("status"))["error"] is None
+        (home / "auth.json").write_text("garbage")
+        (home / "auth.json").chmod(0o600)
+        auth = await service.request("auth.status")
+        assert auth["error"]["code"] == "internal_error"
+        assert (await service.request("status"))["error"]["code"] == "internal_error"
+        seen = json.dumps([status, config, auth])
+    assert "sk-live-XYZ" not in seen and str(home) not in seen
