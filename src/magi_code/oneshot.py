@@ -17,20 +17,12 @@ import orjson
 
 from magi_code.composition import build_coordinator
 from magi_code.core.coordinator import Connection
+from magi_code.protocol import envelope
 from magi_code.storage.launch import LaunchContext
 
 
 def _record(request_id: str, method: str, payload: dict[str, Any], session: str | None) -> bytes:
-    record: dict[str, Any] = {
-        "protocol_version": 1,
-        "kind": "request",
-        "request_id": request_id,
-        "method": method,
-        "payload": payload,
-    }
-    if session is not None:
-        record["session_id"] = session
-    return orjson.dumps(record)
+    return orjson.dumps(envelope.request(request_id, method, payload, session))
 
 
 async def _messages(conn: Connection) -> list[dict[str, Any]]:

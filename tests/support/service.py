@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from magi_code.protocol import envelope
+
 STEP_TIMEOUT = 20.0
 
 # Captured at import, before the autouse fixture strips MC_* variables; the mode matrix
@@ -152,15 +154,7 @@ class ServiceProcess:
     ) -> dict[str, Any]:
         """Send one request and return its response; events seen meanwhile stay queued."""
         rid = request_id or self.next_id()
-        record: dict[str, Any] = {
-            "protocol_version": 1,
-            "kind": "request",
-            "request_id": rid,
-            "method": method,
-            "payload": dict(payload or {}),
-        }
-        if session_id is not None:
-            record["session_id"] = session_id
+        record = envelope.request(rid, method, payload, session_id)
         await self.send(record)
         return await self.response_for(rid, timeout)
 

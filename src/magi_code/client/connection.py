@@ -19,6 +19,7 @@ from magi_code.daemon.lifecycle import read_info
 from magi_code.daemon.paths import runtime_paths, verify_private_dir
 from magi_code.daemon.peer import check_peer
 from magi_code.daemon.wire import Role, hello
+from magi_code.protocol import envelope
 from magi_code.protocol.frames import FrameDecoder, FrameError, encode_frame
 from magi_code.storage.launch import LaunchContext
 
@@ -212,15 +213,7 @@ class Client:
         only after it, the request does not run and :class:`DeadlineExceeded` is raised.
         """
         rid = request_id or f"c-{next(self._ids)}"
-        message: dict[str, Any] = {
-            "protocol_version": 1,
-            "kind": "request",
-            "request_id": rid,
-            "method": method,
-            "payload": dict(payload or {}),
-        }
-        if session_id is not None:
-            message["session_id"] = session_id
+        message = envelope.request(rid, method, payload, session_id)
         frame: dict[str, Any] = {"t": "request", "message": message}
         if deadline_ms is not None:
             frame["deadline_ms"] = deadline_ms

@@ -18,6 +18,7 @@ response is written, exactly like an accepted synchronous request.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -146,6 +147,25 @@ def _validate_envelope(record: dict[str, Any], identity: Identity) -> Request:
     if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
         raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE)
     return Request(request_id, session_id, method, payload)
+
+
+def request(
+    request_id: str,
+    method: str,
+    payload: Mapping[str, Any] | None = None,
+    session_id: str | None = None,
+) -> dict[str, Any]:
+    """A v1 request record as a client sends it (``session_id`` only when given)."""
+    record: dict[str, Any] = {
+        "protocol_version": PROTOCOL_VERSION,
+        "kind": "request",
+        "request_id": request_id,
+        "method": method,
+        "payload": dict(payload or {}),
+    }
+    if session_id is not None:
+        record["session_id"] = session_id
+    return record
 
 
 def response(

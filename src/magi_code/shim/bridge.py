@@ -21,12 +21,12 @@ from magi_code.daemon.paths import UnsafeRuntimeDir
 from magi_code.daemon.starter import DaemonStartError
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
 from magi_code.stdio.adapter import (
-    READ_CHUNK,
     ByteReader,
     ByteWriter,
     diagnostic,
     open_reader,
     open_writer,
+    read_or_stop,
 )
 from magi_code.storage.launch import LaunchContext
 
@@ -120,7 +120,7 @@ class _Bridge:
         while not self.stop.is_set():
             if not await self._turn(inbound):
                 break
-            chunk = await self._read_or_stop()
+            chunk = await read_or_stop(self.reader, self.stop)
             frames = framer.feed(chunk) if chunk else framer.eof()
             for frame in frames:
                 if not await self._turn(inbound):
@@ -146,15 +146,3 @@ class _Bridge:
         finally:
             waiter.cancel()
         return not inbound.done() and not self.output_failed
-
-    async def _read_or_stop(self) -> bytes:
-        read = asyncio.ensure_future(self.reader.read(READ_CHUNK))
-        stopped = asyncio.ensure_future(self.stop.wait())
-        try:
-            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        if read.done():
-            return read.result()
-        read.cancel()
-        return b""

@@ -144,7 +144,7 @@ async def pump_input(
 ) -> None:
     framer = LineFramer()
     while not stop.is_set():
-        chunk = await _read_or_stop(reader, stop)
+        chunk = await read_or_stop(reader, stop)
         frames = framer.feed(chunk) if chunk else framer.eof()
         for frame in frames:
             if writer_task.done() or conn.output.closed:
@@ -161,7 +161,8 @@ async def pump_input(
             return
 
 
-async def _read_or_stop(reader: ByteReader, stop: asyncio.Event) -> bytes:
+async def read_or_stop(reader: ByteReader, stop: asyncio.Event) -> bytes:
+    """The next chunk of input, or ``b\"\"`` (as at EOF) once ``stop`` is set."""
     read = asyncio.ensure_future(reader.read(READ_CHUNK))
     stopped = asyncio.ensure_future(stop.wait())
     try:
