@@ -267,6 +267,7 @@ class Peer:
         self._paused = False
         self._ended = False
         self._pending: Batch | None = None  # v1 output sent, not yet acknowledged
+        self._answer: Batch | None = None  # the batch answering the current v1 record
         self._acked = asyncio.Event()
         self._ack_ok = False
         self._ack_seq = 0
@@ -432,7 +433,11 @@ class Peer:
                     self.send(error("protocol_error"))
                     break
                 if batch is not None:
+                    # Its output frame says it answers the record: the shim reads the next
+                    # record after writing and acknowledging it, with no extra round trip.
+                    self._answer = batch
                     await _wait_either(batch.done.wait(), writer)
+                    continue
                 if writer.done() or conn.output.closed:
                     break
                 self.send({"t": "next"})
@@ -461,7 +466,11 @@ class Peer:
             self._ack_seq += 1
             self._pending = batch
             self._acked.clear()
-            self.send({"t": "output", "seq": self._ack_seq, "data": data})
+            frame = {"t": "output", "seq": self._ack_seq, "data": data}
+            if batch is self._answer:
+                frame["answers"] = True
+                self._answer = None
+            self.send(frame)
             await self._acked.wait()  # _settle() called batch.written()
             if not self._ack_ok:
                 conn.output.close()

@@ -1,9 +1,11 @@
 """The stdio shim: ``magi-code --app service`` bridged to the daemon (RFC-0002 §5).
 
 The shim keeps the v1 stdio framing (LF/CRLF, the record bound, ``record_too_large``
-detection) and forwards one record at a time; it reads the next record only after the
-daemon says ``next`` (the answering batch was written), writes each ``output`` batch to
-stdout and acknowledges it after the write, exactly like the embedded adapter's order.
+detection) and forwards one record at a time. It writes each ``output`` batch to stdout
+and acknowledges it after the write; it reads the next record once the batch that
+answers the current one (``answers: true``) is written and acknowledged, or when the
+daemon says ``next`` (a record answered later, by a worker) — exactly the embedded
+adapter's order.
 stdin EOF or SIGTERM/SIGINT sends ``eof``: the daemon cancels and drains this
 connection's turns and login, the shim writes their terminal events, then exits 0.
 """
@@ -82,6 +84,8 @@ class _Bridge:
                 kind = frame.get("t")
                 if kind == "output" and isinstance(frame.get("data"), bytes):
                     await self._write(frame)
+                    if frame.get("answers") is True:
+                        self.may_send.set()
                 elif kind == "next":
                     self.may_send.set()
                 elif kind == "end":
