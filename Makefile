@@ -6,11 +6,13 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: service test check benchmark
 
+# Set-up output goes to stderr: `make service` keeps stdout for protocol JSONL only.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@echo "setting up $(VENV) ..." >&2
+	@$(PYTHON) -m venv $(VENV) >&2
+	@$(BIN)/pip install --quiet --upgrade pip >&2
+	@$(BIN)/pip install --quiet -e '.[dev]' >&2
+	@touch $(STAMP)
 
 service: $(STAMP)
 	@$(BIN)/magi-code --app service
