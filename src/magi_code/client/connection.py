@@ -14,14 +14,13 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from magi_code.core.service_info import package_version
-from magi_code.daemon.lifecycle import read_info
-from magi_code.daemon.paths import runtime_paths, verify_private_dir
+from magi_code.daemon.paths import read_info, runtime_paths, verify_private_dir
 from magi_code.daemon.peer import check_peer
 from magi_code.daemon.wire import Role, hello
 from magi_code.protocol import envelope
 from magi_code.protocol.frames import FrameDecoder, FrameError, encode_frame
 from magi_code.storage.launch import LaunchContext
+from magi_code.version import package_version
 
 CONNECT_TIMEOUT = 10.0
 READ_CHUNK = 65536

@@ -17,6 +17,7 @@ from magi_code.protocol.limits import (
     PROTOCOL_VERSION,
 )
 from magi_code.storage.launch import LaunchContext
+from magi_code.version import package_version
 
 from .coordinator import Connection, ServiceCoordinator
 from .routes import Reply, Route, SessionRule, check_fields, empty_payload
@@ -40,15 +41,6 @@ _INIT_FIELDS: Final = frozenset({"supported_protocol_versions", "requested_capab
 # Reads settings, shared auth and the context's environment; never refreshes or uses the
 # network. Raises ServiceError when settings or auth cannot be read.
 ReadinessCheck = Callable[[LaunchContext], bool]
-
-
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("magi-code")
-    except PackageNotFoundError:
-        return "0.0.0"
 
 
 def _negotiation_list(value: object) -> list[Any]:

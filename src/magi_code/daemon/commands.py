@@ -19,9 +19,9 @@ import orjson
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
 
-from .lifecycle import EXIT_ALREADY_RUNNING, read_info, run_daemon
+from .lifecycle import EXIT_ALREADY_RUNNING, run_daemon
 from .lock import is_held
-from .paths import UnsafeRuntimeDir, runtime_paths
+from .paths import UnsafeRuntimeDir, read_info, runtime_paths
 from .units import enable_instructions, install_target, render_unit
 from .wire import SUPPORTED_VERSIONS
 

@@ -23,9 +23,9 @@ from typing import Final
 
 import orjson
 
-from magi_code.core.service_info import package_version
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
+from magi_code.version import package_version
 
 from .lock import LifetimeLock, remove_own_socket, remove_stale_socket, socket_identity
 from .outbound import DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
@@ -181,14 +181,6 @@ def _write_info(paths: RuntimePaths) -> None:
         "started_at": int(time.time()),
     }
     atomic_write(paths.info, orjson.dumps(info), 0o600)
-
-
-def read_info(paths: RuntimePaths) -> dict[str, object] | None:
-    try:
-        data = orjson.loads(paths.info.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _setup_logging(path: Path) -> None:

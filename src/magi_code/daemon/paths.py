@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import orjson
+
 from magi_code.storage.launch import LaunchContext
 
 APP_DIR_NAME: Final = "magi-code"
@@ -222,3 +224,12 @@ def _verify_ancestors(path: Path) -> None:
                 f"{ancestor} (an ancestor of runtime directory {path}) is writable by others; "
                 f"run `chmod go-w {ancestor}` or choose another location"
             )
+
+
+def read_info(paths: RuntimePaths) -> dict[str, object] | None:
+    """The daemon's ``daemon.json`` (pid, version, socket, ...), or None if unreadable."""
+    try:
+        data = orjson.loads(paths.info.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
