@@ -15,7 +15,8 @@ import orjson
 from magi_code.client import Client
 from magi_code.daemon.paths import RuntimePaths, runtime_paths
 from magi_code.storage.launch import LaunchContext
-from tests.support.service import service_env
+from tests.process.turn_support import replay_all
+from tests.support.service import ServiceProcess, service_env
 
 
 def context(home: Path, project: Path, extra: Mapping[str, str] | None = None) -> LaunchContext:
@@ -67,3 +68,14 @@ async def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition
     while not predicate():
         assert loop.time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
+
+
+async def replay_in_new_shim(home: Path, project: Path, session_id: str) -> list[dict[str, Any]]:
+    """The session's whole replay, read through a fresh v1 shim."""
+    svc = await ServiceProcess.start(home, project)
+    try:
+        await svc.initialize()
+        return await replay_all(svc, session_id)
+    finally:
+        await svc.close_stdin()
+        await svc.wait()

@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 
 from magi_code.client import Channel, Client, DaemonError, DeadlineExceeded, socket_for
-from tests.process.daemon.support import context, persistent, status, wait_for
-from tests.process.turn_support import replay_all, write_settings
+from tests.process.daemon.support import (
+    context,
+    persistent,
+    replay_in_new_shim,
+    status,
+    wait_for,
+)
+from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
-from tests.support.service import ServiceProcess, service_env
+from tests.support.service import service_env
 
 # Client A: a real process that starts a turn, reports it, and waits to be killed.
 _CLIENT_A = """
@@ -60,16 +66,6 @@ async def _follow_to_terminal(client: Client, turn_id: str, after: int) -> list[
                     break
     assert events and events[-1]["event"] == "turn.terminal", events
     return events
-
-
-async def _replay(home: Path, project: Path, session_id: str) -> list[dict[str, Any]]:
-    svc = await ServiceProcess.start(home, project)
-    try:
-        await svc.initialize()
-        return await replay_all(svc, session_id)
-    finally:
-        await svc.close_stdin()
-        await svc.wait()
 
 
 async def test_a_reattaching_client_takes_control_cancels_and_starts_a_new_turn(
@@ -136,7 +132,7 @@ async def test_a_reattaching_client_takes_control_cancels_and_starts_a_new_turn(
         await client_c.close()
         await client_b.close()
     await wait_for(lambda: status(home)["clients"] == 0, what="the clients to go")
-    items = await _replay(home, project, session_id)
+    items = await replay_in_new_shim(home, project, session_id)
     terminals = [i["status"] for i in items if i["kind"] == "terminal"]
     assert terminals == ["cancelled", "completed"]  # the first turn, then B's new one
 

@@ -10,8 +10,15 @@ from typing import Any
 import pytest
 
 from magi_code.client import Client
-from tests.process.daemon.support import cli, context, persistent, status, wait_for
-from tests.process.turn_support import replay_all, start_turn, write_settings
+from tests.process.daemon.support import (
+    cli,
+    context,
+    persistent,
+    replay_in_new_shim,
+    status,
+    wait_for,
+)
+from tests.process.turn_support import start_turn, write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess
 
@@ -30,16 +37,6 @@ def _terminal(items: list[dict[str, Any]], turn_id: str) -> dict[str, Any]:
     return found[0]
 
 
-async def _replay_in_new_shim(home: Path, project: Path, session_id: str) -> list[dict[str, Any]]:
-    svc = await ServiceProcess.start(home, project)
-    try:
-        await svc.initialize()
-        return await replay_all(svc, session_id)
-    finally:
-        await svc.close_stdin()
-        await svc.wait()
-
-
 async def test_shim_killed_mid_turn_cancels_its_turn(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
@@ -52,7 +49,7 @@ async def test_shim_killed_mid_turn_cancels_its_turn(
     svc.proc.kill()
     await svc.proc.wait()
     await wait_for(lambda: status(home)["active_turns"] == 0, what="the turn to end")
-    items = await _replay_in_new_shim(home, project, accepted["session_id"])
+    items = await replay_in_new_shim(home, project, accepted["session_id"])
     assert _terminal(items, accepted["turn_id"])["status"] == "cancelled"
     await svc.stop()
 
@@ -75,7 +72,7 @@ async def test_daemon_stop_during_a_turn_persists_it_as_cancelled(
         assert await svc.wait() == 0
     finally:
         await svc.stop()
-    items = await _replay_in_new_shim(home, project, accepted["session_id"])
+    items = await replay_in_new_shim(home, project, accepted["session_id"])
     assert _terminal(items, accepted["turn_id"])["status"] == "cancelled"
 
 
@@ -118,7 +115,7 @@ async def test_persistent_client_killed_mid_turn_the_turn_completes(
         assert finished["status"] == "completed"
     finally:
         await again.close()
-    items = await _replay_in_new_shim(home, project, session_id)
+    items = await replay_in_new_shim(home, project, session_id)
     assert _terminal(items, turn_id)["status"] == "completed"
 
 
