@@ -210,3 +210,18 @@ def test_status_json_reports_a_stopped_daemon_with_exit_zero(home: Path) -> None
     data = orjson.loads(result.stdout)
     assert data["running"] is False
     assert {"pid", "socket", "version", "protocol_versions"} <= set(data)
+
+
+def test_install_prints_or_writes_the_user_unit(home: Path, tmp_path: Path) -> None:
+    user_home = tmp_path / "installer-home"
+    user_home.mkdir()
+    printed = cli(home, "daemon", "install", "--print", extra={"HOME": str(user_home)})
+    assert printed.returncode == 0, printed.stderr
+    assert "daemon run" in printed.stdout and str(home) in printed.stdout
+    assert not any(user_home.rglob("*.service"))
+    written = cli(home, "daemon", "install", extra={"HOME": str(user_home)})
+    assert written.returncode == 0, written.stderr
+    (unit,) = user_home.rglob("magi-code*.service")
+    text = unit.read_text()
+    assert "ExecStart=" in text and "daemon run" in text and f"MC_HOME={home}" in text
+    assert "systemctl --user" in written.stdout + written.stderr
