@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 
-import orjson
 import psutil
 from benchlib import (
     FakeProvider,
@@ -34,6 +33,7 @@ from benchlib import (
     heading,
     median,
     percentile,
+    pipelined_status_rate,
     rss_bytes,
     run,
     running_service,
@@ -128,22 +128,6 @@ async def daemon_command(ws: Workspace, *args: str) -> None:
 # -- status over stdio, both modes ----------------------------------------------------------
 
 
-def status_batch(count: int) -> bytes:
-    return b"".join(
-        orjson.dumps(
-            {
-                "protocol_version": 1,
-                "kind": "request",
-                "request_id": f"pipe-{i}",
-                "method": "status",
-                "payload": {},
-            }
-        )
-        + b"\n"
-        for i in range(count)
-    )
-
-
 async def status_figures(service: ServiceProcess, warmup: int, count: int, piped: int) -> None:
     for _ in range(warmup):
         await service.request("status")
@@ -163,20 +147,9 @@ async def status_figures(service: ServiceProcess, warmup: int, count: int, piped
         "req/s",
         "codex app-server ~7,200 req/s",
     )
-    # Responses are read while the batch is written (both pipe buffers would fill).
-    began = time.perf_counter()
-    writer = asyncio.create_task(service.send_raw(status_batch(piped)))
-    try:
-        for _ in range(piped):
-            message = await service.recv()
-            if message["kind"] != "response" or message["error"] is not None:
-                raise RuntimeError(f"unexpected message: {message}")
-        total = time.perf_counter() - began
-    finally:
-        await writer
     figure(
         f"pipelined status throughput, {piped:,} in flight ({mode})",
-        piped / total,
+        await pipelined_status_rate(service, piped),
         "req/s",
         "codex app-server ~17,000 req/s",
     )

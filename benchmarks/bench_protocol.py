@@ -22,6 +22,7 @@ from benchlib import (
     heading,
     median,
     percentile,
+    pipelined_status_rate,
     run,
     running_service,
     workspace,
@@ -35,18 +36,6 @@ from magi_code.protocol.limits import (
     MAX_RECORD_BYTES,
     MAX_STRING_BYTES,
 )
-
-
-def status_record(request_id: str) -> bytes:
-    return orjson.dumps(
-        {
-            "protocol_version": 1,
-            "kind": "request",
-            "request_id": request_id,
-            "method": "status",
-            "payload": {},
-        }
-    )
 
 
 async def sequential(service: ServiceProcess, warmup: int, count: int) -> None:
@@ -67,22 +56,9 @@ async def sequential(service: ServiceProcess, warmup: int, count: int) -> None:
 
 
 async def pipelined(service: ServiceProcess, count: int) -> None:
-    """Write ``count`` requests back to back while reading the responses concurrently
-    (writing everything first would deadlock once both pipe buffers fill)."""
-    batch = b"".join(status_record(f"pipe-{i}") + b"\n" for i in range(count))
-    began = time.perf_counter()
-    writer = asyncio.create_task(service.send_raw(batch))
-    try:
-        for _ in range(count):
-            message = await service.recv()
-            if message["kind"] != "response" or message["error"] is not None:
-                raise RuntimeError(f"unexpected message: {message}")
-        total = time.perf_counter() - began
-    finally:
-        await writer
     figure(
         f"pipelined status throughput ({count:,} in flight)",
-        count / total,
+        await pipelined_status_rate(service, count),
         "req/s",
         "codex app-server ~17,000 req/s",
     )

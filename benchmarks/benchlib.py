@@ -20,6 +20,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+import orjson  # noqa: E402
 import psutil  # noqa: E402
 from tests.support.service import ServiceProcess  # noqa: E402
+
+from magi_code.protocol import envelope  # noqa: E402
 
 __all__ = [
     "ROOT",
@@ -241,3 +245,22 @@ class FakeProvider:
         response.raise_for_status()
         pending: int = response.json()["pending"]
         return pending
+
+
+async def pipelined_status_rate(service: ServiceProcess, count: int) -> float:
+    """Requests/s for ``count`` status requests written back to back while the responses
+    are read concurrently (writing everything first would deadlock once both pipe
+    buffers fill)."""
+    batch = b"".join(
+        orjson.dumps(envelope.request(f"pipe-{i}", "status")) + b"\n" for i in range(count)
+    )
+    began = time.perf_counter()
+    writer = asyncio.create_task(service.send_raw(batch))
+    try:
+        for _ in range(count):
+            message = await service.recv()
+            if message["kind"] != "response" or message["error"] is not None:
+                raise RuntimeError(f"unexpected message: {message}")
+        return count / (time.perf_counter() - began)
+    finally:
+        await writer
