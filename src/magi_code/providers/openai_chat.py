@@ -31,16 +31,17 @@ from magi_code.providers.types import (
     UsageEvent,
     UserText,
 )
-from magi_code.providers.wire import HttpCall, JsonObject, count, load_object, merged_headers, obj
+from magi_code.providers.wire import (
+    REASONING_EFFORT,
+    HttpCall,
+    JsonObject,
+    count,
+    load_object,
+    merged_headers,
+    obj,
+)
 from magi_code.providers.wire import text as as_text
 
-REASONING_EFFORT: Final[dict[str, str]] = {
-    "low": "low",
-    "medium": "medium",
-    "high": "high",
-    "x_high": "xhigh",
-    "max": "xhigh",
-}
 _FINISH: Final[dict[str, StopReason]] = {
     "stop": "end_turn",
     "tool_calls": "tool_use",

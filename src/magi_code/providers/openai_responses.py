@@ -12,7 +12,6 @@ messages), ``response.reasoning_summary_text.done`` for verified summaries, and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 from magi_code.providers.errors import FailureLabel, ProviderFailure, stream_failure
 from magi_code.providers.sse import SSEEvent
@@ -34,6 +33,7 @@ from magi_code.providers.types import (
     UserText,
 )
 from magi_code.providers.wire import (
+    REASONING_EFFORT,
     HttpCall,
     JsonObject,
     count,
@@ -43,14 +43,6 @@ from magi_code.providers.wire import (
     obj,
     text,
 )
-
-REASONING_EFFORT: Final[dict[str, str]] = {
-    "low": "low",
-    "medium": "medium",
-    "high": "high",
-    "x_high": "xhigh",
-    "max": "xhigh",
-}
 
 
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:

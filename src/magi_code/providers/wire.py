@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 import orjson
 
@@ -19,6 +19,16 @@ from magi_code.providers.sse import SSEEvent
 from magi_code.providers.types import StreamEvent
 
 JsonObject = dict[str, object]
+
+# Reasoning levels as OpenAI efforts (chat ``reasoning_effort``, Responses
+# ``reasoning.effort``); ``default`` sends none, and the two top levels share ``xhigh``.
+REASONING_EFFORT: Final[dict[str, str]] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "x_high": "xhigh",
+    "max": "xhigh",
+}
 
 
 @dataclass(frozen=True, slots=True)
