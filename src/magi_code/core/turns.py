@@ -33,7 +33,6 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
 from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.ids import validate_session_id
-from magi_code.sessions.store import SessionContext
 from magi_code.turns.agent import OutputLimitExceeded
 from magi_code.turns.runtime import TurnRequest, TurnRuntime, prepare_settings
 
@@ -363,6 +362,3 @@ class TurnService:
             assert run.task is not None
             with contextlib.suppress(asyncio.CancelledError):
                 await run.task
-
-
-__all__ = ["SessionContext", "TurnRun", "TurnService"]

@@ -108,9 +108,6 @@ class TurnRuntime:
     def __init__(self) -> None:
         self.client = httpx.AsyncClient(http2=False, trust_env=False)
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
     async def run(
         self,
         turn: TurnRequest,
