@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from magi_code.protocol import envelope
@@ -75,12 +75,15 @@ class Connection:
         session_id: str | None = None,
         events: Iterable[dict[str, Any]] = (),
         keep_reserved: bool = False,
+        after_write: Callable[[], None] | None = None,
     ) -> Batch:
         """Enqueue a correlated response (used directly by deferred handlers)."""
         identity = Identity(request.request_id, session_id or request.session_id, request.method)
         batch = Batch([envelope.response(identity, payload, error), *events])
         if not keep_reserved:
             batch.after_write.append(lambda: self.release(request.request_id))
+        if after_write is not None:
+            batch.after_write.append(after_write)
         return self.output.put(batch)
 
     def event(
@@ -171,18 +174,14 @@ class ServiceCoordinator:
             return conn.respond(request, error=ServiceError(ErrorCode.INTERNAL_ERROR))
         if reply is None:
             return None
-        batch = conn.respond(
+        return conn.respond(
             request,
             reply.payload,
             session_id=reply.session_id,
             events=reply.events,
             keep_reserved=reply.keep_reserved,
+            after_write=reply.after_write,
         )
-        if reply.after_write is not None:
-            batch.after_write.append(reply.after_write)
-            if batch.done.is_set():
-                reply.after_write()
-        return batch
 
     def _reject(self, conn: Connection, rejected: Rejected) -> Batch:
         batch = Batch([envelope.response(rejected.identity, None, ServiceError(rejected.code))])
