@@ -44,7 +44,7 @@ from tests.support.service import service_env, stop_daemon
 
 from magi_code.client import Client
 from magi_code.core.turns import MAX_ACTIVE_TURNS
-from magi_code.daemon.paths import read_info, runtime_paths
+from magi_code.endpoint.paths import read_info, runtime_paths
 from magi_code.protocol.limits import MAX_STRING_BYTES
 from magi_code.storage.launch import LaunchContext
 

@@ -95,7 +95,7 @@ def _run_service() -> int:
 
 
 def _run_daemon_command(args: argparse.Namespace) -> int:
-    from magi_code.daemon import commands
+    from magi_code.daemonctl import commands
     from magi_code.storage.launch import LaunchContext
 
     ctx = LaunchContext.from_process()

@@ -55,8 +55,8 @@ def kill_leftover_daemon(home: Path) -> None:
     """Last resort at teardown: SIGKILL the daemon recorded for ``home`` if it still runs."""
     import signal
 
-    from magi_code.daemon.lock import is_held
-    from magi_code.daemon.paths import read_info, runtime_paths
+    from magi_code.endpoint.lock import is_held
+    from magi_code.endpoint.paths import read_info, runtime_paths
     from magi_code.storage.launch import LaunchContext
 
     paths = runtime_paths(LaunchContext(home, home, service_env(home)))

@@ -5,20 +5,16 @@ says hello with the launch context, and then carries v1 requests and events; see
 ``docs/unix-daemon.md`` for an example.
 """
 
-from magi_code.client.connection import (
-    Channel,
-    Client,
-    DaemonError,
-    DaemonUnavailable,
-    DeadlineExceeded,
-    connect_channel,
-    socket_for,
-)
+from magi_code.client.channel import Channel, socket_for
+from magi_code.client.connection import Client, connect_channel
+from magi_code.client.errors import DaemonError, DaemonUnavailable, DeadlineExceeded
+from magi_code.client.starter import DaemonStartError
 
 __all__ = [
     "Channel",
     "Client",
     "DaemonError",
+    "DaemonStartError",
     "DaemonUnavailable",
     "DeadlineExceeded",
     "connect_channel",

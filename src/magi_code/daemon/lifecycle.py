@@ -23,14 +23,24 @@ from typing import Final
 
 import orjson
 
+from magi_code.endpoint.lock import (
+    LifetimeLock,
+    remove_own_socket,
+    remove_stale_socket,
+    socket_identity,
+)
+from magi_code.endpoint.paths import (
+    RuntimePaths,
+    UnsafeRuntimeDir,
+    ensure_private_dir,
+    runtime_paths,
+)
+from magi_code.protocol.v2 import SUPPORTED_VERSIONS
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
 from magi_code.version import package_version
 
-from .lock import LifetimeLock, remove_own_socket, remove_stale_socket, socket_identity
 from .outbound import DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
-from .paths import RuntimePaths, UnsafeRuntimeDir, ensure_private_dir, runtime_paths
-from .wire import SUPPORTED_VERSIONS
 
 EXIT_ALREADY_RUNNING: Final = 3
 EXIT_UNSAFE: Final = 2

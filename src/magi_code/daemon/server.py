@@ -34,28 +34,30 @@ from typing import Any, Final, cast
 import orjson
 
 from magi_code.core.coordinator import Connection, ServiceCoordinator
+from magi_code.core.journal import TurnJournal
 from magi_code.core.output import Batch
 from magi_code.core.sessions import SessionService
 from magi_code.core.turns import TurnService
+from magi_code.endpoint.peer import check_peer
 from magi_code.protocol.envelope import OutboundError, encode_batch
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.frames import MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
 from magi_code.protocol.limits import ADVERTISED_LIMITS, MAX_RECORD_BYTES
-from magi_code.sessions.ids import validate_session_id
-
-from .journal import TurnJournal
-from .outbound import DEFAULT_LIMIT_BYTES, Outbound
-from .peer import check_peer
-from .wire import (
+from magi_code.protocol.v2 import (
     PROTOCOL_VERSION,
     ROLES,
     SUPPORTED_VERSIONS,
-    WireError,
+    Code,
+    Fatal,
     error,
     parse_hello,
     refused,
     request_error,
 )
+from magi_code.sessions.ids import validate_session_id
+from magi_code.storage.launch import LaunchContext
+
+from .outbound import DEFAULT_LIMIT_BYTES, Outbound
 
 log = logging.getLogger("magi_code.daemon")
 
@@ -287,7 +289,7 @@ class Peer:
             self._route(frame)
         if failed:
             log.warning("framing error")
-            self.send(error("framing_error"))
+            self.send(error(Code.FRAMING_ERROR))
             self.end_input()
 
     def _route(self, frame: dict[str, Any]) -> None:
@@ -346,7 +348,7 @@ class Peer:
             await self._serve()
         except Exception:  # a bug must not take the daemon down
             log.exception("connection handler failed")
-            self.send(error("internal_error"))
+            self.send(error(Code.INTERNAL_ERROR))
         finally:
             self.server.peers.discard(self)
             self.transport.close()
@@ -361,10 +363,13 @@ class Peer:
         try:
             hello = parse_hello(first)
             if self.server.draining:
-                raise WireError("draining")
-            if hello.launch is not None and hello.launch.mc_home.resolve() != self.server.mc_home:
-                raise WireError("wrong_home")
-        except WireError as exc:
+                raise Fatal(Code.DRAINING)
+            if (
+                hello.launch is not None
+                and Path(hello.launch.mc_home).resolve() != self.server.mc_home
+            ):
+                raise Fatal(Code.WRONG_HOME)
+        except Fatal as exc:
             log.info("refused hello code=%s", exc.code)
             self.send(refused(exc.code))
             return
@@ -375,8 +380,11 @@ class Peer:
             await self._serve_control()
             return
         assert hello.launch is not None
+        launch = LaunchContext(
+            Path(hello.launch.mc_home), Path(hello.launch.project_dir), hello.launch.env
+        )
         transports = ("stdio",) if hello.role == "v1_shim" else ("unix",)
-        conn = self.server.coordinator.open_connection(hello.launch, transports)
+        conn = self.server.coordinator.open_connection(launch, transports)
         self.send(self.server.welcome(hello.role))
         if hello.role == "v1_shim":
             await self._serve_v1(conn)
@@ -399,7 +407,7 @@ class Peer:
     async def _serve_control(self) -> None:
         while (frame := await self.next_frame()) is not None:
             if frame.get("t") != "control":
-                self.send(error("protocol_error"))
+                self.send(error(Code.PROTOCOL_ERROR))
                 return
             self._control(frame)
 
@@ -430,7 +438,7 @@ class Peer:
                 elif kind == "oversize":
                     batch = coordinator.reject_oversize(conn)
                 else:
-                    self.send(error("protocol_error"))
+                    self.send(error(Code.PROTOCOL_ERROR))
                     break
                 if batch is not None:
                     # Its output frame says it answers the record: the shim reads the next
@@ -502,7 +510,7 @@ class Peer:
                 elif kind == "attach":
                     self._attach(frame)
                 else:
-                    self.send(error("unknown_frame"))
+                    self.send(error(Code.UNKNOWN_FRAME))
                     break
         finally:
             journal.forget(self._deliver)
@@ -523,11 +531,11 @@ class Peer:
         message = frame.get("message")
         request_id = message.get("request_id") if isinstance(message, dict) else None
         if not isinstance(deadline, int) or isinstance(deadline, bool):
-            self.send(request_error(request_id, "invalid_deadline"))
+            self.send(request_error(request_id, Code.INVALID_DEADLINE))
             return True
         if time.time() * 1000 >= deadline:
             log.info("request expired before it ran")
-            self.send(request_error(request_id, "deadline_exceeded"))
+            self.send(request_error(request_id, Code.DEADLINE_EXCEEDED))
             return True
         return False
 

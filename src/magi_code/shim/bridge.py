@@ -18,9 +18,14 @@ import os
 import signal
 import sys
 
-from magi_code.client.connection import Channel, DaemonError, DaemonUnavailable, connect_channel
-from magi_code.daemon.paths import UnsafeRuntimeDir
-from magi_code.daemon.starter import DaemonStartError
+from magi_code.client import (
+    Channel,
+    DaemonError,
+    DaemonStartError,
+    DaemonUnavailable,
+    connect_channel,
+)
+from magi_code.endpoint.paths import UnsafeRuntimeDir
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
 from magi_code.stdio.adapter import (
     ByteReader,

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from magi_code.client import Client
-from magi_code.daemon.paths import RuntimePaths, runtime_paths
+from magi_code.endpoint.paths import RuntimePaths, runtime_paths
 from magi_code.storage.launch import LaunchContext
 from tests.process.turn_support import replay_all
 from tests.support.service import ServiceProcess, service_env

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from magi_code.client import Client, DaemonUnavailable
-from magi_code.daemon.lock import is_held
+from magi_code.endpoint.lock import is_held
 from tests.process.daemon.support import alive, cli, context, paths, status, wait_for
 from tests.support.service import ServiceProcess
 

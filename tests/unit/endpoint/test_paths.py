@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from magi_code.daemon.paths import (
+from magi_code.endpoint.paths import (
     MAX_SOCKET_PATH_BYTES,
     RUNTIME_DIR_ENV,
     SocketPathTooLong,

@@ -16,14 +16,14 @@ from typing import Any, Final, TextIO
 
 import orjson
 
+from magi_code.daemon.lifecycle import EXIT_ALREADY_RUNNING, run_daemon
+from magi_code.endpoint.lock import is_held
+from magi_code.endpoint.paths import UnsafeRuntimeDir, read_info, runtime_paths
+from magi_code.protocol.v2 import SUPPORTED_VERSIONS
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
 
-from .lifecycle import EXIT_ALREADY_RUNNING, run_daemon
-from .lock import is_held
-from .paths import UnsafeRuntimeDir, read_info, runtime_paths
 from .units import enable_instructions, install_target, render_unit
-from .wire import SUPPORTED_VERSIONS
 
 STOP_TIMEOUT_SECONDS: Final = 150.0
 EXIT_NOT_RUNNING: Final = 3
@@ -64,7 +64,7 @@ def _fail(message: str, code: int = 1, stream: TextIO = sys.stderr) -> int:
 
 
 async def _start(ctx: LaunchContext) -> int:
-    from .starter import DaemonStartError, ensure_daemon
+    from magi_code.client.starter import DaemonStartError, ensure_daemon
 
     try:
         await ensure_daemon(ctx)
@@ -77,7 +77,7 @@ async def _start(ctx: LaunchContext) -> int:
 
 
 async def _query(ctx: LaunchContext) -> dict[str, Any] | None:
-    from magi_code.client.connection import Client, DaemonUnavailable
+    from magi_code.client import Client, DaemonUnavailable
 
     try:
         client = await Client.connect(ctx, "control", autostart=False)
@@ -90,7 +90,7 @@ async def _query(ctx: LaunchContext) -> dict[str, Any] | None:
 
 
 async def _status(ctx: LaunchContext, as_json: bool) -> int:
-    from magi_code.client.connection import DaemonError
+    from magi_code.client import DaemonError
 
     paths = runtime_paths(ctx)
     error = "it does not answer"
@@ -139,7 +139,7 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
 
 
 async def _stop(ctx: LaunchContext) -> int:
-    from magi_code.client.connection import Client, DaemonError, DaemonUnavailable
+    from magi_code.client import Client, DaemonError, DaemonUnavailable
 
     paths = runtime_paths(ctx)
     try:

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import uvloop
 
-from magi_code.daemon.peer import PeerCredentialsUnavailable, check_peer, peer_uid
+from magi_code.endpoint.peer import PeerCredentialsUnavailable, check_peer, peer_uid
 
 NOBODY = 65534
 
 FOREIGN_CLIENT = """
 import os, socket, sys
-from magi_code.daemon.peer import check_peer, peer_uid
+from magi_code.endpoint.peer import check_peer, peer_uid
 os.setgroups([])
 os.setgid(65534)
 os.setuid(65534)

@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 from typing import Final
 
+from magi_code.endpoint.lock import StartLockTimeout, is_held, start_lock
+from magi_code.endpoint.paths import ensure_private_dir, runtime_paths
 from magi_code.storage.launch import LaunchContext
 
-from .lock import StartLockTimeout, is_held, start_lock
-from .paths import ensure_private_dir, runtime_paths
+from .channel import Channel, socket_for
+from .errors import DaemonUnavailable
 
 START_TIMEOUT_SECONDS: Final = 30.0
 NO_SCOPE_ENV: Final = "MC_DAEMON_NO_SCOPE"
@@ -39,8 +41,6 @@ class DaemonStartError(Exception):
 
 async def ensure_daemon(ctx: LaunchContext, timeout: float = START_TIMEOUT_SECONDS) -> None:
     """Return once a daemon for ``ctx.mc_home`` answers a control hello."""
-    from magi_code.client.connection import DaemonUnavailable
-
     if await _answers(ctx):
         return
     paths = runtime_paths(ctx)
@@ -100,8 +100,6 @@ async def _start_locked(ctx: LaunchContext, deadline: float) -> None:
 
 
 async def _answers(ctx: LaunchContext) -> bool:
-    from magi_code.client.connection import Channel, DaemonUnavailable, socket_for
-
     try:
         channel = await Channel.open(socket_for(ctx), "control", None)
     except DaemonUnavailable:

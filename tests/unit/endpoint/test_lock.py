@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from magi_code.daemon.lock import (
+from magi_code.endpoint.lock import (
     LifetimeLock,
     LockNotHeld,
     StartLockTimeout,
@@ -23,12 +23,12 @@ from magi_code.daemon.lock import (
     socket_identity,
     start_lock,
 )
-from magi_code.daemon.paths import UnsafeRuntimeDir
+from magi_code.endpoint.paths import UnsafeRuntimeDir
 
 HOLDER = """
 import sys
 from pathlib import Path
-from magi_code.daemon.lock import LifetimeLock, start_lock
+from magi_code.endpoint.lock import LifetimeLock, start_lock
 if sys.argv[1] == "lifetime":
     held = LifetimeLock.acquire(Path(sys.argv[2]))
     print("locked" if held else "busy", flush=True)
@@ -42,7 +42,7 @@ else:
 PROBER = """
 import sys
 from pathlib import Path
-from magi_code.daemon.lock import is_held
+from magi_code.endpoint.lock import is_held
 path = Path(sys.argv[1])
 print("probing", flush=True)
 while True:

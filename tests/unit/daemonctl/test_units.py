@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from magi_code.daemon.units import (
+from magi_code.daemonctl.units import (
     LAUNCHD_LABEL,
     SHIPPED_PLACEHOLDERS,
     enable_instructions,

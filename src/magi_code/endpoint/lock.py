@@ -29,7 +29,7 @@ from typing import Final
 
 from filelock import Timeout
 
-from magi_code.daemon.paths import UnsafeRuntimeDir, verify_private_dir
+from magi_code.endpoint.paths import UnsafeRuntimeDir, verify_private_dir
 from magi_code.storage.files import locked
 
 # is_held() probes take a shared lock for microseconds; an exclusive acquire that collides

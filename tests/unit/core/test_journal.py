@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from magi_code.daemon.journal import MAX_TURN_EVENTS, RETAIN_SECONDS, TurnJournal
+from magi_code.core.journal import MAX_TURN_EVENTS, RETAIN_SECONDS, TurnJournal
 
 
 def _event(name: str, sequence: int, **payload: Any) -> dict[str, Any]:

@@ -1,0 +1,130 @@
+"""The raw v2 frame channel: connect, check the daemon's UID, hello/welcome, frames.
+
+The stdio shim uses it directly; :class:`~magi_code.client.connection.Client` adds
+request/response correlation on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from magi_code.endpoint.paths import read_info, runtime_paths, verify_private_dir
+from magi_code.endpoint.peer import check_peer
+from magi_code.protocol.frames import FrameDecoder, FrameError, encode_frame
+from magi_code.protocol.v2 import Launch, Role, hello
+from magi_code.storage.launch import LaunchContext
+from magi_code.version import package_version
+
+from .errors import DaemonError, DaemonUnavailable
+
+CONNECT_TIMEOUT = 10.0
+READ_CHUNK = 65536
+
+
+def launch_of(ctx: LaunchContext) -> Launch:
+    return Launch(str(ctx.mc_home), str(ctx.project_dir), dict(ctx.env))
+
+
+def socket_for(ctx: LaunchContext) -> Path:
+    """The socket the daemon of ``ctx.mc_home`` bound (from ``daemon.json``), or the default."""
+    paths = runtime_paths(ctx)
+    info = read_info(paths)
+    recorded = info.get("socket") if info else None
+    return Path(recorded) if isinstance(recorded, str) else paths.socket
+
+
+class Channel:
+    """A connected, handshaken v2 connection (use :meth:`open`)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, welcome: dict[str, Any]
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder()
+        self._frames: list[dict[str, Any]] = []
+        self.welcome = welcome
+
+    @classmethod
+    async def open(
+        cls,
+        socket_path: Path,
+        role: Role,
+        launch: LaunchContext | None,
+        *,
+        client_name: str = "magi_code.client",
+        timeout: float = CONNECT_TIMEOUT,
+        options: Mapping[str, Any] | None = None,
+    ) -> Channel:
+        """Connect, check the daemon's UID before writing a byte, and do the handshake.
+
+        ``options`` go into ``hello`` (RFC-0002 §3), e.g. ``{"delta_interval_ms": 50}``.
+        """
+        try:
+            verify_private_dir(socket_path.parent)
+        except FileNotFoundError:
+            raise DaemonUnavailable("no daemon is running") from None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(str(socket_path), limit=READ_CHUNK * 2), timeout
+            )
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+            raise DaemonUnavailable("no daemon is running") from None
+        except TimeoutError:
+            raise DaemonError("the daemon did not accept the connection in time") from None
+        sock = writer.get_extra_info("socket")
+        if sock is None or not check_peer(sock):
+            writer.close()
+            raise DaemonError("the daemon socket belongs to another user; refusing to use it")
+        channel = cls(reader, writer, {})
+        try:
+            launch_frame = None if launch is None else launch_of(launch)
+            await channel.send(hello(role, launch_frame, client_name, package_version(), options))
+            first = await asyncio.wait_for(channel.recv(), timeout)
+        except (ConnectionError, OSError):
+            await channel.close()
+            raise DaemonUnavailable("the daemon closed the connection") from None
+        except TimeoutError:
+            await channel.close()
+            raise DaemonError("the daemon did not answer the handshake in time") from None
+        if first is None:
+            await channel.close()
+            raise DaemonUnavailable("the daemon closed the connection")
+        if first.get("t") == "refused":
+            await channel.close()
+            code = first.get("code")
+            if code == "draining":
+                raise DaemonUnavailable("the daemon is stopping")
+            raise DaemonError(f"the daemon refused the connection ({code})")
+        if first.get("t") != "welcome":
+            await channel.close()
+            raise DaemonError("the daemon answered with an unexpected frame")
+        channel.welcome = first
+        return channel
+
+    async def send(self, frame: Mapping[str, Any]) -> None:
+        self._writer.write(encode_frame(frame))
+        await self._writer.drain()
+
+    async def recv(self) -> dict[str, Any] | None:
+        """The next frame, or None at end of stream."""
+        while not self._frames:
+            data = await self._reader.read(READ_CHUNK)
+            if not data:
+                with contextlib.suppress(FrameError):
+                    self._decoder.eof()
+                return None
+            try:
+                self._frames.extend(self._decoder.feed(data))
+            except FrameError:
+                raise DaemonError("the daemon sent an invalid frame") from None
+        return self._frames.pop(0)
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self._writer.wait_closed()

@@ -1,0 +1,466 @@
+"""Protocol v2 (RFC-0002) as typed values: the one place frames are decoded and validated.
+
+Sans-IO: :mod:`magi_code.protocol.frames` turns bytes into bounded msgpack maps; this
+module turns a map a client sent into a typed frame (or a :class:`Fatal` / :class:`Rejected`
+answer), and builds every frame the daemon sends. Codes and their fixed messages are
+:class:`Code`; messages never carry request data, paths or secrets.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+PROTOCOL_VERSION: Final = 2
+SUPPORTED_VERSIONS: Final = (2,)
+MAX_HELLO_VERSIONS: Final = 8
+MAX_ENV_ENTRIES: Final = 4096
+MAX_CLIENT_NAME: Final = 64
+MAX_DELTA_INTERVAL_MS: Final = 10_000
+MAX_FILTER_TURN_IDS: Final = 256
+MAX_CURSOR_BYTES: Final = 128
+MAX_PATH_BYTES: Final = 4096
+_KEY_RE: Final = re.compile(r"[A-Za-z0-9\-_.:]{1,64}")
+
+Role = Literal["v1_shim", "persistent", "control"]
+ROLES: Final[dict[str, str]] = {
+    "v1_shim": "connection",
+    "persistent": "persistent",
+    "control": "control",
+}
+
+
+class Code(StrEnum):
+    """Every v2 code: hello refusals, fatal errors and per-frame answers."""
+
+    # refusals (``refused``)
+    UNSUPPORTED_VERSION = "unsupported_version"
+    INVALID_HELLO = "invalid_hello"
+    WRONG_HOME = "wrong_home"
+    DRAINING = "draining"
+    # fatal (``error``)
+    FRAMING_ERROR = "framing_error"
+    UNKNOWN_FRAME = "unknown_frame"
+    PROTOCOL_ERROR = "protocol_error"
+    INTERNAL_ERROR = "internal_error"
+    # answers to one frame
+    UNKNOWN_OPERATION = "unknown_operation"
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_TURN = "unknown_turn"
+    SESSION_BUSY = "session_busy"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    INVALID_DEADLINE = "invalid_deadline"
+    INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
+
+
+MESSAGES: Final[dict[Code, str]] = {
+    Code.UNSUPPORTED_VERSION: "no common protocol version",
+    Code.INVALID_HELLO: "the hello frame is invalid",
+    Code.WRONG_HOME: "this daemon serves another MC_HOME",
+    Code.DRAINING: "the daemon is stopping; retry",
+    Code.FRAMING_ERROR: "invalid frame",
+    Code.UNKNOWN_FRAME: "unknown frame type",
+    Code.PROTOCOL_ERROR: "frame not valid in this state",
+    Code.INTERNAL_ERROR: "internal error",
+    Code.UNKNOWN_OPERATION: "unknown control operation",
+    Code.INVALID_REQUEST: "the frame's arguments are invalid",
+    Code.UNKNOWN_TURN: "no such turn",
+    Code.SESSION_BUSY: "the session is held by another client",
+    Code.DEADLINE_EXCEEDED: "the request deadline passed before it could run",
+    Code.INVALID_DEADLINE: "the request deadline is invalid",
+    Code.INVALID_IDEMPOTENCY_KEY: "the idempotency key is invalid",
+}
+
+# Frame types by sender. A client frame valid for no role is ``unknown_frame``; one valid
+# for another role is ``protocol_error``.
+ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
+    "v1_shim": frozenset({"record", "oversize", "written", "output_failed", "eof"}),
+    "persistent": frozenset({"request", "take_control", "control", "snapshot", "attach"}),
+    "control": frozenset({"control"}),
+}
+CLIENT_FRAMES: Final = frozenset({"hello"}).union(*ROLE_FRAMES.values())
+SERVER_FRAMES: Final = frozenset(
+    {
+        "welcome",
+        "refused",
+        "error",
+        "output",
+        "next",
+        "end",
+        "message",
+        "overloaded",
+        "control_result",
+        "control_error",
+        "snapshot_result",
+        "attach_result",
+        "attach_more",
+        "attach_error",
+        "snapshot_error",
+        "control_granted",
+        "grant_error",
+        "request_error",
+    }
+)
+
+
+class Fatal(Exception):
+    """The frame breaks the protocol: answer ``refused`` (before welcome) or ``error``."""
+
+    def __init__(self, code: Code) -> None:
+        super().__init__(code.value)
+        self.code = code
+
+
+class Rejected(Exception):
+    """The frame is answered without being run; ``answer`` is the frame to send."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__(answer.get("code"))
+        self.answer = answer
+
+
+# -- client frames ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """The frontend's launch context as sent (absolute paths, string environment)."""
+
+    mc_home: str
+    project_dir: str
+    env: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    role: Role
+    version: int
+    launch: Launch | None
+    client_name: str
+    delta_interval_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    seq: object
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFailed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Eof:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A v1 request envelope as a map, with the v2 extras (deadline, idempotency key)."""
+
+    message: object
+    request_id: str | None
+    deadline_ms: int | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    id: object
+    op: object
+
+
+@dataclass(frozen=True, slots=True)
+class TakeControl:
+    id: object
+    session_id: object
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    id: object
+    session_id: str | None = None
+    turn_ids: frozenset[str] | None = None
+    project_dir: str | None = None
+    cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    id: object
+    turn_id: str
+    after_sequence: int = -1
+    session_id: str | None = None
+
+
+ClientFrame = (
+    Record
+    | Oversize
+    | Written
+    | OutputFailed
+    | Eof
+    | Request
+    | Control
+    | TakeControl
+    | Snapshot
+    | Attach
+)
+
+
+def parse_hello(frame: Mapping[str, Any]) -> Hello:
+    """Validate a client's first frame; raises :class:`Fatal` with a refusal code."""
+    if frame.get("t") != "hello":
+        raise Fatal(Code.INVALID_HELLO)
+    versions = frame.get("protocol_versions")
+    if (
+        not isinstance(versions, list)
+        or not 0 < len(versions) <= MAX_HELLO_VERSIONS
+        or not all(_is_int(v) for v in versions)
+    ):
+        raise Fatal(Code.INVALID_HELLO)
+    common = [v for v in versions if v in SUPPORTED_VERSIONS]
+    if not common:
+        raise Fatal(Code.UNSUPPORTED_VERSION)
+    role = frame.get("role")
+    if role not in ROLES:
+        raise Fatal(Code.INVALID_HELLO)
+    name = frame.get("client_name", "")
+    if not isinstance(name, str) or len(name) > MAX_CLIENT_NAME:
+        raise Fatal(Code.INVALID_HELLO)
+    options = frame.get("options", {})
+    if not isinstance(options, dict):
+        raise Fatal(Code.INVALID_HELLO)
+    interval = options.get("delta_interval_ms", 0)
+    if not _is_int(interval) or not 0 <= interval <= MAX_DELTA_INTERVAL_MS:
+        raise Fatal(Code.INVALID_HELLO)
+    launch = None if role == "control" else _parse_launch(frame.get("launch"))
+    return Hello(role, max(common), launch, name, interval)
+
+
+def _parse_launch(value: object) -> Launch:
+    if not isinstance(value, dict):
+        raise Fatal(Code.INVALID_HELLO)
+    home, project, env = value.get("mc_home"), value.get("project_dir"), value.get("env")
+    if not _is_path(home) or not _is_path(project) or not isinstance(env, dict):
+        raise Fatal(Code.INVALID_HELLO)
+    if len(env) > MAX_ENV_ENTRIES:
+        raise Fatal(Code.INVALID_HELLO)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise Fatal(Code.INVALID_HELLO)
+    assert isinstance(home, str) and isinstance(project, str)
+    return Launch(home, project, dict(env))
+
+
+def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
+    """A client frame after ``hello``, as a typed value.
+
+    Raises :class:`Fatal` (``unknown_frame``, ``protocol_error``) or :class:`Rejected`
+    (the frame's non-fatal answer, e.g. ``attach_error``/``request_error``).
+    """
+    kind = frame.get("t")
+    if kind not in CLIENT_FRAMES:
+        raise Fatal(Code.UNKNOWN_FRAME)
+    if kind not in ROLE_FRAMES[role]:
+        raise Fatal(Code.PROTOCOL_ERROR)
+    match kind:
+        case "record":
+            data = frame.get("data")
+            if not isinstance(data, bytes):
+                raise Fatal(Code.PROTOCOL_ERROR)
+            return Record(data)
+        case "oversize":
+            return Oversize()
+        case "written":
+            return Written(frame.get("seq"))
+        case "output_failed":
+            return OutputFailed()
+        case "eof":
+            return Eof()
+        case "request":
+            return _request(frame)
+        case "control":
+            return Control(frame.get("id"), frame.get("op"))
+        case "take_control":
+            return TakeControl(frame.get("id"), frame.get("session_id"))
+        case "snapshot":
+            return _snapshot(frame)
+        case _:
+            return _attach(frame)
+
+
+def _request(frame: Mapping[str, Any]) -> Request:
+    message = frame.get("message")
+    rid = message.get("request_id") if isinstance(message, dict) else None
+    request_id = rid if isinstance(rid, str) else None
+    deadline = frame.get("deadline_ms")
+    if deadline is not None and not _is_int(deadline):
+        raise Rejected(request_error(request_id, Code.INVALID_DEADLINE))
+    key = frame.get("idempotency_key")
+    if key is not None and not (isinstance(key, str) and _KEY_RE.fullmatch(key)):
+        raise Rejected(request_error(request_id, Code.INVALID_IDEMPOTENCY_KEY))
+    return Request(message, request_id, deadline, key)
+
+
+def _snapshot(frame: Mapping[str, Any]) -> Snapshot:
+    fid = frame.get("id")
+    session_id = frame.get("session_id")
+    turn_ids = frame.get("turn_ids")
+    project_dir = frame.get("project_dir")
+    cursor = frame.get("cursor")
+    ok = (
+        _optional_id(session_id)
+        and _optional_id(cursor, MAX_CURSOR_BYTES)
+        and (project_dir is None or _is_path(project_dir))
+        and (
+            turn_ids is None
+            or (
+                isinstance(turn_ids, list)
+                and len(turn_ids) <= MAX_FILTER_TURN_IDS
+                and all(_optional_id(t) and t is not None for t in turn_ids)
+            )
+        )
+    )
+    if not ok:
+        raise Rejected(frame_error("snapshot_error", fid, Code.INVALID_REQUEST))
+    return Snapshot(
+        fid,
+        session_id,
+        None if turn_ids is None else frozenset(turn_ids),
+        project_dir,
+        cursor,
+    )
+
+
+def _attach(frame: Mapping[str, Any]) -> Attach:
+    fid = frame.get("id")
+    turn_id, after, session_id = (
+        frame.get("turn_id"),
+        frame.get("after_sequence", -1),
+        frame.get("session_id"),
+    )
+    if after is None:
+        after = -1
+    if not (isinstance(turn_id, str) and turn_id and _optional_id(turn_id)):
+        raise Rejected(frame_error("attach_error", fid, Code.INVALID_REQUEST))
+    if not _is_int(after) or not _optional_id(session_id):
+        raise Rejected(frame_error("attach_error", fid, Code.INVALID_REQUEST))
+    return Attach(fid, turn_id, after, session_id)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_path(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and value.startswith("/")
+        and "\x00" not in value
+        and len(value.encode("utf-8", "surrogatepass")) <= MAX_PATH_BYTES
+    )
+
+
+def _optional_id(value: object, limit: int = 128) -> bool:
+    if value is None:
+        return True
+    return (
+        isinstance(value, str)
+        and 0 < len(value.encode("utf-8", "surrogatepass")) <= limit
+        and value.isprintable()
+    )
+
+
+# -- daemon frames ------------------------------------------------------------------------
+
+
+def hello(
+    role: Role,
+    launch: Launch | None,
+    client_name: str,
+    version: str,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    frame: dict[str, Any] = {
+        "t": "hello",
+        "protocol_versions": list(SUPPORTED_VERSIONS),
+        "client_name": client_name[:MAX_CLIENT_NAME],
+        "client_version": version,
+        "role": role,
+        "options": dict(options or {}),
+    }
+    if launch is not None:
+        frame["launch"] = {
+            "mc_home": launch.mc_home,
+            "project_dir": launch.project_dir,
+            "env": dict(launch.env),
+        }
+    return frame
+
+
+def refused(code: Code) -> dict[str, Any]:
+    return {"t": "refused", "code": code.value, "message": MESSAGES[code]}
+
+
+def error(code: Code) -> dict[str, Any]:
+    return {"t": "error", "code": code.value, "message": MESSAGES[code]}
+
+
+def request_error(request_id: object, code: Code) -> dict[str, Any]:
+    rid = request_id if isinstance(request_id, str) else None
+    return {"t": "request_error", "request_id": rid, "code": code.value, "message": MESSAGES[code]}
+
+
+def frame_error(kind: str, frame_id: object, code: Code) -> dict[str, Any]:
+    """A non-fatal answer to one frame (``attach_error``, ``grant_error``, ...)."""
+    return {"t": kind, "id": frame_id, "code": code.value}
+
+
+def message(envelope: Mapping[str, Any]) -> dict[str, Any]:
+    return {"t": "message", "message": envelope}
+
+
+def snapshot_result(
+    frame_id: object, turns: Sequence[Mapping[str, Any]], next_cursor: str | None
+) -> dict[str, Any]:
+    return {
+        "t": "snapshot_result",
+        "id": frame_id,
+        "turns": list(turns),
+        "next_cursor": next_cursor,
+    }
+
+
+def attach_result(
+    frame_id: object, status: str, events: Sequence[Mapping[str, Any]], more: bool
+) -> dict[str, Any]:
+    return {
+        "t": "attach_result",
+        "id": frame_id,
+        "status": status,
+        "events": list(events),
+        "more": more,
+    }
+
+
+def attach_more(
+    frame_id: object, events: Sequence[Mapping[str, Any]], more: bool
+) -> dict[str, Any]:
+    return {"t": "attach_more", "id": frame_id, "events": list(events), "more": more}
+
+
+def overloaded(turn_id: str, after_sequence: int) -> dict[str, Any]:
+    return {"t": "overloaded", "turn_id": turn_id, "after_sequence": after_sequence}
