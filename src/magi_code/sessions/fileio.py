@@ -98,18 +98,31 @@ def repair_torn_tail(fd: int) -> None:
     onto the fragment and make it unreadable too.
     """
     size = os.fstat(fd).st_size
-    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+    cut = complete_prefix(fd, size)
+    if cut == size:
         return
-    cut, pos = 0, size
+    os.ftruncate(fd, cut)
+    os.fsync(fd)
+
+
+def complete_prefix(fd: int, size: int) -> int:
+    """The length of the first ``size`` bytes up to and including their last ``\\n``.
+
+    Taken under the append lock (shared or exclusive), bytes before that point are whole
+    lines that never change again: appends go after them, a torn-tail repair only drops
+    bytes after them, and a failed append is rolled back before it releases the lock.
+    ``0`` when there is no complete line.
+    """
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    pos = size
     while pos > 0:
         step = min(_CHUNK, pos)
         pos -= step
         newline = os.pread(fd, step, pos).rfind(b"\n")
         if newline >= 0:
-            cut = pos + newline + 1
-            break
-    os.ftruncate(fd, cut)
-    os.fsync(fd)
+            return pos + newline + 1
+    return 0
 
 
 def last_valid_seq(fd: int) -> int:

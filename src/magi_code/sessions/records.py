@@ -5,17 +5,20 @@ One history line is one compact JSON object terminated by ``\\n``::
     {"v":1,"seq":3,"ts":"2025-01-01T00:00:00.000Z","type":"user","turn_id":"t1","text":"hi"}
 
 ``v`` is the schema version, ``seq`` a per-session monotonic integer (the header is 0) and
-``type`` selects the remaining fields (see ``FIELDS``). Decoding never raises: a line that
-is not a valid record of this version decodes to ``None`` so readers can skip it and
-report a gap. Unknown ``type`` values decode to ``UnknownRecord`` (forward compatibility).
+``type`` selects the remaining fields (see ``FIELDS``, and ``OPTIONAL_FIELDS`` for fields a
+record may carry or leave out; records written before an optional field existed simply
+lack it). Decoding never raises: a line that is not a valid record of this version decodes
+to ``None`` so readers can skip it and report a gap. Unknown ``type`` values decode to
+``UnknownRecord`` (forward compatibility).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Literal
+from typing import Final, Literal, TypeGuard
 
 import orjson
 
@@ -33,6 +36,16 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "terminal": ("turn_id", "status", "assistant_text"),
     "compaction": ("summary", "cutoff_seq"),
 }
+# Fields a record of that type may carry or omit. Encoding omits one whose value is None;
+# a present field must be valid (a bad value makes the whole line malformed).
+OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    # The client's turn.start idempotency key (see ``valid_idempotency_key``).
+    "user": ("idempotency_key",),
+    # The sequence number the turn's terminal event carried (absent when no event did).
+    "terminal": ("sequence",),
+}
+MAX_IDEMPOTENCY_KEY_CHARS: Final = 64
+_IDEMPOTENCY_KEY: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
 _STATUSES: Final[dict[str, TerminalStatus]] = {
     "completed": "completed",
     "cancelled": "cancelled",
@@ -53,6 +66,7 @@ class UserRecord:
     seq: int
     turn_id: str
     text: str
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +101,7 @@ class TerminalRecord:
     turn_id: str
     status: TerminalStatus
     assistant_text: str
+    sequence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +159,30 @@ def _seq(value: object) -> int:
     return value
 
 
+def valid_idempotency_key(value: object) -> TypeGuard[str]:
+    """1 to 64 ASCII letters, digits, ``-``, ``_``, ``.`` or ``:``."""
+    return isinstance(value, str) and _IDEMPOTENCY_KEY.fullmatch(value) is not None
+
+
+def _key(obj: Mapping[str, object]) -> str | None:
+    if "idempotency_key" not in obj:
+        return None
+    value = obj["idempotency_key"]
+    if not valid_idempotency_key(value):
+        raise _Malformed
+    return value
+
+
+def _sequence(obj: Mapping[str, object]) -> int | None:
+    return _seq(obj["sequence"]) if "sequence" in obj else None
+
+
 def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
     match kind:
         case "header":
             return HeaderRecord(seq, _str(obj, "session_id"), _str(obj, "created_at"))
         case "user":
-            return UserRecord(seq, _str(obj, "turn_id"), _str(obj, "text"))
+            return UserRecord(seq, _str(obj, "turn_id"), _str(obj, "text"), _key(obj))
         case "assistant":
             return AssistantRecord(seq, _str(obj, "turn_id"), _str(obj, "text"))
         case "tool_call":
@@ -176,7 +209,9 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
             status = _STATUSES.get(_str(obj, "status"))
             if status is None:
                 raise _Malformed
-            return TerminalRecord(seq, _str(obj, "turn_id"), status, _str(obj, "assistant_text"))
+            return TerminalRecord(
+                seq, _str(obj, "turn_id"), status, _str(obj, "assistant_text"), _sequence(obj)
+            )
         case "compaction":
             cutoff = _seq(obj.get("cutoff_seq"))
             # A checkpoint can only replace records written before it.
@@ -190,6 +225,9 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
 def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
     """One complete history line (with ``\\n``) for a record of a known type.
 
+    Optional fields (``OPTIONAL_FIELDS``) may be left out or set to ``None``; either way
+    they are not written, so a record without them encodes exactly as before they existed.
+
     Raises:
         ValueError: unknown type, missing/mistyped/extra fields, or text that is not
             encodable (a caller bug, not a wire condition).
@@ -197,10 +235,13 @@ def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
     kind = fields.get("type")
     if not isinstance(kind, str) or kind not in FIELDS:
         raise ValueError("unknown record type")
-    if set(fields) != {"type", *FIELDS[kind]}:
+    required, optional = FIELDS[kind], OPTIONAL_FIELDS.get(kind, ())
+    names = set(fields) - {"type"}
+    if not names.issuperset(required) or not names.issubset((*required, *optional)):
         raise ValueError("unexpected or missing record fields")
     obj: dict[str, object] = {"v": RECORD_VERSION, "seq": seq, "ts": ts, "type": kind}
-    obj.update((name, fields[name]) for name in FIELDS[kind])
+    obj.update((name, fields[name]) for name in required)
+    obj.update((name, fields[name]) for name in optional if fields.get(name) is not None)
     try:
         _build(kind, _seq(seq), obj)
         return orjson.dumps(obj) + b"\n"
@@ -212,6 +253,15 @@ def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
 
 def decode_line(line: bytes) -> Record | None:
     """The record on one line (without its ``\\n``), or ``None`` when malformed."""
+    decoded = decode_line_ts(line)
+    return None if decoded is None else decoded[0]
+
+
+def decode_line_ts(line: bytes) -> tuple[Record, object] | None:
+    """Like ``decode_line``, with the line's raw ``ts`` value (``None`` when absent).
+
+    ``ts`` is informational and never checked by decoding; see ``parse_ts``.
+    """
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -222,6 +272,17 @@ def decode_line(line: bytes) -> Record | None:
     if not isinstance(kind, str):
         return None
     try:
-        return _build(kind, _seq(obj.get("seq")), obj)
+        return _build(kind, _seq(obj.get("seq")), obj), obj.get("ts")
     except _Malformed:
         return None
+
+
+def parse_ts(value: object) -> float | None:
+    """A record's ``ts`` as Unix seconds, or ``None`` if it is not a zoned timestamp."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return None if moment.tzinfo is None else moment.timestamp()

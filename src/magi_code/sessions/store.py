@@ -1,4 +1,4 @@
-"""Durable session store: layout, writer leases, appends, listing and replay.
+"""Durable session store: layout, writer leases, appends, listing, replay and turn outcomes.
 
 Theory of operation
 -------------------
@@ -21,6 +21,10 @@ renamed into place (the parent is fsynced), so a listed session always has its h
 fd and fsyncs before returning the record's ``seq``. A crash can only leave a torn last
 line; readers skip it (``gap``) and the next lease holder truncates it before appending.
 
+Turn outcomes (``turn_outcome``, ``find_turn_by_key``) scan the whole history, not only the
+replay window, so a restarted daemon can answer for any turn; ``close_interrupted_turn``
+gives a turn whose process died mid-turn its ``failed`` terminal record.
+
 Every method is blocking file I/O; async callers run it in a worker thread.
 """
 
@@ -32,8 +36,8 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -52,6 +56,7 @@ from magi_code.sessions.fileio import (
     NEW_PREFIX,
     NOFOLLOW,
     close_all,
+    complete_prefix,
     exists_at,
     holding,
     last_valid_seq,
@@ -62,6 +67,7 @@ from magi_code.sessions.fileio import (
 )
 from magi_code.sessions.ids import new_session_id, validate_session_id
 from magi_code.sessions.listing import check_page_limit, list_sessions
+from magi_code.sessions.outcomes import TurnOutcome, scan_turn
 from magi_code.sessions.projection import (
     ParsedWindow,
     Projection,
@@ -79,6 +85,7 @@ from magi_code.sessions.records import (
     UserRecord,
     encode_record,
     now_rfc3339,
+    valid_idempotency_key,
 )
 from magi_code.sessions.titles import title_from_prompt
 from magi_code.storage.files import atomic_write
@@ -451,6 +458,95 @@ class SessionStore:
         assert projection is not None
         gap = window.gap or window_omits_history(window, latest_compaction(window.records))
         return build_page(name, projection, after, page_limit, gap)
+
+    def turn_outcome(self, session_id: object, turn_id: str) -> TurnOutcome | None:
+        """What the whole durable history says about ``turn_id`` (``None``: no such turn).
+
+        Streams the entire history in bounded chunks (not only the replay window); the
+        append lock is held shared only while the readable length is taken.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE`` for a missing or
+                unreadable session (as ``replay`` and ``load_context``); ``SESSION_BUSY``
+                when the append lock stays held for 5 s.
+        """
+        name = validate_session_id(session_id)
+        return self._scan(name, lambda user: user.turn_id == turn_id)
+
+    def find_turn_by_key(self, session_id: object, key: str) -> TurnOutcome | None:
+        """The outcome of the most recent turn whose user record carries ``key``.
+
+        ``None`` when no turn does (always for a string that is not a valid key).
+
+        Raises:
+            ServiceError: as ``turn_outcome``.
+        """
+        name = validate_session_id(session_id)
+        if not valid_idempotency_key(key):
+            return self._scan(name, None)  # no scan, but a missing session still raises
+        return self._scan(name, lambda user: user.idempotency_key == key)
+
+    def close_interrupted_turn(self, session_id: object, turn_id: str) -> TurnOutcome | None:
+        """Persist a ``failed`` terminal for a turn that has no terminal; its outcome after.
+
+        For a turn with a user record and no terminal (its process died mid-turn), takes
+        the writer lease without waiting (which also truncates a torn tail), appends
+        ``{"type":"terminal","status":"failed","assistant_text":<persisted text>}`` with no
+        ``sequence`` and releases the lease. A turn that already has a terminal is returned
+        as is and nothing is written; an unknown turn gives ``None``.
+
+        Raises:
+            ServiceError: as ``turn_outcome``; ``SESSION_BUSY`` when another holder (any
+                process, or another lease in this one) has the writer lease;
+                ``SESSION_UNAVAILABLE`` when the append fails.
+        """
+        name = validate_session_id(session_id)
+        outcome = self.turn_outcome(name, turn_id)
+        if outcome is None or outcome.status is not None:
+            return outcome
+        with self.acquire_writer_lease(name) as lease:
+            # Nobody else can append now: this read is authoritative.
+            outcome = self.turn_outcome(name, turn_id)
+            if outcome is None or outcome.status is not None:
+                return outcome
+            terminal: dict[str, object] = {
+                "type": "terminal",
+                "turn_id": turn_id,
+                "status": "failed",
+                "assistant_text": outcome.assistant_text,
+            }
+            try:
+                lease.append(terminal)
+            except ServiceError as exc:
+                if exc.code is not ErrorCode.LIMIT_EXCEEDED:
+                    raise
+                # Only a hand-made history holds that much text (a turn's text is bounded
+                # far below a record); replay shows the assistant records either way.
+                lease.append({**terminal, "assistant_text": ""})
+                return replace(outcome, status="failed", assistant_text="")
+        return replace(outcome, status="failed")
+
+    def _scan(
+        self, session_id: str, matches: Callable[[UserRecord], bool] | None
+    ) -> TurnOutcome | None:
+        """The latest turn whose user record ``matches`` (``None`` only opens the files)."""
+        dir_fd = self._open_dir(session_id)
+        fds = [dir_fd]
+        try:
+            lock_fd = os.open(APPEND_LOCK, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            fds.append(lock_fd)
+            history_fd = os.open(HISTORY, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            fds.append(history_fd)
+            if matches is None:
+                return None
+            with holding(lock_fd, fcntl.LOCK_SH, WRITER_LOCK_WAIT):
+                end = complete_prefix(history_fd, os.fstat(history_fd).st_size)
+            # Whole lines before ``end`` never change: the scan needs no lock.
+            return scan_turn(history_fd, end, MAX_APPEND_RECORD_BYTES, matches)
+        except OSError:
+            raise unavailable() from None
+        finally:
+            close_all(fds)
 
     def list_sessions(self, after: object, limit: object) -> dict[str, object]:
         """One ``session.list`` success payload; see ``listing.list_sessions``."""
