@@ -14,6 +14,7 @@ is written. Duplicates are rejected without touching the original reservation.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -24,7 +25,7 @@ from magi_code.protocol.envelope import Identity, Rejected, Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.launch import LaunchContext
 
-from .output import Batch, Output
+from .output import Batch, Output, TurnEvent
 from .routes import Reply, Route, SessionRule
 
 log = logging.getLogger(__name__)
@@ -73,13 +74,16 @@ class Connection:
         error: ServiceError | None = None,
         *,
         session_id: str | None = None,
-        events: Iterable[dict[str, Any]] = (),
+        events: Iterable[TurnEvent] = (),
         keep_reserved: bool = False,
         after_write: Callable[[], None] | None = None,
     ) -> Batch:
         """Enqueue a correlated response (used directly by deferred handlers)."""
         identity = Identity(request.request_id, session_id or request.session_id, request.method)
-        batch = Batch([envelope.response(identity, payload, error), *events])
+        turn_events = tuple(events)
+        messages = [envelope.response(identity, payload, error)]
+        messages.extend(event.envelope for event in turn_events)
+        batch = Batch(messages, turn_events=turn_events)
         if not keep_reserved:
             batch.after_write.append(lambda: self.release(request.request_id))
         if after_write is not None:
@@ -160,7 +164,18 @@ class ServiceCoordinator:
 
     async def handle_record(self, conn: Connection, line: bytes) -> Batch | None:
         """Handle one inbound record; returns the batch that answers it, if synchronous."""
-        decoded = envelope.decode_record(line, conn.reserved.__contains__)
+        return await self._handle(conn, envelope.decode_record(line, conn.reserved.__contains__))
+
+    async def handle_message(
+        self, conn: Connection, message: object, *, idempotency_key: str | None = None
+    ) -> Batch | None:
+        """Handle a request envelope already decoded by a transport (v2 ``request``)."""
+        decoded = envelope.decode_object(message, conn.reserved.__contains__)
+        if isinstance(decoded, Request) and idempotency_key is not None:
+            decoded = dataclasses.replace(decoded, idempotency_key=idempotency_key)
+        return await self._handle(conn, decoded)
+
+    async def _handle(self, conn: Connection, decoded: Request | Rejected) -> Batch | None:
         if isinstance(decoded, Rejected):
             return self._reject(conn, decoded)
         request = decoded

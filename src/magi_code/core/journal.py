@@ -1,10 +1,13 @@
 """Per-turn replay buffers for turns accepted over persistent v2 connections.
 
-The daemon's persistent writer shows every outbound v1 event to :meth:`TurnJournal.observe`
-(whether or not its client is still connected), so a reattaching client can snapshot a
-turn and get exactly the events after the last sequence it saw, or an explicit resync
-answer when they were evicted. Bounds (RFC-0002 §6): :data:`MAX_TURN_EVENTS` events per
-turn, finished turns kept :data:`RETAIN_SECONDS` and at most :data:`MAX_FINISHED_TURNS`.
+Every typed turn event a persistent connection's output carries is recorded here (whether
+or not its client is still connected), so a reattaching client can snapshot a turn and
+get exactly the events after the last sequence it saw, or an explicit resync answer when
+they were evicted. Bounds (RFC-0002 §6): :data:`MAX_TURN_EVENTS` events per turn,
+finished turns kept :data:`RETAIN_SECONDS` and at most :data:`MAX_FINISHED_TURNS`.
+
+Snapshots page: each turn gets an ordinal when first recorded, and a page's cursor is the
+last ordinal it covered, so a client following cursors sees every matching turn once.
 """
 
 from __future__ import annotations
@@ -15,19 +18,38 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgpack
+
+from .output import TurnEvent, TurnInfo
+
 MAX_TURN_EVENTS: Final = 512
 RETAIN_SECONDS: Final = 600.0
 MAX_FINISHED_TURNS: Final = 256
 MAX_RUNNING_TURNS: Final = 1024
+# What one snapshot page may carry: well inside the 1 MiB frame, whatever the items.
+SNAPSHOT_PAGE_BYTES: Final = 512 * 1024
+_CURSOR_PREFIX: Final = "j1."
 
-Deliver = Callable[[dict[str, Any]], None]
+Deliver = Callable[[TurnEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotQuery:
+    session_id: str | None = None
+    turn_ids: frozenset[str] | None = None
+    project_dir: str | None = None
+    cursor: str | None = None
+
+
+class BadCursor(ValueError):
+    """The cursor was not issued by this journal."""
 
 
 @dataclass(eq=False, slots=True)
 class TurnLog:
-    turn_id: str
-    session_id: str | None
-    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_TURN_EVENTS))
+    info: TurnInfo
+    ordinal: int
+    events: deque[TurnEvent] = field(default_factory=lambda: deque(maxlen=MAX_TURN_EVENTS))
     text: list[str] = field(default_factory=list)
     last_sequence: int = -1
     evicted_upto: int = -1  # highest sequence no longer buffered
@@ -35,75 +57,100 @@ class TurnLog:
     finished_at: float | None = None
     followers: list[Deliver] = field(default_factory=list)
 
-    def append(self, message: dict[str, Any], sequence: int) -> None:
+    def append(self, event: TurnEvent) -> None:
         if len(self.events) == self.events.maxlen:
-            self.evicted_upto = _sequence(self.events[0])
-        self.events.append(message)
-        self.last_sequence = max(self.last_sequence, sequence)
+            self.evicted_upto = self.events[0].sequence
+        self.events.append(event)
+        self.last_sequence = max(self.last_sequence, event.sequence)
 
-    def after(self, sequence: int) -> list[dict[str, Any]]:
-        return [m for m in self.events if _sequence(m) > sequence]
+    def after(self, sequence: int) -> list[TurnEvent]:
+        return [e for e in self.events if e.sequence > sequence]
+
+    def matches(self, query: SnapshotQuery) -> bool:
+        info = self.info
+        return (
+            (query.session_id is None or info.session_id == query.session_id)
+            and (query.turn_ids is None or info.turn_id in query.turn_ids)
+            and (query.project_dir is None or info.project_dir == query.project_dir)
+        )
 
     def snapshot(self) -> dict[str, Any]:
-        terminal = self.terminal
+        info, terminal = self.info, self.terminal
+        status: object = "running"
+        text: object = "".join(self.text)
+        rest: dict[str, Any] | None = None
+        if terminal is not None:
+            # The text once, at the top: the terminal item carries everything else.
+            status, text = terminal.get("status"), terminal.get("assistant_text", "")
+            rest = {k: v for k, v in terminal.items() if k != "assistant_text"}
         return {
-            "turn_id": self.turn_id,
-            "session_id": self.session_id,
-            "status": "running" if terminal is None else terminal.get("status"),
-            "assistant_text": (
-                "".join(self.text) if terminal is None else terminal.get("assistant_text")
-            ),
+            "turn_id": info.turn_id,
+            "session_id": info.session_id,
+            "project_dir": info.project_dir,
+            "request_id": info.request_id,
+            "idempotency_key": info.idempotency_key,
+            "status": status,
+            "assistant_text": text,
             "sequence": self.last_sequence,
-            "terminal": terminal,
+            "terminal": rest,
         }
-
-
-def _sequence(message: dict[str, Any]) -> int:
-    value = message.get("payload", {}).get("sequence", -1)
-    return value if isinstance(value, int) else -1
 
 
 class TurnJournal:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._turns: OrderedDict[str, TurnLog] = OrderedDict()
+        self._ordinals = 0
 
-    def observe(self, message: dict[str, Any]) -> None:
-        """Record one outbound v1 message; non-turn messages are ignored."""
-        name = message.get("event")
-        payload = message.get("payload")
-        if message.get("kind") != "event" or not isinstance(name, str):
-            return
-        if not name.startswith("turn.") or not isinstance(payload, dict):
-            return
-        turn_id = payload.get("turn_id")
-        if not isinstance(turn_id, str):
-            return
-        log = self._turns.get(turn_id)
+    def record(self, event: TurnEvent) -> None:
+        """Record one turn event and hand it to the turn's followers."""
+        log = self._turns.get(event.turn_id)
         if log is None:
             self._prune()
-            log = TurnLog(turn_id, message.get("session_id"))
-            self._turns[turn_id] = log
-        log.append(message, _sequence(message))
-        if name == "turn.assistant_delta" and isinstance(payload.get("text"), str):
+            self._ordinals += 1
+            log = TurnLog(event.info, self._ordinals)
+            self._turns[event.turn_id] = log
+        log.append(event)
+        payload = event.envelope["payload"]
+        if event.name == "turn.assistant_delta":
             log.text.append(payload["text"])
-        elif name == "turn.terminal":
+        elif event.name == "turn.terminal":
             log.terminal = payload
             log.finished_at = self._clock()
             # The terminal carries the authoritative text: drop the per-delta pieces.
             log.text.clear()
         for deliver in list(log.followers):
-            deliver(message)
+            deliver(event)
         if log.terminal is not None:
             log.followers.clear()
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(
+        self, query: SnapshotQuery = SnapshotQuery(), budget: int = SNAPSHOT_PAGE_BYTES
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of matching turns, oldest first, and the cursor of the next page.
+
+        A page holds at least one item and at most ``budget`` bytes of encoded items.
+        """
         self._prune()
-        return [log.snapshot() for log in self._turns.values()]
+        after = _parse_cursor(query.cursor)
+        items: list[dict[str, Any]] = []
+        used = 0
+        last = after
+        for log in self._turns.values():
+            if log.ordinal <= after or not log.matches(query):
+                continue
+            item = log.snapshot()
+            size = len(msgpack.packb(item, use_bin_type=True))
+            if items and used + size > budget:
+                return items, f"{_CURSOR_PREFIX}{last}"
+            items.append(item)
+            used += size
+            last = log.ordinal
+        return items, None
 
     def attach(
         self, turn_id: str, after: int, deliver: Deliver
-    ) -> tuple[str, list[dict[str, Any]]] | None:
+    ) -> tuple[str, list[TurnEvent]] | None:
         """``(status, events)`` for a follower, or None for an unknown turn.
 
         Status ``resync`` when events after ``after`` were evicted (the follower is still
@@ -134,10 +181,6 @@ class TurnJournal:
             if deliver in log.followers:
                 log.followers.remove(deliver)
 
-    @property
-    def running(self) -> int:
-        return sum(1 for log in self._turns.values() if log.terminal is None)
-
     def _prune(self) -> None:
         now = self._clock()
         finished = [
@@ -156,3 +199,11 @@ class TurnJournal:
             del self._turns[turn_id]
         while len(self._turns) > MAX_FINISHED_TURNS + MAX_RUNNING_TURNS:
             self._turns.popitem(last=False)
+
+
+def _parse_cursor(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    if not cursor.startswith(_CURSOR_PREFIX) or not cursor[len(_CURSOR_PREFIX) :].isdigit():
+        raise BadCursor(cursor)
+    return int(cursor[len(_CURSOR_PREFIX) :])

@@ -15,11 +15,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True, slots=True)
+class TurnInfo:
+    """What is known of a turn from its acceptance on (shared by all its events)."""
+
+    turn_id: str
+    session_id: str
+    request_id: str
+    conn_id: int
+    project_dir: str
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEvent:
+    """One v1 turn event, typed: the journal and outbound queues read these fields."""
+
+    info: TurnInfo
+    name: str
+    sequence: int
+    envelope: dict[str, Any]
+
+    @property
+    def turn_id(self) -> str:
+        return self.info.turn_id
+
+
 @dataclass(slots=True)
 class Batch:
     messages: list[dict[str, Any]]
     after_write: list[Callable[[], None]] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # The turn events among ``messages``, in order (an adapter that keeps per-turn state
+    # reads these instead of re-parsing envelopes).
+    turn_events: tuple[TurnEvent, ...] = ()
 
     def written(self) -> None:
         """Called once by the adapter after the write attempt (successful or not)."""

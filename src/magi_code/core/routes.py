@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
+
+from .output import TurnEvent
 
 if TYPE_CHECKING:
     from .coordinator import Connection
@@ -34,7 +36,7 @@ class Reply:
 
     payload: dict[str, Any]
     session_id: str | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: tuple[TurnEvent, ...] = ()
     keep_reserved: bool = False
     after_write: Callable[[], None] | None = None
 

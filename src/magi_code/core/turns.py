@@ -37,7 +37,7 @@ from magi_code.turns.agent import OutputLimitExceeded
 from magi_code.turns.runtime import TurnRequest, TurnRuntime, prepare_settings
 
 from .coordinator import Connection
-from .output import Batch
+from .output import Batch, TurnEvent, TurnInfo
 from .routes import Reply, Route, SessionRule, check_fields
 from .sessions import Attachment, SessionService
 from .settings_gate import SettingsGate
@@ -94,17 +94,17 @@ class TurnRun:
         self,
         service: TurnService,
         conn: Connection,
-        request_id: str,
+        info: TurnInfo,
         attachment: Attachment,
-        turn_id: str,
         turn: TurnRequest,
     ) -> None:
         self.service = service
         self.conn = conn
-        self.request_id = request_id
+        self.info = info
+        self.request_id = info.request_id
         self.attachment = attachment
         self.session_id = attachment.session_id
-        self.turn_id = turn_id
+        self.turn_id = info.turn_id
         self.turn = turn
         self.next_sequence = 1
         self.activity_dropped = 0
@@ -178,11 +178,14 @@ class TurnRun:
         if self.agent_task is not None:
             self.agent_task.cancel()
 
+    def event(self, name: str, payload: dict[str, Any]) -> TurnEvent:
+        envelope = self.conn.event(self.request_id, self.session_id, name, payload)
+        return TurnEvent(self.info, name, payload["sequence"], envelope)
+
     async def _pump(self) -> None:
         while (item := await self._queue.get()) is not None:
-            name, payload = item
-            event = self.conn.event(self.request_id, self.session_id, name, payload)
-            await self.conn.output.put(Batch([event])).done.wait()
+            event = self.event(*item)
+            await self.conn.output.put(Batch([event.envelope], turn_events=(event,))).done.wait()
 
     async def _run(self) -> None:
         assert self.agent_task is not None
@@ -214,8 +217,12 @@ class TurnRun:
             "activity_replay_available": False,
             "replay_required": True,
         }
-        event = self.conn.event(self.request_id, self.session_id, "turn.terminal", terminal)
-        batch = Batch([event], after_write=[lambda: self.conn.release(self.request_id)])
+        event = self.event("turn.terminal", terminal)
+        batch = Batch(
+            [event.envelope],
+            after_write=[lambda: self.conn.release(self.request_id)],
+            turn_events=(event,),
+        )
         # The session is free once the terminal is written: a client may start its next
         # turn on it as soon as it reads the terminal, before this task resumes.
         batch.after_write.append(self._settled)
@@ -296,14 +303,20 @@ class TurnService:
             await self._abandon(attachment)
             raise
         turn = TurnRequest(conn.ctx, attachment.session_id, turn_id, prompt, history, prepared)
-        run = TurnRun(self, conn, request.request_id, attachment, turn_id, turn)
+        info = TurnInfo(
+            turn_id,
+            attachment.session_id,
+            request.request_id,
+            conn.conn_id,
+            str(conn.ctx.project_dir),
+            request.idempotency_key,
+        )
+        run = TurnRun(self, conn, info, attachment, turn)
         attachment.cancel_turn = run.cancel
         if closed_early.is_set():
             run.cancel()
         self.active[turn_id] = run
-        started = conn.event(
-            request.request_id,
-            attachment.session_id,
+        started = run.event(
             "turn.started",
             {
                 "turn_id": turn_id,
@@ -315,7 +328,7 @@ class TurnService:
         return Reply(
             {"turn_id": turn_id, "session_id": attachment.session_id, "status": "accepted"},
             session_id=attachment.session_id,
-            events=[started],
+            events=(started,),
             keep_reserved=True,
             after_write=run.start,
         )

@@ -17,6 +17,8 @@ Theory of operation (RFC-0002 §6.2, §6.3):
   kept and the terminal is never delayed.
 - Turns the connection follows through the journal (``attach``) are delivered by the
   journal only, so a client attached to its own turn gets each event once.
+- Turn events arrive typed (:class:`~magi_code.core.output.TurnEvent`): nothing here
+  parses an envelope to learn its turn or sequence.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ import asyncio
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Final
+
+from magi_code.core.output import Batch, TurnEvent
+from magi_code.protocol import v2
 
 DEFAULT_LIMIT_BYTES: Final = 1024 * 1024
 MIN_LIMIT_BYTES: Final = 4096
@@ -33,23 +39,6 @@ MAX_MERGED_BYTES: Final = 32768
 MAX_CUT_TURNS: Final = 1024
 
 Message = dict[str, Any]
-
-
-def turn_of(message: Message) -> str | None:
-    """The turn a v1 turn event belongs to (None for responses and other events)."""
-    payload = message.get("payload")
-    if message.get("kind") != "event" or not isinstance(payload, dict):
-        return None
-    name = message.get("event")
-    if not isinstance(name, str) or not name.startswith("turn."):
-        return None
-    turn_id = payload.get("turn_id")
-    return turn_id if isinstance(turn_id, str) else None
-
-
-def _sequence(message: Message) -> int:
-    value = message["payload"].get("sequence", -1)
-    return value if isinstance(value, int) else -1
 
 
 class Outbound:
@@ -72,36 +61,37 @@ class Outbound:
         self.following: set[str] = set()
         self.cut: OrderedDict[str, int] = OrderedDict()
         self._sent: dict[str, int] = {}  # last sequence sent per live turn
-        self._pending: dict[str, Message] = {}
+        self._pending: dict[str, TurnEvent] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._last_delta: dict[str, float] = {}
 
     # -- entry points --------------------------------------------------------------------
 
-    def own(self, message: Message, observe: Callable[[Message], None]) -> None:
-        """A message of this connection's own output; ``observe`` feeds the journal."""
-        turn_id = turn_of(message)
-        followed = turn_id is not None and turn_id in self.following
-        observe(message)  # may deliver it through the journal when followed
-        if not followed:
-            self.deliver(message)
+    def own(self, batch: Batch, record: Callable[[TurnEvent], None]) -> None:
+        """A batch of this connection's own output; ``record`` feeds the journal."""
+        events = {id(event.envelope): event for event in batch.turn_events}
+        for message in batch.messages:
+            event = events.get(id(message))
+            if event is None:
+                self._write(message)
+                continue
+            followed = event.turn_id in self.following
+            record(event)  # delivers it through the journal when followed
+            if not followed:
+                self.deliver(event)
 
-    def deliver(self, message: Message) -> None:
-        turn_id = turn_of(message)
-        if turn_id is None:
-            self._write(message)
-            return
+    def deliver(self, event: TurnEvent) -> None:
+        turn_id = event.turn_id
         if turn_id in self.cut:
             return
-        name = message.get("event")
-        if name == "turn.assistant_delta" and self._interval > 0:
-            self._coalesce(turn_id, message)
+        if event.name == "turn.assistant_delta" and self._interval > 0:
+            self._coalesce(turn_id, event)
             return
         self._flush(turn_id)
         if turn_id in self.cut:  # flushing the pending delta met a full queue
             return
-        self._live(turn_id, message)
-        if name == "turn.terminal":
+        self._live(turn_id, event)
+        if event.name == "turn.terminal":
             self._end(turn_id)
 
     def follow(self, turn_id: str) -> None:
@@ -117,12 +107,12 @@ class Outbound:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _live(self, turn_id: str, message: Message) -> None:
+    def _live(self, turn_id: str, event: TurnEvent) -> None:
         if self._buffered() >= self._limit:
             self._cut(turn_id)
             return
-        self._write(message)
-        self._sent[turn_id] = _sequence(message)
+        self._write(event.envelope)
+        self._sent[turn_id] = event.sequence
 
     def _cut(self, turn_id: str) -> None:
         after = self._sent.get(turn_id, -1)
@@ -131,7 +121,7 @@ class Outbound:
         while len(self.cut) > MAX_CUT_TURNS:
             self.cut.popitem(last=False)
         self._on_cut(turn_id)
-        self._notify({"t": "overloaded", "turn_id": turn_id, "after_sequence": after})
+        self._notify(v2.overloaded(turn_id, after))
 
     def _end(self, turn_id: str) -> None:
         timer = self._timers.pop(turn_id, None)
@@ -142,13 +132,14 @@ class Outbound:
         self._last_delta.pop(turn_id, None)
         self.following.discard(turn_id)
 
-    def _coalesce(self, turn_id: str, message: Message) -> None:
+    def _coalesce(self, turn_id: str, event: TurnEvent) -> None:
         pending = self._pending.get(turn_id)
         if pending is not None:
-            text = pending["payload"]["text"] + message["payload"]["text"]
+            text = pending.envelope["payload"]["text"] + event.envelope["payload"]["text"]
             if len(text.encode()) <= MAX_MERGED_BYTES:
-                merged = {**message, "payload": {**message["payload"], "text": text}}
-                self._pending[turn_id] = merged
+                envelope = event.envelope
+                merged = {**envelope, "payload": {**envelope["payload"], "text": text}}
+                self._pending[turn_id] = replace(event, envelope=merged)
                 return
             self._flush(turn_id)  # the merged delta would be too big: send what we have
             if turn_id in self.cut:
@@ -158,9 +149,9 @@ class Outbound:
         due = self._last_delta.get(turn_id, -math.inf) + self._interval
         if now >= due:
             self._last_delta[turn_id] = now
-            self._live(turn_id, message)
+            self._live(turn_id, event)
             return
-        self._pending[turn_id] = message
+        self._pending[turn_id] = event
         self._timers[turn_id] = loop.call_at(due, self._flush, turn_id)
 
     def _flush(self, turn_id: str) -> None:

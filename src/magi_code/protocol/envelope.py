@@ -53,6 +53,8 @@ class Request:
     session_id: str | None
     method: str
     payload: dict[str, Any]
+    # v2 ``request`` frames may name the request for safe retries (turn.start).
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +97,26 @@ def decode_record(line: bytes, is_reserved: Any) -> Request | Rejected:
         if "depth limit" in str(exc):
             return Rejected(ErrorCode.LIMIT_EXCEEDED, Identity())
         return Rejected(ErrorCode.INVALID_JSON, Identity())
+    return decode_object(record, is_reserved, measured=True)
+
+
+def decode_object(
+    record: object, is_reserved: Any, *, measured: bool = False
+) -> Request | Rejected:
+    """Validate a record a transport already decoded (a v2 ``request`` message).
+
+    Unless ``measured`` (it came from a bounded line), its encoded size is checked against
+    the record bound first, and a value JSON cannot carry is ``invalid_json``.
+    """
     if not isinstance(record, dict):
         return Rejected(ErrorCode.INVALID_REQUEST, Identity())
+    if not measured:
+        try:
+            size = len(orjson.dumps(record)) + 1  # with its line feed, as on stdio
+        except TypeError:
+            return Rejected(ErrorCode.INVALID_JSON, Identity())
+        if size > MAX_RECORD_BYTES:
+            return Rejected(ErrorCode.RECORD_TOO_LARGE, Identity())
     identity = extract_identity(record)
     if identity.request_id is not None and is_reserved(identity.request_id):
         return Rejected(ErrorCode.DUPLICATE_REQUEST_ID, identity, duplicate=True)

@@ -243,8 +243,9 @@ async def test_a_client_that_stops_reading_is_cut_from_the_live_stream_not_the_t
                 if frame["t"] == "snapshot_result":
                     break
             assert frame is not None
-            terminal = {t["turn_id"]: t for t in frame["turns"]}[turn_id]["terminal"]
-            text = terminal["assistant_text"]
+            item = {t["turn_id"]: t for t in frame["turns"]}[turn_id]
+            terminal = {**item["terminal"], "assistant_text": item["assistant_text"]}
+            text = item["assistant_text"]
         assert terminal["status"] == "completed"
         assert terminal["assistant_text"] == text == "".join(chunks)
     finally:

@@ -2,52 +2,120 @@
 
 from __future__ import annotations
 
-from typing import Any
+import msgpack
+import pytest
 
-from magi_code.core.journal import MAX_TURN_EVENTS, RETAIN_SECONDS, TurnJournal
-
-
-def _event(name: str, sequence: int, **payload: Any) -> dict[str, Any]:
-    return {
-        "kind": "event",
-        "event": name,
-        "session_id": "s1",
-        "payload": {"turn_id": "t1", "sequence": sequence, **payload},
-    }
+from magi_code.core.journal import (
+    MAX_TURN_EVENTS,
+    RETAIN_SECONDS,
+    SNAPSHOT_PAGE_BYTES,
+    BadCursor,
+    SnapshotQuery,
+    TurnJournal,
+)
+from magi_code.core.output import TurnEvent
+from tests.support.turn_events import info
+from tests.support.turn_events import turn_event as _event
 
 
 def test_attach_returns_exactly_the_events_after_the_sequence_then_follows_live() -> None:
     journal = TurnJournal()
-    journal.observe(_event("turn.started", 0))
+    journal.record(_event("turn.started", 0))
     for i in range(1, 4):
-        journal.observe(_event("turn.assistant_delta", i, text=f"x{i}"))
-    live: list[dict[str, Any]] = []
+        journal.record(_event("turn.assistant_delta", i, text=f"x{i}"))
+    live: list[TurnEvent] = []
     answer = journal.attach("t1", 1, live.append)
     assert answer is not None
     status, events = answer
     assert status == "attached"
-    assert [e["payload"]["sequence"] for e in events] == [2, 3]
-    journal.observe(_event("turn.terminal", 4, status="completed", assistant_text="x1x2x3"))
-    assert [e["payload"]["sequence"] for e in live] == [4]
-    snap = journal.snapshot()[0]
+    assert [e.sequence for e in events] == [2, 3]
+    journal.record(_event("turn.terminal", 4, status="completed", assistant_text="x1x2x3"))
+    assert [e.sequence for e in live] == [4]
+    snap = journal.snapshot()[0][0]
     assert snap["status"] == "completed" and snap["assistant_text"] == "x1x2x3"
+    # The text is carried once: the terminal item holds everything else.
+    assert "assistant_text" not in snap["terminal"] and snap["terminal"]["sequence"] == 4
 
 
 def test_evicted_events_yield_an_explicit_resync() -> None:
     journal = TurnJournal()
     for i in range(MAX_TURN_EVENTS + 10):
-        journal.observe(_event("turn.assistant_delta", i, text="y"))
+        journal.record(_event("turn.assistant_delta", i, text="y"))
     answer = journal.attach("t1", 3, lambda _: None)
     assert answer is not None and answer[0] == "resync"
-    assert journal.snapshot()[0]["assistant_text"] == "y" * (MAX_TURN_EVENTS + 10)
+    assert journal.snapshot()[0][0]["assistant_text"] == "y" * (MAX_TURN_EVENTS + 10)
     assert journal.attach("unknown", 0, lambda _: None) is None
 
 
 def test_finished_turns_are_retained_for_a_bounded_time() -> None:
     now = [0.0]
     journal = TurnJournal(clock=lambda: now[0])
-    journal.observe(_event("turn.terminal", 1, status="cancelled", assistant_text=""))
+    journal.record(_event("turn.terminal", 1, status="cancelled", assistant_text=""))
     answer = journal.attach("t1", -1, lambda _: None)
     assert answer is not None and answer[0] == "finished"
     now[0] = RETAIN_SECONDS + 1
-    assert journal.snapshot() == []
+    assert journal.snapshot() == ([], None)
+
+
+def _finished(journal: TurnJournal, turn_id: str, text: str, **where: str) -> None:
+    turn = info(turn_id, **where)
+    journal.record(_event("turn.started", 0, turn=turn))
+    journal.record(_event("turn.assistant_delta", 1, turn=turn, text=text))
+    journal.record(_event("turn.terminal", 2, turn=turn, status="completed", assistant_text=text))
+
+
+def test_snapshot_pages_stay_bounded_and_cover_every_turn_once() -> None:
+    journal = TurnJournal()
+    for i in range(60):
+        _finished(journal, f"t{i}", "é" * 8000)  # 16 KB of UTF-8 each
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        items, cursor = journal.snapshot(SnapshotQuery(cursor=cursor))
+        pages += 1
+        assert len(msgpack.packb(items)) <= SNAPSHOT_PAGE_BYTES
+        seen += [item["turn_id"] for item in items]
+        if cursor is None:
+            break
+    assert pages > 1
+    assert seen == [f"t{i}" for i in range(60)]
+
+
+def test_a_turn_started_between_pages_is_seen_once_on_a_later_page() -> None:
+    journal = TurnJournal()
+    for i in range(40):
+        _finished(journal, f"t{i}", "x" * 16000)
+    first, cursor = journal.snapshot()
+    assert cursor is not None
+    _finished(journal, "late", "y")
+    rest: list[str] = []
+    while cursor is not None:
+        items, cursor = journal.snapshot(SnapshotQuery(cursor=cursor))
+        rest += [item["turn_id"] for item in items]
+    ids = [item["turn_id"] for item in first] + rest
+    assert ids == [f"t{i}" for i in range(40)] + ["late"]
+
+
+def test_snapshot_filters_by_session_turns_and_project() -> None:
+    journal = TurnJournal()
+    _finished(journal, "a", "1", session_id="s1", project_dir="/one")
+    _finished(journal, "b", "2", session_id="s2", project_dir="/one")
+    _finished(journal, "c", "3", session_id="s2", project_dir="/two")
+
+    def ids(query: SnapshotQuery) -> list[str]:
+        items, cursor = journal.snapshot(query)
+        assert cursor is None
+        return [item["turn_id"] for item in items]
+
+    assert ids(SnapshotQuery(session_id="s2")) == ["b", "c"]
+    assert ids(SnapshotQuery(project_dir="/one")) == ["a", "b"]
+    assert ids(SnapshotQuery(turn_ids=frozenset({"a", "c"}))) == ["a", "c"]
+    assert ids(SnapshotQuery(session_id="s2", project_dir="/one")) == ["b"]
+    item = journal.snapshot(SnapshotQuery(turn_ids=frozenset({"a"})))[0][0]
+    assert item["request_id"] == "r-a" and item["idempotency_key"] is None
+
+
+def test_a_cursor_not_issued_by_the_journal_is_refused() -> None:
+    with pytest.raises(BadCursor):
+        TurnJournal().snapshot(SnapshotQuery(cursor="nonsense"))

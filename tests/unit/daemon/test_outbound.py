@@ -5,16 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tests.support.turn_events import turn_event as _event
+
+from magi_code.core.output import Batch, TurnEvent
 from magi_code.daemon.outbound import Outbound
-
-
-def _event(name: str, sequence: int, **payload: Any) -> dict[str, Any]:
-    return {
-        "kind": "event",
-        "event": name,
-        "event_id": f"evt-{sequence}",
-        "payload": {"turn_id": "t1", "sequence": sequence, **payload},
-    }
 
 
 class _Sink:
@@ -41,7 +35,7 @@ def test_a_full_queue_cuts_the_turn_once_with_the_last_sequence_sent() -> None:
     sink.buffered = 0  # drained, but the turn stays cut until the client attaches
     sink.out.deliver(_event("turn.terminal", 3))
     response = {"kind": "response", "request_id": "r", "payload": {}}
-    sink.out.deliver(response)
+    sink.out.own(Batch([response]), lambda _: None)
     assert [m.get("payload", {}).get("sequence") for m in sink.written] == [1, None]
     assert sink.notices == [{"t": "overloaded", "turn_id": "t1", "after_sequence": 1}]
     assert sink.cut == ["t1"]
@@ -84,13 +78,13 @@ async def test_a_held_delta_is_sent_when_its_interval_ends() -> None:
 def test_own_events_of_a_followed_turn_arrive_once() -> None:
     sink = _Sink()
     sink.out.follow("t1")
-    seen: list[dict[str, Any]] = []
+    seen: list[TurnEvent] = []
 
-    def observe(message: dict[str, Any]) -> None:
-        seen.append(message)
-        sink.out.deliver(message)  # what the journal does for a follower
+    def record(event: TurnEvent) -> None:
+        seen.append(event)
+        sink.out.deliver(event)  # what the journal does for a follower
 
-    sink.out.own(_event("turn.assistant_delta", 1, text="a"), observe)
-    sink.out.own(_event("turn.terminal", 2), observe)
+    for event in (_event("turn.assistant_delta", 1, text="a"), _event("turn.terminal", 2)):
+        sink.out.own(Batch([event.envelope], turn_events=(event,)), record)
     assert len(seen) == 2
     assert [m["payload"]["sequence"] for m in sink.written] == [1, 2]

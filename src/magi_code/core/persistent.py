@@ -1,0 +1,209 @@
+"""The persistent coordinator: what a long-lived service keeps across its connections.
+
+Transport-neutral (the daemon's socket roles and the in-memory transport both drive it):
+
+- **Registrations.** Every v1-shim or persistent connection is registered with the
+  callback that ends its input. A v1 shim's work is cancelled and drained when it ends;
+  a lost persistent client's turns run on (*detached*) and its sessions become takeable
+  by another persistent client (control grants, RFC-0002 §6.1).
+- **Idle accounting.** The service is busy while any connection is registered or any
+  turn runs; :meth:`idle_for` says for how long it has not been.
+- **Owner drop.** :meth:`drain` cancels every turn, ends every connection's input and
+  waits until each connection's work is drained, so terminal records are persisted.
+- **The journal.** Typed turn events of persistent connections feed :class:`TurnJournal`
+  (snapshot, attach). A turn the journal no longer holds, or that an earlier daemon ran,
+  is answered from durable session history when the caller names its session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from magi_code.protocol import envelope
+from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.sessions.ids import validate_session_id
+from magi_code.storage.launch import LaunchContext
+
+from .coordinator import Connection, ServiceCoordinator
+from .journal import SnapshotQuery, TurnJournal
+from .output import TurnEvent
+from .sessions import SessionService
+from .turns import TurnService
+
+log = logging.getLogger(__name__)
+
+# A terminal recovered from history for a turn whose service died carries this sequence:
+# greater than any sequence the turn emitted, so a client's "after" comparisons hold.
+RECOVERED_SEQUENCE: Final = 2**53 - 1
+
+
+@dataclass(eq=False, slots=True)
+class Registration:
+    conn: Connection
+    role: str
+    end: Callable[[], None]
+    lost: bool = False
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class PersistentCoordinator:
+    def __init__(
+        self, coordinator: ServiceCoordinator, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.coordinator = coordinator
+        self.journal = TurnJournal(clock)
+        self.draining = False
+        self._clock = clock
+        self._clients: dict[int, Registration] = {}
+        self._last_busy = clock()
+        turns = [s for s in coordinator.services if isinstance(s, TurnService)]
+        sessions = [s for s in coordinator.services if isinstance(s, SessionService)]
+        self.turns: TurnService | None = turns[0] if turns else None
+        self.sessions: SessionService | None = sessions[0] if sessions else None
+
+    # -- connections -----------------------------------------------------------------------
+
+    def open(self, role: str, launch: LaunchContext, end: Callable[[], None]) -> Connection:
+        """Register a ``v1_shim`` or ``persistent`` connection; ``end`` stops its input."""
+        transports = ("stdio",) if role == "v1_shim" else ("unix",)
+        conn = self.coordinator.open_connection(launch, transports)
+        self._clients[conn.conn_id] = Registration(conn, role, end)
+        return conn
+
+    async def close(self, conn: Connection) -> None:
+        """The connection ended: drain (v1 shim) or detach (persistent) its work."""
+        reg = self._clients[conn.conn_id]
+        detach = reg.role == "persistent" and not self.draining
+        reg.lost = True  # from now on its sessions may be taken over
+        try:
+            await self.coordinator.close_connection(conn, detach=detach)
+        finally:
+            self._clients.pop(conn.conn_id, None)
+            reg.closed.set()
+
+    def _is_lost(self, conn_id: int) -> bool:
+        reg = self._clients.get(conn_id)
+        return reg is not None and reg.lost and reg.role == "persistent"
+
+    # -- idle accounting and owner drop ----------------------------------------------------
+
+    def busy(self) -> bool:
+        return bool(self._clients) or (self.turns is not None and bool(self.turns.active))
+
+    def idle_for(self) -> float:
+        """Seconds since the service was last seen busy (0 while it is)."""
+        now = self._clock()
+        if self.busy():
+            self._last_busy = now
+        return now - self._last_busy
+
+    async def drain(self, grace: float) -> None:
+        """Owner drop: cancel every turn, end every connection, wait for their drain."""
+        self.draining = True
+        if self.turns is not None:
+            for run in list(self.turns.active.values()):
+                run.cancel()
+        registrations = list(self._clients.values())
+        for reg in registrations:
+            reg.end()
+        waiters = [asyncio.ensure_future(reg.closed.wait()) for reg in registrations]
+        if waiters:
+            _, pending = await asyncio.wait(waiters, timeout=grace)
+            for waiter in pending:
+                waiter.cancel()
+            if pending:
+                log.warning("owner drop: %d connections did not drain in time", len(pending))
+
+    def counts(self) -> dict[str, int]:
+        active = self.turns.active if self.turns is not None else {}
+        return {
+            "clients": sum(1 for reg in self._clients.values() if not reg.lost),
+            "active_turns": len(active),
+            # Detached: its session's controller is a lost persistent client.
+            "detached_turns": sum(
+                1 for run in active.values() if self._is_lost(run.attachment.owner)
+            ),
+        }
+
+    # -- the journal, snapshot and attach --------------------------------------------------
+
+    def record(self, event: TurnEvent) -> None:
+        self.journal.record(event)
+
+    def snapshot(self, query: SnapshotQuery) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of turns (raises :class:`~magi_code.core.journal.BadCursor`)."""
+        return self.journal.snapshot(query)
+
+    async def attach(
+        self,
+        turn_id: str,
+        after: int,
+        session_id: str | None,
+        deliver: Callable[[TurnEvent], None],
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """``(status, event envelopes)``; raises ServiceError ``unknown_turn``/``session_busy``.
+
+        A turn in the journal is answered (and followed) before any await, so the caller
+        can send the answer before any later live event of that turn.
+        """
+        answer = self.journal.attach(turn_id, after, deliver)
+        if answer is not None:
+            status, events = answer
+            return status, [event.envelope for event in events]
+        if session_id is None or self.sessions is None:
+            raise ServiceError(ErrorCode.UNKNOWN_TURN)
+        session_id = validate_session_id(session_id)
+        if self.turns is not None and turn_id in self.turns.active:
+            # Running here but not journaled (a v1 shim's turn): it cannot be followed.
+            raise ServiceError(ErrorCode.SESSION_BUSY)
+        terminal = await self._durable_terminal(session_id, turn_id)
+        return "finished", [terminal]
+
+    async def _durable_terminal(self, session_id: str, turn_id: str) -> dict[str, Any]:
+        assert self.sessions is not None
+        store = self.sessions.store
+        outcome = await asyncio.to_thread(store.turn_outcome, session_id, turn_id)
+        if outcome is None:
+            raise ServiceError(ErrorCode.UNKNOWN_TURN)
+        if outcome.status is None:
+            # Its service died mid-turn: record the turn as failed (repairing the tail).
+            outcome = await asyncio.to_thread(store.close_interrupted_turn, session_id, turn_id)
+            if outcome is None or outcome.status is None:
+                raise ServiceError(ErrorCode.UNKNOWN_TURN)
+            log.info("recovered the outcome of an interrupted turn")
+        payload = {
+            "turn_id": turn_id,
+            "session_id": session_id,
+            "status": outcome.status,
+            "assistant_text": outcome.assistant_text,
+            "sequence": RECOVERED_SEQUENCE if outcome.sequence is None else outcome.sequence,
+            "activity_dropped": 0,
+            "activity_replay_available": False,
+            "replay_required": True,
+        }
+        event_id = self.coordinator.next_event_id()
+        return envelope.event(event_id, None, session_id, "turn.terminal", payload)
+
+    # -- control grants --------------------------------------------------------------------
+
+    async def take_control(
+        self, conn: Connection, session_id: object
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Make ``conn`` the session's controller; ``(session_id, running turns)``."""
+        if not conn.initialized:
+            raise ServiceError(ErrorCode.NOT_INITIALIZED)
+        if self.sessions is None or self.turns is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        valid = validate_session_id(session_id)
+        attachment = await self.sessions.take(conn, valid, self._is_lost)
+        turns = [
+            {"turn_id": run.turn_id, "sequence": self.journal.sequence(run.turn_id)}
+            for run in self.turns.active.values()
+            if run.attachment is attachment
+        ]
+        return valid, turns

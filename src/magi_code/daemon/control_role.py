@@ -1,0 +1,37 @@
+"""The ``control`` role (RFC-0002 §4): ``status`` and ``stop``, nothing else.
+
+A control connection is never registered with the persistent coordinator, so it never
+counts as a client for idle stop. Persistent connections may send ``control`` too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from magi_code.protocol import v2
+from magi_code.protocol.v2 import Code
+
+if TYPE_CHECKING:
+    from .connection import PeerConnection
+
+
+class ControlRole:
+    def __init__(self, peer: PeerConnection) -> None:
+        self.peer = peer
+
+    async def serve(self) -> None:
+        self.peer.send(self.peer.server.welcome("control"))
+        async for frame in self.peer.frames():
+            assert isinstance(frame, v2.Control)  # the only frame of this role
+            answer_control(self.peer, frame)
+
+
+def answer_control(peer: PeerConnection, frame: v2.Control) -> None:
+    server = peer.server
+    if frame.op == "status":
+        peer.send({"t": "control_result", "id": frame.id, "result": server.status()})
+    elif frame.op == "stop":
+        peer.send({"t": "control_result", "id": frame.id, "result": {"stopping": True}})
+        server.request_stop("control")
+    else:
+        peer.send(v2.frame_error("control_error", frame.id, Code.UNKNOWN_OPERATION))

@@ -1,0 +1,167 @@
+"""The ``persistent`` role (RFC-0002 §6): v1 requests whose turns survive the client.
+
+Requests are handled in order; a decoded request goes to the coordinator as a map (no
+JSON round trip). The connection's output never waits for the client: its writer hands
+every batch to :class:`~magi_code.daemon.outbound.Outbound` (bounded, coalescing, cut on
+overload) and feeds turn events to the persistent coordinator's journal, also after the
+client is gone, so detached turns keep their replay buffers.
+
+Answers that could outgrow one frame are split: ``snapshot`` pages by cursor, and a
+long ``attach`` answer continues in ``attach_more`` frames, all sent in the same loop step
+as the attachment, so every buffered event precedes any live event of that turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import msgpack
+
+from magi_code.core.coordinator import Connection
+from magi_code.core.journal import BadCursor, SnapshotQuery
+from magi_code.core.output import TurnEvent
+from magi_code.protocol import v2
+from magi_code.protocol.errors import ServiceError
+from magi_code.protocol.frames import FrameError
+from magi_code.protocol.v2 import Code
+
+from .control_role import answer_control
+from .outbound import Outbound
+from .waits import wait_either
+
+if TYPE_CHECKING:
+    from .connection import PeerConnection
+
+log = logging.getLogger("magi_code.daemon")
+
+# Events per attach frame are packed up to this many bytes (a frame holds 1 MiB).
+ATTACH_PART_BYTES: Final = 512 * 1024
+
+
+class PersistentRole:
+    def __init__(self, peer: PeerConnection, conn: Connection, delta_interval_ms: int) -> None:
+        self.peer = peer
+        self.conn = conn
+        self.core = peer.server.core
+        self.outbound = Outbound(
+            self._write_message,
+            peer.send,
+            peer.transport.get_write_buffer_size,
+            limit=peer.server.outbound_limit,
+            interval_ms=delta_interval_ms,
+            on_cut=lambda turn_id: self.core.journal.unfollow(turn_id, self._deliver),
+        )
+
+    async def serve(self) -> None:
+        peer, conn = self.peer, self.conn
+        peer.send(peer.server.welcome("persistent"))
+        writer = asyncio.create_task(self._writer())
+        try:
+            async for frame in peer.frames():
+                if isinstance(frame, v2.Request):
+                    if not self._expired(frame):
+                        batch = await self.core.coordinator.handle_message(
+                            conn, frame.message, idempotency_key=frame.idempotency_key
+                        )
+                        if batch is not None:
+                            await wait_either(batch.done.wait(), writer)
+                elif isinstance(frame, v2.TakeControl):
+                    await self._take_control(frame)
+                elif isinstance(frame, v2.Control):
+                    answer_control(peer, frame)
+                elif isinstance(frame, v2.Snapshot):
+                    self._snapshot(frame)
+                else:
+                    assert isinstance(frame, v2.Attach)
+                    await self._attach(frame)
+        finally:
+            self.core.journal.forget(self._deliver)
+            try:
+                await self.core.close(conn)
+                await writer
+            finally:
+                self.outbound.close()
+
+    def _expired(self, frame: v2.Request) -> bool:
+        """Answer a request whose deadline passed without running it (RFC-0002 §6.4)."""
+        if frame.deadline_ms is None or time.time() * 1000 < frame.deadline_ms:
+            return False
+        log.info("request expired before it ran")
+        self.peer.send(v2.request_error(frame.request_id, Code.DEADLINE_EXCEEDED))
+        return True
+
+    async def _take_control(self, frame: v2.TakeControl) -> None:
+        try:
+            session_id, turns = await self.core.take_control(self.conn, frame.session_id)
+        except ServiceError as exc:
+            self.peer.send({"t": "grant_error", "id": frame.id, "code": exc.code.value})
+            return
+        log.info("control granted")
+        self.peer.send(
+            {"t": "control_granted", "id": frame.id, "session_id": session_id, "turns": turns}
+        )
+
+    def _snapshot(self, frame: v2.Snapshot) -> None:
+        query = SnapshotQuery(frame.session_id, frame.turn_ids, frame.project_dir, frame.cursor)
+        try:
+            turns, cursor = self.core.snapshot(query)
+        except BadCursor:
+            self.peer.send(v2.frame_error("snapshot_error", frame.id, Code.INVALID_REQUEST))
+            return
+        self.peer.send(v2.snapshot_result(frame.id, turns, cursor))
+
+    async def _attach(self, frame: v2.Attach) -> None:
+        try:
+            status, events = await self.core.attach(
+                frame.turn_id, frame.after_sequence, frame.session_id, self._deliver
+            )
+        except ServiceError as exc:
+            self.peer.send({"t": "attach_error", "id": frame.id, "code": exc.code.value})
+            return
+        # No await from the journal's answer to the last part: live events come after.
+        if status == "finished":
+            self.outbound.cut.pop(frame.turn_id, None)
+        elif status in ("attached", "resync"):
+            self.outbound.follow(frame.turn_id)
+        parts = _split(events)
+        for index, part in enumerate(parts):
+            more = index < len(parts) - 1
+            if index == 0:
+                self.peer.send(v2.attach_result(frame.id, status, part, more))
+            else:
+                self.peer.send(v2.attach_more(frame.id, part, more))
+
+    def _deliver(self, event: TurnEvent) -> None:
+        """A followed turn's event from the journal."""
+        self.outbound.deliver(event)
+
+    def _write_message(self, message: dict[str, Any]) -> None:
+        try:
+            self.peer.send(v2.message(message))
+        except FrameError:
+            log.warning("persistent output error")
+
+    async def _writer(self) -> None:
+        # Runs until the connection's output ends, also after the client is gone: detached
+        # turns keep feeding the journal (their replay buffer) through it.
+        while (batch := await self.conn.output.get()) is not None:
+            self.outbound.own(batch, self.core.record)
+            batch.written()
+
+
+def _split(events: list[dict[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Events in order, in parts of at most :data:`ATTACH_PART_BYTES` (at least one part)."""
+    parts: list[list[Mapping[str, Any]]] = [[]]
+    used = 0
+    for event in events:
+        size = len(msgpack.packb(event, use_bin_type=True))
+        if parts[-1] and used + size > ATTACH_PART_BYTES:
+            parts.append([])
+            used = 0
+        parts[-1].append(event)
+        used += size
+    return parts
