@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -37,6 +38,7 @@ from magi_code.turns.agent import OutputLimitExceeded
 from magi_code.turns.runtime import TurnRequest, TurnRuntime, prepare_settings
 
 from .coordinator import Connection
+from .idempotency import RETAIN_SECONDS, StartKeys, repeated
 from .output import Batch, TurnEvent, TurnInfo
 from .routes import Reply, Route, SessionRule, check_fields
 from .sessions import Attachment, SessionService
@@ -204,7 +206,9 @@ class TurnRun:
             status = "failed"
             log.warning("turn failed (%s)", getattr(exc, "label", type(exc).__name__))
         self._admission_open = False
-        await self._persist_end(status)
+        # Nothing stamps a sequence after admission closed: the terminal's is known now.
+        sequence = self._stamp()
+        await self._persist_end(status, sequence)
         await self._queue.put(None)
         await pump
         terminal = {
@@ -212,7 +216,7 @@ class TurnRun:
             "session_id": self.session_id,
             "status": status,
             "assistant_text": "".join(self.text_parts),
-            "sequence": self._stamp(),
+            "sequence": sequence,
             "activity_dropped": self.activity_dropped,
             "activity_replay_available": False,
             "replay_required": True,
@@ -234,7 +238,7 @@ class TurnRun:
         self.attachment.cancel_turn = None
         self.attachment.idle.set()
 
-    async def _persist_end(self, status: str) -> None:
+    async def _persist_end(self, status: str, sequence: int) -> None:
         records: list[dict[str, Any]] = []
         unsaved = self._unsaved() if self._unsaved is not None else ""
         if unsaved:
@@ -245,6 +249,7 @@ class TurnRun:
                 "turn_id": self.turn_id,
                 "status": status,
                 "assistant_text": "".join(self.text_parts),
+                "sequence": sequence,
             }
         )
         for record in records:
@@ -261,6 +266,7 @@ class TurnService:
         self.runtime = runtime
         self.gate = gate
         self.active: dict[str, TurnRun] = {}
+        self.keys = StartKeys()
 
     def routes(self) -> Sequence[Route]:
         return (
@@ -272,6 +278,43 @@ class TurnService:
         return ("turn.started", "turn.assistant_delta", "turn.activity", "turn.terminal")
 
     async def _start(self, conn: Connection, request: Request, prompt: str) -> Reply:
+        key = request.idempotency_key
+        if key is None:
+            return await self._admit(conn, request, prompt)
+        slot = (request.session_id, key)
+        outcome = await self.keys.repeat(slot)
+        if outcome is None and request.session_id is not None:
+            outcome = await self._durable_acceptance(request.session_id, key)
+            outcome = outcome or await self.keys.repeat(slot)  # one may have begun meanwhile
+        if outcome is not None:
+            log.info("turn.start repeated an idempotency key")
+            payload = repeated(outcome)
+            return Reply(payload, session_id=payload["session_id"])
+        future = self.keys.begin(slot)
+        try:
+            reply = await self._admit(conn, request, prompt)
+        except ServiceError as exc:
+            future.set_result(exc.code)
+            raise
+        except BaseException:
+            self.keys.abandon(slot, future)
+            raise
+        future.set_result(dict(reply.payload))
+        return reply
+
+    async def _durable_acceptance(self, session_id: str, key: str) -> dict[str, Any] | None:
+        """A start under ``key`` that an earlier service accepted on this session."""
+        try:
+            found = await asyncio.to_thread(self.sessions.store.find_turn_by_key, session_id, key)
+        except ServiceError:
+            return None  # admission reports the session's problem itself
+        if found is None or found.accepted_at is None:
+            return None
+        if time.time() - found.accepted_at > RETAIN_SECONDS:
+            return None
+        return {"turn_id": found.turn_id, "session_id": session_id, "status": "accepted"}
+
+    async def _admit(self, conn: Connection, request: Request, prompt: str) -> Reply:
         if len(self.active) >= MAX_ACTIVE_TURNS:
             raise ServiceError(ErrorCode.TOO_MANY_ACTIVE_TURNS)
         if request.session_id is None:
@@ -296,9 +339,10 @@ class TurnService:
             if conn.output.closed or attachment.closing:
                 raise ServiceError(ErrorCode.SESSION_BUSY)
             turn_id = f"turn_{secrets.token_hex(12)}"
-            await asyncio.to_thread(
-                attachment.lease.append, {"type": "user", "turn_id": turn_id, "text": prompt}
-            )
+            user = {"type": "user", "turn_id": turn_id, "text": prompt}
+            if request.idempotency_key is not None:
+                user["idempotency_key"] = request.idempotency_key
+            await asyncio.to_thread(attachment.lease.append, user)
         except BaseException:
             await self._abandon(attachment)
             raise
