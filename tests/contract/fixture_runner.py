@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
-
-from tests.support.service import ServiceProcess
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "application_service"
 
@@ -20,6 +18,20 @@ def scenario_files() -> list[Path]:
 def advertised() -> dict[str, Any]:
     data: dict[str, Any] = orjson.loads((FIXTURES / "advertised.json").read_bytes())
     return data
+
+
+class ScenarioService(Protocol):
+    """What a scenario drives: a real service process, or the in-memory bridge."""
+
+    async def send(self, record: Any) -> None: ...
+
+    async def send_raw(self, data: bytes) -> None: ...
+
+    async def close_stdin(self) -> None: ...
+
+    async def recv(self, timeout: float = ...) -> dict[str, Any]: ...
+
+    async def wait(self, timeout: float = ...) -> int: ...
 
 
 class Mismatch(AssertionError):
@@ -112,7 +124,7 @@ def padded(record: Any, total: int) -> bytes:
     return data
 
 
-async def run_scenario(path: Path, service: ServiceProcess) -> None:
+async def run_scenario(path: Path, service: ScenarioService) -> None:
     steps = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
     header, *steps = steps
     assert header["fixture_schema_version"] == 1

@@ -48,7 +48,7 @@ async def serve_shim(ctx: LaunchContext) -> int:
     except (DaemonUnavailable, DaemonError, DaemonStartError, UnsafeRuntimeDir) as exc:
         diagnostic(f"cannot reach the daemon: {exc}")
         return 1
-    bridge = _Bridge(channel, await open_reader(0), await open_writer(proto_fd))
+    bridge = Bridge(channel, await open_reader(0), await open_writer(proto_fd))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -59,7 +59,7 @@ async def serve_shim(ctx: LaunchContext) -> int:
         await channel.close()
 
 
-class _Bridge:
+class Bridge:
     def __init__(self, channel: Channel, reader: ByteReader, writer: ByteWriter) -> None:
         self.channel = channel
         self.reader = reader
