@@ -8,24 +8,21 @@ the wire behaviour, not a client library's.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.inprocess import InMemoryDaemon, in_memory_daemon
+from tests.support.v2peer import Frame, Peer, sequences
 
-from magi_code.client import Channel
 from magi_code.core.persistent import RECOVERED_SEQUENCE
 from magi_code.daemon import persistent_role
 from magi_code.protocol import envelope
 from magi_code.protocol.frames import MAX_FRAME_BYTES
 from magi_code.sessions.store import SessionStore
-
-Frame = dict[str, Any]
 
 
 @pytest.fixture
@@ -43,105 +40,15 @@ async def daemon(
         yield running
 
 
-class Peer:
-    """One raw v2 connection; frames read while waiting for something stay in ``seen``."""
-
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-        self.seen: list[Frame] = []
-        self._ids = 0
-
-    @classmethod
-    async def connect(cls, daemon: InMemoryDaemon, *, initialize: bool = True) -> Peer:
-        peer = cls(await daemon.channel("persistent"))
-        if initialize:
-            response = await peer.request("initialize", {"supported_protocol_versions": [1]})
-            assert response["error"] is None
-        return peer
-
-    async def until(self, predicate: Callable[[Frame], bool], timeout: float = 20) -> Frame:
-        for i, frame in enumerate(self.seen):
-            if predicate(frame):
-                return self.seen.pop(i)
-        async with asyncio.timeout(timeout):
-            while (got := await self.channel.recv()) is not None:
-                if predicate(got):
-                    return got
-                self.seen.append(got)
-        raise AssertionError("the connection ended first")
-
-    async def send_request(
-        self, method: str, payload: dict[str, Any], *, session_id: str | None = None, **extra: Any
-    ) -> str:
-        self._ids += 1
-        rid = f"r{self._ids}"
-        message = envelope.request(rid, method, payload, session_id)
-        await self.channel.send({"t": "request", "message": message, **extra})
-        return rid
-
-    async def request(self, method: str, payload: dict[str, Any], **kwargs: Any) -> Frame:
-        rid = await self.send_request(method, payload, **kwargs)
-        frame = await self.until(
-            lambda f: (
-                f["t"] == "message"
-                and f["message"].get("request_id") == rid
-                and f["message"]["kind"] == "response"
-            )
-        )
-        message: Frame = frame["message"]
-        return message
-
-    async def call(self, frame: Frame, answer: str) -> Frame:
-        self._ids += 1
-        await self.channel.send({**frame, "id": self._ids})
-        fid = self._ids
-        return await self.until(lambda f: f.get("id") == fid and f["t"] in (answer, *_ERRORS))
-
-    async def turn_events(self, turn_id: str) -> list[Frame]:
-        """This turn's events as live ``message`` frames, up to its terminal."""
-        events: list[Frame] = []
-        while not events or events[-1]["event"] != "turn.terminal":
-            frame = await self.until(
-                lambda f: (
-                    f["t"] == "message"
-                    and f["message"]["kind"] == "event"
-                    and f["message"]["payload"].get("turn_id") == turn_id
-                )
-            )
-            events.append(frame["message"])
-        return events
-
-    async def attach(
-        self, turn_id: str, after: int = -1, **extra: Any
-    ) -> tuple[Frame, list[Frame]]:
-        """The attach answer and all its events (``attach_more`` parts joined)."""
-        first = await self.call(
-            {"t": "attach", "turn_id": turn_id, "after_sequence": after, **extra}, "attach_result"
-        )
-        events = list(first.get("events", []))
-        more = first.get("more", False)
-        while more:
-            part = await self.until(lambda f: f["t"] == "attach_more" and f["id"] == first["id"])
-            events += part["events"]
-            more = part["more"]
-        return first, events
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-
-_ERRORS = ("attach_error", "snapshot_error", "grant_error", "request_error", "control_error")
-
-
-def _sequences(events: list[Frame]) -> list[int]:
-    return [e["payload"]["sequence"] for e in events]
+async def _peer(daemon: InMemoryDaemon) -> Peer:
+    return await Peer.over(await daemon.channel("persistent"))
 
 
 async def test_a_turns_events_follow_its_acceptance_in_sequence_order(
     daemon: InMemoryDaemon, fake: FakeProviderServer
 ) -> None:
     fake.enqueue(Reply(text=["a", "b", "c"]))
-    peer = await Peer.connect(daemon)
+    peer = await _peer(daemon)
     rid = await peer.send_request("turn.start", {"prompt": "hi"})
     frames: list[Frame] = []
     while not frames or frames[-1]["message"].get("event") != "turn.terminal":
@@ -151,7 +58,7 @@ async def test_a_turns_events_follow_its_acceptance_in_sequence_order(
     turn_id = messages[0]["payload"]["turn_id"]
     events = messages[1:]
     assert events[0]["event"] == "turn.started" and events[-1]["event"] == "turn.terminal"
-    assert _sequences(events) == list(range(len(events)))  # one counter, no gap
+    assert sequences(events) == list(range(len(events)))  # one counter, no gap
     deltas = [e["payload"]["text"] for e in events if e["event"] == "turn.assistant_delta"]
     assert deltas == ["a", "b", "c"]
     assert all(e["request_id"] == rid and e["payload"]["turn_id"] == turn_id for e in events)
@@ -164,7 +71,7 @@ async def test_a_second_client_attached_mid_turn_gets_buffered_then_live_events_
 ) -> None:
     chunks = [f"c{i} " for i in range(30)]
     fake.enqueue(Reply(text=chunks, chunk_delay=0.01))
-    owner, follower = await Peer.connect(daemon), await Peer.connect(daemon)
+    owner, follower = await _peer(daemon), await _peer(daemon)
     response = await owner.request("turn.start", {"prompt": "go"})
     turn_id = response["payload"]["turn_id"]
     await owner.until(
@@ -173,13 +80,13 @@ async def test_a_second_client_attached_mid_turn_gets_buffered_then_live_events_
     answer, buffered = await follower.attach(turn_id, 1)
     assert answer["status"] == "attached"
     live = await follower.turn_events(turn_id)
-    sequences = _sequences(buffered) + _sequences(live)
-    assert sequences == list(range(2, sequences[-1] + 1))  # gapless, each once, in order
+    seen = sequences(buffered) + sequences(live)
+    assert seen == list(range(2, seen[-1] + 1))  # gapless, each once, in order
     assert live[-1]["payload"]["assistant_text"] == "".join(chunks)
     # The owner, attached to its own turn too, still receives each event once.
     await owner.attach(turn_id, 3)
     rest = await owner.turn_events(turn_id)
-    assert len(_sequences(rest)) == len(set(_sequences(rest)))
+    assert len(sequences(rest)) == len(set(sequences(rest)))
     await owner.close()
     await follower.close()
 
@@ -189,7 +96,7 @@ async def test_a_512_event_attach_arrives_in_parts_in_order_before_live_events(
 ) -> None:
     monkeypatch.setattr(persistent_role, "ATTACH_PART_BYTES", 8 * 1024)
     fake.enqueue(Reply(text=["x"] * 700, ending="stall", after_chunks=600))
-    owner = await Peer.connect(daemon)
+    owner = await _peer(daemon)
     response = await owner.request("turn.start", {"prompt": "many"})
     turn_id = response["payload"]["turn_id"]
     deltas = 0
@@ -197,15 +104,15 @@ async def test_a_512_event_attach_arrives_in_parts_in_order_before_live_events(
         frame = await owner.until(lambda f: f["t"] == "message")
         deltas += frame["message"].get("event") == "turn.assistant_delta"
     last = frame["message"]["payload"]["sequence"]
-    follower = await Peer.connect(daemon)
+    follower = await _peer(daemon)
     answer, events = await follower.attach(turn_id, last - 512)
     assert answer["status"] == "attached" and answer["more"] is True
     # 512 events (the whole buffer), every one, in order.
-    assert _sequences(events) == list(range(last - 511, last + 1))
+    assert sequences(events) == list(range(last - 511, last + 1))
     cancel = await owner.request("turn.cancel", {"turn_id": turn_id})
     assert cancel["error"] is None
     live = await follower.turn_events(turn_id)
-    assert live[-1]["event"] == "turn.terminal" and _sequences(live)[0] > last
+    assert live[-1]["event"] == "turn.terminal" and sequences(live)[0] > last
     await owner.close()
     await follower.close()
 
@@ -214,7 +121,7 @@ async def test_snapshot_pages_60_turns_of_16_kib_each_once_within_the_frame_boun
     daemon: InMemoryDaemon, fake: FakeProviderServer
 ) -> None:
     answer = "é" * 8000  # 16,000 bytes of UTF-8
-    peer = await Peer.connect(daemon)
+    peer = await _peer(daemon)
     started = []
     for _ in range(60):
         fake.enqueue(Reply(text=[answer]))
@@ -250,10 +157,10 @@ async def test_a_repeated_idempotency_key_starts_nothing_and_answers_the_first_a
     daemon: InMemoryDaemon, fake: FakeProviderServer
 ) -> None:
     fake.enqueue(Reply(text=["once"], chunk_delay=0.05))
-    first = await Peer.connect(daemon)
+    first = await _peer(daemon)
     await first.send_request("turn.start", {"prompt": "p"}, idempotency_key="k-1")
     await first.close()  # gone before reading the answer: the outcome is unknown to it
-    retry = await Peer.connect(daemon)
+    retry = await _peer(daemon)
     rid = await retry.send_request("turn.start", {"prompt": "p"}, idempotency_key="k-1")
     response = await retry.until(
         lambda f: f["t"] == "message" and f["message"].get("request_id") == rid
@@ -277,7 +184,7 @@ async def test_a_repeated_idempotency_key_starts_nothing_and_answers_the_first_a
 
 
 async def test_a_refused_start_is_refused_again_under_its_key(daemon: InMemoryDaemon) -> None:
-    peer = await Peer.connect(daemon)
+    peer = await _peer(daemon)
     missing = "s_" + "0" * 24
     first = await peer.request(
         "turn.start", {"prompt": "p"}, session_id=missing, idempotency_key="k"
@@ -296,13 +203,13 @@ async def test_an_outcome_is_answered_from_history_by_a_new_daemon(
     write_settings(home, fake)
     fake.enqueue(Reply(text=["kept ", "answer"]))
     async with in_memory_daemon(home, project) as first:
-        peer = await Peer.connect(first)
+        peer = await _peer(first)
         response = await peer.request("turn.start", {"prompt": "p"}, idempotency_key="key-9")
         turn_id, session_id = response["payload"]["turn_id"], response["payload"]["session_id"]
         terminal = (await peer.turn_events(turn_id))[-1]["payload"]
         await peer.close()
     async with in_memory_daemon(home, project) as second:
-        peer = await Peer.connect(second)
+        peer = await _peer(second)
         unknown = await peer.call({"t": "attach", "turn_id": turn_id}, "attach_result")
         assert unknown["t"] == "attach_error" and unknown["code"] == "unknown_turn"
         answer, events = await peer.attach(turn_id, -1, session_id=session_id)
@@ -331,7 +238,7 @@ async def test_a_turn_whose_daemon_died_is_answered_failed_once_reopened(
     with store.acquire_writer_lease(session_id) as lease:  # the dead daemon's writes
         lease.append({"type": "user", "turn_id": "turn_dead", "text": "p"})
         lease.append({"type": "assistant", "turn_id": "turn_dead", "text": "half"})
-    peer = await Peer.connect(daemon)
+    peer = await _peer(daemon)
     answer, events = await peer.attach("turn_dead", -1, session_id=session_id)
     assert answer["status"] == "finished"
     payload = events[0]["payload"]
@@ -346,10 +253,10 @@ async def test_a_lost_clients_session_is_granted_to_one_other_client(
     daemon: InMemoryDaemon, fake: FakeProviderServer
 ) -> None:
     fake.enqueue(Reply(text=["partial"], ending="stall", after_chunks=1))
-    owner = await Peer.connect(daemon)
+    owner = await _peer(daemon)
     response = await owner.request("turn.start", {"prompt": "hang"})
     turn_id, session_id = response["payload"]["turn_id"], response["payload"]["session_id"]
-    taker, other = await Peer.connect(daemon), await Peer.connect(daemon)
+    taker, other = await _peer(daemon), await _peer(daemon)
     busy = await taker.call({"t": "take_control", "session_id": session_id}, "control_granted")
     assert busy["t"] == "grant_error" and busy["code"] == "session_busy"  # its owner is here
     await owner.close()
@@ -384,10 +291,10 @@ async def test_a_client_that_stops_reading_is_cut_then_recovers_by_attach(
     daemon.server.outbound_limit = 4096
     chunks = [f"{i:04d}" * 16 for i in range(200)]
     fake.enqueue(Reply(text=chunks, chunk_delay=0.001))
-    slow = await Peer.connect(daemon)
+    slow = await _peer(daemon)
     response = await slow.request("turn.start", {"prompt": "flood"})
     turn_id = response["payload"]["turn_id"]
-    watcher = await Peer.connect(daemon)
+    watcher = await _peer(daemon)
     _, events = await watcher.attach(turn_id, -1)
     if not events or events[-1]["event"] != "turn.terminal":
         await watcher.turn_events(turn_id)  # the turn ran on, unaffected
@@ -397,10 +304,10 @@ async def test_a_client_that_stops_reading_is_cut_then_recovers_by_attach(
     before = [
         f["message"] for f in slow.seen if f["t"] == "message" and f["message"]["kind"] == "event"
     ]
-    assert _sequences(before) == list(range(after + 1))  # nothing after the cut
+    assert sequences(before) == list(range(after + 1))  # nothing after the cut
     answer, rest = await slow.attach(turn_id, after)
     assert answer["status"] == "finished"
-    assert _sequences(rest)[0] == after + 1
+    assert sequences(rest)[0] == after + 1
     text = "".join(e["payload"].get("text", "") for e in before + rest[:-1])
     assert text == rest[-1]["payload"]["assistant_text"] == "".join(chunks)
     await slow.close()
