@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeGuard
 
 PROTOCOL_VERSION: Final = 2
 SUPPORTED_VERSIONS: Final = (2,)
@@ -23,7 +23,8 @@ MAX_DELTA_INTERVAL_MS: Final = 10_000
 MAX_FILTER_TURN_IDS: Final = 256
 MAX_CURSOR_BYTES: Final = 128
 MAX_PATH_BYTES: Final = 4096
-_KEY_RE: Final = re.compile(r"[A-Za-z0-9\-_.:]{1,64}")
+MAX_IDEMPOTENCY_KEY_CHARS: Final = 64
+_KEY_RE: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
 
 Role = Literal["v1_shim", "persistent", "control"]
 ROLES: Final[dict[str, str]] = {
@@ -310,7 +311,7 @@ def _request(frame: Mapping[str, Any]) -> Request:
     if deadline is not None and not _is_int(deadline):
         raise Rejected(request_error(request_id, Code.INVALID_DEADLINE))
     key = frame.get("idempotency_key")
-    if key is not None and not (isinstance(key, str) and _KEY_RE.fullmatch(key)):
+    if key is not None and not valid_idempotency_key(key):
         raise Rejected(request_error(request_id, Code.INVALID_IDEMPOTENCY_KEY))
     return Request(message, request_id, deadline, key)
 
@@ -359,6 +360,11 @@ def _attach(frame: Mapping[str, Any]) -> Attach:
     if not _is_int(after) or not _optional_id(session_id):
         raise Rejected(frame_error("attach_error", fid, Code.INVALID_REQUEST))
     return Attach(fid, turn_id, after, session_id)
+
+
+def valid_idempotency_key(value: object) -> TypeGuard[str]:
+    """1 to 64 ASCII letters, digits, ``-``, ``_``, ``.`` or ``:``."""
+    return isinstance(value, str) and _KEY_RE.fullmatch(value) is not None
 
 
 def _is_int(value: object) -> bool:

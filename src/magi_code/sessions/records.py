@@ -14,13 +14,14 @@ to ``None`` so readers can skip it and report a gap. Unknown ``type`` values dec
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Literal, TypeGuard
+from typing import Final, Literal
 
 import orjson
+
+from magi_code.protocol.v2 import valid_idempotency_key
 
 RECORD_VERSION: Final = 1
 
@@ -44,8 +45,6 @@ OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     # The sequence number the turn's terminal event carried (absent when no event did).
     "terminal": ("sequence",),
 }
-MAX_IDEMPOTENCY_KEY_CHARS: Final = 64
-_IDEMPOTENCY_KEY: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
 _STATUSES: Final[dict[str, TerminalStatus]] = {
     "completed": "completed",
     "cancelled": "cancelled",
@@ -157,11 +156,6 @@ def _seq(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise _Malformed
     return value
-
-
-def valid_idempotency_key(value: object) -> TypeGuard[str]:
-    """1 to 64 ASCII letters, digits, ``-``, ``_``, ``.`` or ``:``."""
-    return isinstance(value, str) and _IDEMPOTENCY_KEY.fullmatch(value) is not None
 
 
 def _key(obj: Mapping[str, object]) -> str | None:

@@ -45,6 +45,7 @@ import orjson
 
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_WINDOW_BYTES
+from magi_code.protocol.v2 import valid_idempotency_key
 from magi_code.sessions.fileio import (
     APPEND_LOCK,
     DIR_FLAGS,
@@ -85,7 +86,6 @@ from magi_code.sessions.records import (
     UserRecord,
     encode_record,
     now_rfc3339,
-    valid_idempotency_key,
 )
 from magi_code.sessions.titles import title_from_prompt
 from magi_code.storage.files import atomic_write
