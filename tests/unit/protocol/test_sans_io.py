@@ -11,6 +11,7 @@ def test_protocol_imports_no_io_layer() -> None:
         "import sys\n"
         "import magi_code.protocol.envelope, magi_code.protocol.framing\n"
         "import magi_code.protocol.frames, magi_code.protocol.bounds, magi_code.protocol.text\n"
+        "import magi_code.protocol.v2\n"
         "bad = [m for m in ('asyncio', 'httpx', 'uvloop', 'magi_code.core', 'magi_code.daemon')"
         " if m in sys.modules]\n"
         "print(','.join(bad))\n"
