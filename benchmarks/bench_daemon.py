@@ -42,7 +42,7 @@ from benchlib import (
 )
 from tests.support.service import service_env, stop_daemon
 
-from magi_code.client import Client
+from magi_code.client import Client, Overloaded
 from magi_code.core.turns import MAX_ACTIVE_TURNS
 from magi_code.endpoint.paths import read_info, runtime_paths
 from magi_code.protocol.limits import MAX_STRING_BYTES
@@ -220,6 +220,8 @@ async def one_turn(client: Client, started: list[float]) -> int:
         raise RuntimeError(f"turn.start failed: {response['error']}")
     deltas = 0
     async for event in events:
+        if isinstance(event, Overloaded):
+            raise RuntimeError(f"the daemon cut the client from turn {event.turn_id}")
         if event.get("request_id") != request_id:
             continue
         if event["event"] == "turn.assistant_delta":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ class Channel:
         self._reader = reader
         self._writer = writer
         self._decoder = FrameDecoder()
-        self._frames: list[dict[str, Any]] = []
+        self._frames: deque[dict[str, Any]] = deque()
+        self._broken = False
         self.welcome = welcome
 
     @classmethod
@@ -80,6 +82,27 @@ class Channel:
         if sock is None or not check_peer(sock):
             writer.close()
             raise DaemonError("the daemon socket belongs to another user; refusing to use it")
+        return await cls.handshake(
+            reader, writer, role, launch, client_name=client_name, timeout=timeout, options=options
+        )
+
+    @classmethod
+    async def handshake(
+        cls,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        role: Role,
+        launch: LaunchContext | None,
+        *,
+        client_name: str = "magi_code.client",
+        timeout: float = CONNECT_TIMEOUT,
+        options: Mapping[str, Any] | None = None,
+    ) -> Channel:
+        """Say hello on an already connected stream and wait for ``welcome``.
+
+        :meth:`open` calls this after its peer checks; call it directly only on a stream
+        whose other end you trust already (a ``socketpair`` in tests, a proxy you run).
+        """
         channel = cls(reader, writer, {})
         try:
             launch_frame = None if launch is None else launch_of(launch)
@@ -91,6 +114,9 @@ class Channel:
         except TimeoutError:
             await channel.close()
             raise DaemonError("the daemon did not answer the handshake in time") from None
+        except DaemonError:
+            await channel.close()
+            raise
         if first is None:
             await channel.close()
             raise DaemonUnavailable("the daemon closed the connection")
@@ -99,10 +125,10 @@ class Channel:
             code = first.get("code")
             if code == "draining":
                 raise DaemonUnavailable("the daemon is stopping")
-            raise DaemonError(f"the daemon refused the connection ({code})")
+            raise DaemonError(f"the daemon refused the connection ({code})", _code(code))
         if first.get("t") != "welcome":
             await channel.close()
-            raise DaemonError("the daemon answered with an unexpected frame")
+            raise DaemonError("the daemon answered with an unexpected frame", "protocol_error")
         channel.welcome = first
         return channel
 
@@ -111,8 +137,14 @@ class Channel:
         await self._writer.drain()
 
     async def recv(self) -> dict[str, Any] | None:
-        """The next frame, or None at end of stream."""
+        """The next frame, or None at end of stream.
+
+        Bytes that are not valid v2 framing raise :class:`DaemonError` (``framing_error``)
+        once the valid frames before them have been returned.
+        """
         while not self._frames:
+            if self._broken:
+                raise DaemonError("the daemon sent an invalid frame", "framing_error")
             data = await self._reader.read(READ_CHUNK)
             if not data:
                 with contextlib.suppress(FrameError):
@@ -120,11 +152,20 @@ class Channel:
                 return None
             try:
                 self._frames.extend(self._decoder.feed(data))
-            except FrameError:
-                raise DaemonError("the daemon sent an invalid frame") from None
-        return self._frames.pop(0)
+            except FrameError as exc:
+                self._frames.extend(exc.decoded)
+                self._broken = True
+        return self._frames.popleft()
+
+    def abort(self) -> None:
+        """Close the transport now (no waiting); for a reader that found a protocol error."""
+        self._writer.close()
 
     async def close(self) -> None:
         self._writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await self._writer.wait_closed()
+
+
+def _code(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,7 +1,16 @@
 """Typed async client for the magi-code daemon (protocol v2, RFC-0002).
 
-:class:`Client` adds request/response correlation and event iteration for
-``persistent`` and ``control`` connections on a :class:`~magi_code.client.channel.Channel`.
+:class:`Client` adds request/response correlation, a bounded event stream and the v2
+operations (snapshot, attach, control grants) to a
+:class:`~magi_code.client.channel.Channel`. One reader task reads the socket and routes
+each frame: responses and answers to the call that waits for them, events into a bounded
+buffer that :meth:`Client.events` drains. When that buffer is full the reader stops
+reading the socket until there is room, so a slow consumer makes the daemon's own
+overload mechanism fire (RFC-0002 §6.2) instead of this process's memory grow.
+
+The client keeps the protocol's promises: a frame type it does not know, or a frame that
+does not fit its type, is a protocol error that ends the connection; a fatal ``error``
+frame's code reaches every waiting call and the event stream.
 """
 
 from __future__ import annotations
@@ -9,20 +18,91 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+import secrets
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeGuard, cast
 
 from magi_code.protocol import envelope
-from magi_code.protocol.v2 import Role
+from magi_code.protocol.frames import FrameError
+from magi_code.protocol.v2 import MAX_FILTER_TURN_IDS, MESSAGES, SERVER_FRAMES, Code, Role
 from magi_code.storage.launch import LaunchContext
 
+from .buffer import EventBuffer
 from .channel import Channel, socket_for
-from .errors import DaemonError, DaemonUnavailable, DeadlineExceeded
+from .errors import DaemonError, DaemonUnavailable, DeadlineExceeded, OutcomeUnknown
 from .starter import ensure_daemon
+from .types import (
+    AttachResult,
+    AttachStatus,
+    ControlGranted,
+    ControlStatus,
+    Event,
+    EventEnvelope,
+    Overloaded,
+    ResponseEnvelope,
+    SnapshotItem,
+    SnapshotPage,
+)
+
+MAX_QUEUED_EVENTS: Final = 1024
+"""The default bound of a client's event buffer (events and overload notices)."""
+
+# Frames that only a handshake or a v1 shim connection carries: a protocol error here.
+_NOT_PERSISTENT: Final = frozenset({"welcome", "refused", "output", "next", "end"})
+# The frame types answering each call, by the type the call sent.
+_ANSWERS: Final[dict[str, tuple[str, str]]] = {
+    "control": ("control_result", "control_error"),
+    "snapshot": ("snapshot_result", "snapshot_error"),
+    "attach": ("attach_result", "attach_error"),
+    "take_control": ("control_granted", "grant_error"),
+}
+_ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
+
+
+def new_idempotency_key() -> str:
+    """A fresh key for ``turn.start`` (24 URL-safe characters, within the v2 rule)."""
+    return secrets.token_urlsafe(18)
+
+
+class _Broken(Exception):
+    """The daemon's frames end the connection; ``error`` is what callers are told."""
+
+    def __init__(self, error: DaemonError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _protocol_error(what: str) -> _Broken:
+    return _Broken(DaemonError(f"the daemon broke the protocol: {what}", Code.PROTOCOL_ERROR.value))
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    future: asyncio.Future[ResponseEnvelope]
+    method: str
+    payload: Mapping[str, Any] | None
+    session_id: str | None
+    idempotency_key: str | None
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    sent: str
+    future: asyncio.Future[dict[str, Any]]
+    status: str | None = None  # attach: set by attach_result
+    events: list[EventEnvelope] = field(default_factory=list)
 
 
 class Client:
     """A ``persistent`` (or ``control``) connection with request/response correlation.
+
+    Consume :meth:`events` concurrently with your requests (in its own task). Events
+    wait in a bounded buffer (``max_queued_events``); when it is full the client stops
+    reading the socket, so answers to later requests wait too until events are taken,
+    and the daemon cuts the connection from a turn's live stream with an
+    :class:`Overloaded` notice rather than buffering without bound.
 
     Example::
 
@@ -30,15 +110,21 @@ class Client:
             await client.request("initialize", {"supported_protocol_versions": [1]})
             reply = await client.request("turn.start", {"prompt": "hi"})
             async for event in client.events():
-                if event["event"] == "turn.terminal":
+                if isinstance(event, Overloaded):
+                    await client.attach(event.turn_id, event.after_sequence)
+                elif event["event"] == "turn.terminal":
                     break
     """
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, *, max_queued_events: int = MAX_QUEUED_EVENTS) -> None:
+        if max_queued_events < 1:
+            raise ValueError("max_queued_events must be at least 1")
         self.channel = channel
         self._ids = itertools.count(1)
-        self._waiting: dict[tuple[str, Any], asyncio.Future[dict[str, Any]]] = {}
-        self._events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._requests: dict[str, _Request] = {}
+        self._calls: dict[int, _Call] = {}
+        self._events = EventBuffer(max_queued_events)
+        self._ended: DaemonError | DaemonUnavailable | None = None
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -50,27 +136,41 @@ class Client:
         autostart: bool = True,
         client_name: str = "magi_code.client",
         delta_interval_ms: int = 0,
+        max_queued_events: int = MAX_QUEUED_EVENTS,
     ) -> Client:
         """Connect to the daemon of ``ctx.mc_home``, starting it on demand if allowed.
 
         ``delta_interval_ms`` (0..10000) asks the daemon to merge a turn's assistant
         deltas so they arrive at most once per interval (RFC-0002 §6.3).
+        ``max_queued_events`` bounds the events waiting for :meth:`events`.
         """
         options = {"delta_interval_ms": delta_interval_ms} if delta_interval_ms else None
         channel = await connect_channel(
             ctx, role, autostart=autostart, client_name=client_name, options=options
         )
-        return cls(channel)
+        return cls(channel, max_queued_events=max_queued_events)
 
     @property
     def welcome(self) -> dict[str, Any]:
         return self.channel.welcome
+
+    @property
+    def queued_events(self) -> int:
+        """Events received and not yet taken by :meth:`events`."""
+        return len(self._events)
+
+    @property
+    def backpressured(self) -> bool:
+        """True while the event buffer is full and the socket is not being read."""
+        return self._events.putting
 
     async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+    # -- v1 requests ----------------------------------------------------------------------
 
     async def request(
         self,
@@ -80,125 +180,441 @@ class Client:
         session_id: str | None = None,
         request_id: str | None = None,
         deadline_ms: int | None = None,
-    ) -> dict[str, Any]:
+        idempotency_key: str | None = None,
+    ) -> ResponseEnvelope:
         """Send a v1 request envelope; returns its v1 response envelope.
 
         ``deadline_ms`` (Unix time in milliseconds): if the daemon reaches the request
         only after it, the request does not run and :class:`DeadlineExceeded` is raised.
+
+        ``turn.start`` carries an ``idempotency_key`` (a fresh one unless you pass your
+        own: 1-64 ASCII letters, digits and ``-_.:``): the daemon answers a repeat of it
+        with the original outcome and starts nothing. If the connection ends after the
+        request was sent and before its response, :class:`OutcomeUnknown` is raised
+        (with the key); resume with :meth:`resume_turn` on a new client.
         """
         rid = request_id or f"c-{next(self._ids)}"
-        message = envelope.request(rid, method, payload, session_id)
-        frame: dict[str, Any] = {"t": "request", "message": message}
+        if rid in self._requests:
+            raise ValueError(f"request ID {rid!r} is already in flight on this client")
+        if idempotency_key is None and method == "turn.start":
+            idempotency_key = new_idempotency_key()
+        frame: dict[str, Any] = {
+            "t": "request",
+            "message": envelope.request(rid, method, payload, session_id),
+        }
         if deadline_ms is not None:
             frame["deadline_ms"] = deadline_ms
-        return await self._call(("response", rid), frame)
+        if idempotency_key is not None:
+            frame["idempotency_key"] = idempotency_key
+        self._check_open()  # nothing is sent on an ended connection: safe to retry
+        future: asyncio.Future[ResponseEnvelope] = asyncio.get_running_loop().create_future()
+        sent_payload = frame["message"]["payload"]  # a copy: later edits do not change it
+        pending = _Request(future, method, sent_payload, session_id, idempotency_key)
+        self._requests[rid] = pending
+        try:
+            await self.channel.send(frame)
+        except FrameError as exc:  # raised while encoding, before any byte is written
+            self._requests.pop(rid, None)
+            raise ValueError(f"the request cannot be sent: {exc}") from None
+        except (ConnectionError, OSError) as exc:
+            self._requests.pop(rid, None)
+            raise _outcome_unknown(rid, pending, None) from exc
+        try:
+            return await future
+        finally:
+            if self._requests.get(rid) is pending:
+                del self._requests[rid]
+
+    async def resume_turn(
+        self, outcome: OutcomeUnknown
+    ) -> tuple[ResponseEnvelope, AttachResult | None]:
+        """Learn what became of a ``turn.start`` whose response was lost, and follow it.
+
+        Re-sends the same ``turn.start`` (same idempotency key, payload and session) on
+        this connection (a new one, initialized): the daemon answers with the original
+        acceptance (or the original error) and starts nothing, or starts the turn now if
+        the first request never reached it. On acceptance the turn is attached from its
+        first event (``after_sequence`` -1, with the session so a turn the daemon no
+        longer buffers is answered from durable history); the attach result is None
+        when the response is an error.
+        """
+        if outcome.method != "turn.start" or outcome.idempotency_key is None:
+            raise ValueError("only a turn.start with an idempotency key can be resumed")
+        response = await self.request(
+            "turn.start",
+            outcome.payload,
+            session_id=outcome.session_id,
+            idempotency_key=outcome.idempotency_key,
+        )
+        accepted = response["payload"]
+        if response["error"] is not None or accepted is None:
+            return response, None
+        turn_id, session_id = accepted.get("turn_id"), accepted.get("session_id")
+        if not isinstance(turn_id, str) or not isinstance(session_id, str | None):
+            raise DaemonError(
+                "the daemon accepted a turn without a turn ID", Code.PROTOCOL_ERROR.value
+            )
+        attached = await self.attach(turn_id, -1, session_id=session_id)
+        return response, attached
+
+    # -- v2 operations --------------------------------------------------------------------
 
     async def control(self, op: str) -> dict[str, Any]:
-        """``status`` or ``stop``; returns the result map."""
-        frame = await self._call_id("control_result", {"t": "control", "op": op})
-        result: dict[str, Any] = frame["result"]
+        """``status`` or ``stop``; returns the result map (see also :meth:`status`)."""
+        frame = await self._call_id({"t": "control", "op": op})
+        result = frame.get("result")
+        if not isinstance(result, dict):
+            raise self._fail_protocol("control_result without a result map")
         return result
 
-    async def snapshot(self) -> list[dict[str, Any]]:
-        """Running and recently finished turns this daemon knows (RFC-0002 §6)."""
-        frame = await self._call_id("snapshot_result", {"t": "snapshot"})
-        turns: list[dict[str, Any]] = frame["turns"]
-        return turns
+    async def status(self) -> ControlStatus:
+        """The daemon's ``status`` (RFC-0002 §4)."""
+        return cast(ControlStatus, await self.control("status"))
 
-    async def attach(self, turn_id: str, after_sequence: int = -1) -> dict[str, Any]:
-        """Follow a turn: buffered events after ``after_sequence``, then live events."""
-        frame = await self._call_id(
-            "attach_result",
-            {"t": "attach", "turn_id": turn_id, "after_sequence": after_sequence},
+    async def snapshot_pages(
+        self,
+        *,
+        session_id: str | None = None,
+        turn_ids: Iterable[str] | None = None,
+        project_dir: str | Path | None = None,
+    ) -> AsyncIterator[SnapshotPage]:
+        """Pages of the turns the daemon knows (running, or finished within retention).
+
+        Filters combine: one session, these turns, one project directory (absolute).
+        Follows ``next_cursor`` until the last page; more than 256 ``turn_ids`` are
+        asked for in groups. Bad arguments raise :class:`DaemonError` (``invalid_request``).
+        """
+        if isinstance(turn_ids, str):
+            raise TypeError("turn_ids must be an iterable of turn IDs, not one string")
+        base: dict[str, Any] = {"t": "snapshot"}
+        if session_id is not None:
+            base["session_id"] = session_id
+        if project_dir is not None:
+            base["project_dir"] = str(project_dir)
+        groups: list[list[str] | None] = [None]
+        if turn_ids is not None:
+            ids = list(dict.fromkeys(turn_ids))
+            step = MAX_FILTER_TURN_IDS
+            groups = [ids[i : i + step] for i in range(0, len(ids), step)] if ids else [[]]
+        for group in groups:
+            cursor: str | None = None
+            while True:
+                frame = dict(base)
+                if group is not None:
+                    frame["turn_ids"] = group
+                if cursor is not None:
+                    frame["cursor"] = cursor
+                page = self._page(await self._call_id(frame))
+                yield page
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+
+    async def snapshot(
+        self,
+        *,
+        session_id: str | None = None,
+        turn_ids: Iterable[str] | None = None,
+        project_dir: str | Path | None = None,
+    ) -> list[SnapshotItem]:
+        """Every matching turn, all pages followed (see :meth:`snapshot_pages`)."""
+        items: list[SnapshotItem] = []
+        pages = self.snapshot_pages(
+            session_id=session_id, turn_ids=turn_ids, project_dir=project_dir
         )
-        return frame
+        async for page in pages:
+            items.extend(page["turns"])
+        return items
 
-    async def take_control(self, session_id: str) -> dict[str, Any]:
+    async def attach(
+        self, turn_id: str, after_sequence: int = -1, *, session_id: str | None = None
+    ) -> AttachResult:
+        """Follow a turn: its buffered events after ``after_sequence``, then live events.
+
+        Returns once every part of the answer arrived (a long answer comes in several
+        frames), with the events of all parts in order. Later events of the turn arrive
+        through :meth:`events` (status ``attached`` or ``resync``). With ``session_id``,
+        a turn the daemon no longer buffers is answered from the session's durable
+        history (``finished``). Errors raise :class:`DaemonError` with ``code``
+        (``unknown_turn``, ``invalid_request``, ``session_busy``).
+        """
+        frame: dict[str, Any] = {
+            "t": "attach",
+            "turn_id": turn_id,
+            "after_sequence": after_sequence,
+        }
+        if session_id is not None:
+            frame["session_id"] = session_id
+        answer = await self._call_id(frame)
+        return AttachResult(
+            turn_id=turn_id,
+            status=cast(AttachStatus, answer["status"]),
+            events=cast(list[EventEnvelope], answer["events"]),
+        )
+
+    async def take_control(self, session_id: str) -> ControlGranted:
         """Become the session's controller (RFC-0002 §6.1).
 
         Takes over a session held by a lost persistent client, with its running turn
         (which this connection may then cancel), or opens a free one. Returns the
-        ``control_granted`` frame (``turns``: running turns with their last sequence);
-        raises :class:`DaemonError` with ``code`` (e.g. ``session_busy``) otherwise.
+        session and its running turns with their last sequence (follow them with
+        :meth:`attach`); raises :class:`DaemonError` with ``code`` (e.g.
+        ``session_busy``) otherwise.
         """
-        frame = {"t": "take_control", "session_id": session_id}
-        return await self._call_id("control_granted", frame)
+        frame = await self._call_id({"t": "take_control", "session_id": session_id})
+        turns = frame.get("turns")
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise self._fail_protocol("control_granted without a turn list")
+        granted = frame.get("session_id", session_id)
+        return cast(ControlGranted, {"session_id": granted, "turns": turns})
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """v1 event envelopes as they arrive; ends when the connection closes.
+    # -- events -----------------------------------------------------------------------------
 
-        The daemon's overload notice (RFC-0002 §6.2) arrives here too, as
-        ``{"kind": "overloaded", "event": "overloaded", "payload": {"turn_id": ...,
-        "after_sequence": k}}``: no more live events of that turn follow; resync with
-        ``attach(turn_id, k)``.
+    async def events(self) -> AsyncIterator[Event]:
+        """v1 event envelopes and :class:`Overloaded` notices, in arrival order.
+
+        Ends when the connection closes cleanly; raises :class:`DaemonError` (with the
+        fatal or protocol-error ``code``) after the events that came before it when the
+        connection ended with an error. Run it concurrently with your requests: while
+        nobody takes events and the buffer is full, nothing else is read either.
+
+        On :class:`Overloaded` no more live events of that turn arrive until you call
+        ``attach(notice.turn_id, notice.after_sequence)``.
         """
-        while (event := await self._events.get()) is not None:
+        while (event := await self.next_event()) is not None:
             yield event
 
+    async def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next event; None once the connection closed cleanly.
+
+        Raises :class:`TimeoutError` when none arrives within ``timeout`` seconds (no
+        event is lost by that), and the connection's error like :meth:`events`.
+        """
+        return await self._events.get(timeout)
+
     async def close(self) -> None:
-        await self.channel.close()
         self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, DaemonError):
+        with contextlib.suppress(asyncio.CancelledError):
             await self._reader
+        await self.channel.close()
 
-    async def _call_id(self, kind: str, frame: dict[str, Any]) -> dict[str, Any]:
+    # -- internals --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._ended is not None:
+            if isinstance(self._ended, DaemonError):
+                raise DaemonError(str(self._ended), self._ended.code)
+            raise DaemonUnavailable(str(self._ended))
+
+    def _fail_protocol(self, what: str) -> DaemonError:
+        """A malformed answer found by a caller: end the connection like the reader does."""
+        error = _protocol_error(what).error
+        self.channel.abort()
+        self._reader.cancel()
+        self._finish(error)
+        return error
+
+    async def _call_id(self, frame: dict[str, Any]) -> dict[str, Any]:
+        self._check_open()
         frame_id = next(self._ids)
-        return await self._call((kind, frame_id), {**frame, "id": frame_id})
-
-    async def _call(self, key: tuple[str, Any], frame: dict[str, Any]) -> dict[str, Any]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting[key] = future
+        self._calls[frame_id] = _Call(frame["t"], future)
         try:
-            await self.channel.send(frame)
-            return await future
-        finally:
-            self._waiting.pop(key, None)
+            await self.channel.send({**frame, "id": frame_id})
+        except FrameError as exc:
+            self._calls.pop(frame_id, None)
+            raise ValueError(f"the frame cannot be sent: {exc}") from None
+        except (ConnectionError, OSError):
+            self._calls.pop(frame_id, None)
+            raise DaemonUnavailable("the connection to the daemon was lost") from None
+        # The call stays registered until its answer, even if this caller is cancelled,
+        # so a late answer (or the rest of a split one) is recognized and dropped.
+        return await future
+
+    def _page(self, frame: dict[str, Any]) -> SnapshotPage:
+        turns = frame.get("turns")
+        cursor = frame.get("next_cursor")
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise self._fail_protocol("snapshot_result without a turn list")
+        if not isinstance(cursor, str | None):
+            raise self._fail_protocol("snapshot_result with an invalid cursor")
+        return SnapshotPage(turns=cast(list[SnapshotItem], turns), next_cursor=cursor)
 
     async def _read(self) -> None:
+        error: DaemonError | None = None
         try:
-            while (frame := await self.channel.recv()) is not None:
-                self._dispatch(frame)
+            while True:
+                try:
+                    frame = await self.channel.recv()
+                except DaemonError as exc:  # framing
+                    error = exc
+                    break
+                except (ConnectionError, OSError):
+                    frame = None
+                if frame is None:
+                    break
+                await self._dispatch(frame)
+        except _Broken as exc:
+            error = exc.error
         finally:
-            self._events.put_nowait(None)
-            for future in self._waiting.values():
-                if not future.done():
-                    future.set_exception(DaemonUnavailable("the daemon closed the connection"))
+            if error is not None:
+                self.channel.abort()
+            self._finish(error)
 
-    def _dispatch(self, frame: dict[str, Any]) -> None:
-        kind = frame.get("t")
-        if kind == "message":
-            message = frame.get("message")
-            if not isinstance(message, dict):
-                return
-            if message.get("kind") == "response":
-                future = self._waiting.get(("response", message.get("request_id")))
-                if future is not None and not future.done():
-                    future.set_result(message)
-                    return
-            self._events.put_nowait(message)
+    def _finish(self, error: DaemonError | None) -> None:
+        """The connection ended: fail what waits, end the event stream."""
+        if self._ended is not None:
             return
-        if kind == "overloaded":
-            payload = {k: frame.get(k) for k in ("turn_id", "after_sequence")}
-            notice = {"kind": "overloaded", "event": "overloaded", "payload": payload}
-            self._events.put_nowait(notice)
+        self._ended = error or DaemonUnavailable("the connection to the daemon was closed")
+        requests, self._requests = self._requests, {}
+        calls, self._calls = self._calls, {}
+        for rid, pending in requests.items():
+            if not pending.future.done():
+                unknown = _outcome_unknown(rid, pending, error)
+                unknown.__cause__ = error
+                pending.future.set_exception(unknown)
+        for call in calls.values():
+            if not call.future.done():
+                lost = error or DaemonUnavailable("the connection to the daemon ended")
+                call.future.set_exception(
+                    DaemonError(str(lost), lost.code) if isinstance(lost, DaemonError) else lost
+                )
+        self._events.close(error)
+
+    async def _dispatch(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("t")
+        if not isinstance(kind, str) or kind not in SERVER_FRAMES:
+            raise _Broken(
+                DaemonError("the daemon sent an unknown frame type", Code.UNKNOWN_FRAME.value)
+            )
+        if kind in _NOT_PERSISTENT:
+            raise _protocol_error(f"{kind!r} frame on an open connection")
+        match kind:
+            case "message":
+                await self._message(frame.get("message"))
+            case "overloaded":
+                turn_id, after = frame.get("turn_id"), frame.get("after_sequence")
+                if not isinstance(turn_id, str) or not _is_int(after):
+                    raise _protocol_error("overloaded without turn_id and after_sequence")
+                await self._events.put(Overloaded(turn_id, after))
+            case "error":
+                code, message = frame.get("code"), frame.get("message")
+                code = code if isinstance(code, str) else Code.PROTOCOL_ERROR.value
+                if not isinstance(message, str) or not message:
+                    message = _message_for(code)
+                raise _Broken(DaemonError(message, code))
+            case "request_error":
+                self._request_error(frame)
+            case _:
+                self._answer(kind, frame)
+
+    async def _message(self, message: object) -> None:
+        if not isinstance(message, dict):
+            raise _protocol_error("a message frame without a v1 envelope")
+        match message.get("kind"):
+            case "event":
+                if not isinstance(message.get("event"), str) or not isinstance(
+                    message.get("payload"), dict
+                ):
+                    raise _protocol_error("an event envelope without event and payload")
+                await self._events.put(cast(EventEnvelope, message))
+            case "response":
+                rid = message.get("request_id")
+                pending = self._requests.pop(rid, None) if isinstance(rid, str) else None
+                if pending is not None and not pending.future.done():
+                    pending.future.set_result(cast(ResponseEnvelope, message))
+                # A response nobody waits for (its caller was cancelled) is dropped.
+            case _:
+                raise _protocol_error("a v1 envelope that is neither response nor event")
+
+    def _request_error(self, frame: dict[str, Any]) -> None:
+        rid = frame.get("request_id")
+        pending = self._requests.pop(rid, None) if isinstance(rid, str) else None
+        if pending is None or pending.future.done():
             return
         code = frame.get("code")
         code = code if isinstance(code, str) else None
-        if kind == "request_error":
-            future = self._waiting.get(("response", frame.get("request_id")))
-            error = DeadlineExceeded if code == "deadline_exceeded" else DaemonError
-            if future is not None and not future.done():
-                future.set_exception(error(f"request rejected ({code})", code))
+        message = frame.get("message")
+        if not isinstance(message, str) or not message:
+            message = f"request rejected ({code})"
+        error = DeadlineExceeded if code == Code.DEADLINE_EXCEEDED else DaemonError
+        pending.future.set_exception(error(message, code))
+
+    def _answer(self, kind: str, frame: dict[str, Any]) -> None:
+        frame_id = frame.get("id")
+        if not _is_int(frame_id):
             return
-        if kind in ("control_error", "attach_error", "grant_error"):
-            for answer in ("control_result", "attach_result", "control_granted"):
-                future = self._waiting.get((answer, frame.get("id")))
-                if future is not None and not future.done():
-                    future.set_exception(DaemonError(f"request failed ({code})", code))
+        call = self._calls.get(frame_id)
+        if call is None:
+            return  # the answer to a call nobody waits for any more
+        result, failure = _ANSWERS[call.sent]
+        continuation = kind == "attach_more" and call.sent == "attach"
+        if kind not in (result, failure) and not continuation:
+            raise _protocol_error(f"{kind!r} answering a {call.sent!r} frame")
+        if kind == failure:
+            del self._calls[frame_id]
+            code = frame.get("code")
+            code = code if isinstance(code, str) else None
+            _settle(call.future, exception=DaemonError(f"{call.sent} failed ({code})", code))
             return
-        future = self._waiting.get((str(kind), frame.get("id")))
-        if future is not None and not future.done():
-            future.set_result(frame)
+        if call.sent != "attach":
+            del self._calls[frame_id]
+            _settle(call.future, result=frame)
+            return
+        events, more = frame.get("events"), frame.get("more", False)
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            raise _protocol_error(f"{kind} without an event list")
+        if not isinstance(more, bool):
+            raise _protocol_error(f"{kind} with an invalid 'more'")
+        if kind == "attach_result":
+            status = frame.get("status")
+            if call.status is not None or status not in _ATTACH_STATUSES:
+                raise _protocol_error("an unexpected attach_result")
+            call.status = status
+        elif call.status is None:
+            raise _protocol_error("attach_more before attach_result")
+        call.events.extend(cast(list[EventEnvelope], events))
+        if not more:
+            del self._calls[frame_id]
+            _settle(call.future, result={"status": call.status, "events": call.events})
+
+
+def _settle(
+    future: asyncio.Future[dict[str, Any]],
+    *,
+    result: dict[str, Any] | None = None,
+    exception: BaseException | None = None,
+) -> None:
+    if future.done():
+        return
+    if exception is not None:
+        future.set_exception(exception)
+    else:
+        future.set_result(result or {})
+
+
+def _outcome_unknown(rid: str, pending: _Request, error: DaemonError | None) -> OutcomeUnknown:
+    why = "the connection ended" if error is None else f"the connection broke ({error.code})"
+    return OutcomeUnknown(
+        f"{why} after {pending.method} was sent and before its response; its outcome is unknown",
+        method=pending.method,
+        payload=pending.payload,
+        session_id=pending.session_id,
+        request_id=rid,
+        idempotency_key=pending.idempotency_key,
+        code=None if error is None else error.code,
+    )
+
+
+def _message_for(code: str) -> str:
+    try:
+        return MESSAGES[Code(code)]
+    except ValueError:
+        return f"the daemon ended the connection ({code})"
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 async def connect_channel(

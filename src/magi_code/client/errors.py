@@ -1,17 +1,62 @@
-"""What a client of the daemon can be told went wrong."""
+"""What a client of the daemon can be told went wrong (see ``docs/client.md``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class DaemonUnavailable(Exception):
-    """No daemon answers (not running, refused, draining); safe to start one and retry."""
+    """No daemon answers, or the connection to it was lost.
+
+    Raised by ``connect`` (no daemon running, refused while draining, lost during the
+    handshake) it is safe to retry: nothing was sent. Raised by ``snapshot``, ``attach``,
+    ``take_control`` or ``control`` when the connection ends before their answer, a retry
+    on a new connection is safe too (these operations may be repeated). A v1 request that
+    was sent never fails with this class itself but with :class:`OutcomeUnknown`.
+    """
+
+
+class OutcomeUnknown(DaemonUnavailable):
+    """A v1 request was sent but its response never came: it may or may not have run.
+
+    The connection ended (lost, closed, or broken by a fatal ``error`` frame or a protocol
+    error, then ``code`` names it) after the request's bytes were written. ``turn.start``
+    always carries an ``idempotency_key``: pass this exception to
+    :meth:`magi_code.client.Client.resume_turn` on a new connection to learn what
+    happened (the original acceptance or error) and follow the turn, without starting a
+    second one. Other methods carry ``idempotency_key=None``; retry them only if repeating
+    them is harmless.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        method: str,
+        payload: Mapping[str, Any] | None,
+        session_id: str | None,
+        request_id: str,
+        idempotency_key: str | None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.method = method
+        self.payload: dict[str, Any] = dict(payload or {})
+        self.session_id = session_id
+        self.request_id = request_id
+        self.idempotency_key = idempotency_key
+        self.code = code
 
 
 class DaemonError(Exception):
-    """A daemon answered but cannot serve us (foreign UID, incompatible, protocol error).
+    """A daemon answered but cannot serve us, or broke the protocol.
 
-    ``code`` is the RFC-0002 code when the daemon answered one request with an error
-    (``attach_error``, ``grant_error``, ``control_error``, ``request_error``).
+    ``code`` is the RFC-0002 code: of a refusal, of a fatal ``error`` frame
+    (``framing_error``, ``unknown_frame``, ``protocol_error``, ``internal_error``; also
+    used when *this* client finds the daemon's frames invalid), or of the answer to one
+    request (``attach_error``, ``snapshot_error``, ``grant_error``, ``control_error``,
+    ``request_error``).
     """
 
     def __init__(self, message: str, code: str | None = None) -> None:

@@ -1,0 +1,123 @@
+"""Typed values the client returns: v1 envelopes and the answers of v2 frames.
+
+The v1 envelopes are the daemon's maps as they arrive (``TypedDict``s: index them like
+dicts); :class:`Overloaded` is the one notice the client turns into a value of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+
+class ErrorInfo(TypedDict):
+    """The ``error`` member of a failed v1 response."""
+
+    code: str
+    message: str
+
+
+class ResponseEnvelope(TypedDict):
+    """A v1 response: exactly one of ``payload`` and ``error`` is not None."""
+
+    protocol_version: int
+    kind: Literal["response"]
+    request_id: str | None
+    session_id: str | None
+    method: str | None
+    payload: dict[str, Any] | None
+    error: ErrorInfo | None
+
+
+class EventEnvelope(TypedDict):
+    """A v1 event (``turn.started``, ``turn.assistant_delta``, ``turn.terminal``, ...)."""
+
+    protocol_version: int
+    kind: Literal["event"]
+    event_id: str
+    request_id: str | None
+    session_id: str | None
+    event: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Overloaded:
+    """The daemon cut this connection from a turn's live stream (RFC-0002 §6.2).
+
+    Nothing more of ``turn_id`` arrives (not even its terminal) until you call
+    ``attach(turn_id, after_sequence)``; ``after_sequence`` is the last sequence of that
+    turn this connection was sent (-1 if none).
+    """
+
+    turn_id: str
+    after_sequence: int
+
+
+Event = EventEnvelope | Overloaded
+"""What :meth:`magi_code.client.Client.events` yields."""
+
+
+class SnapshotItem(TypedDict):
+    """One turn the daemon knows: running, or finished within retention."""
+
+    turn_id: str
+    session_id: str | None
+    project_dir: str | None
+    request_id: str | None
+    idempotency_key: str | None
+    status: str  # "running" or the terminal status
+    assistant_text: str  # accepted so far, or the terminal's
+    sequence: int  # the last sequence emitted
+    terminal: dict[str, Any] | None  # the terminal payload without assistant_text
+
+
+class SnapshotPage(TypedDict):
+    turns: list[SnapshotItem]
+    next_cursor: str | None
+
+
+AttachStatus = Literal["attached", "resync", "finished"]
+
+
+class AttachResult(TypedDict):
+    """The answer to ``attach``, with every part's events joined in order.
+
+    ``attached``: later events of the turn arrive through ``events()``. ``resync``: some
+    events after the requested sequence were evicted (use ``snapshot`` and
+    ``session.replay``); later ones still arrive. ``finished``: ``events`` ends with the
+    turn's ``turn.terminal``.
+    """
+
+    turn_id: str
+    status: AttachStatus
+    events: list[EventEnvelope]
+
+
+class GrantedTurn(TypedDict):
+    turn_id: str
+    sequence: int  # the last sequence recorded for the turn
+
+
+class ControlGranted(TypedDict):
+    """The answer to ``take_control``: the session and its running turns."""
+
+    session_id: str
+    turns: list[GrantedTurn]
+
+
+class ControlStatus(TypedDict, total=False):
+    """The ``control("status")`` result (RFC-0002 §4)."""
+
+    running: bool
+    pid: int
+    version: str
+    instance_id: str
+    protocol_versions: list[int]
+    socket: str
+    started_at: float
+    clients: int
+    active_turns: int
+    detached_turns: int
+    idle_stop_seconds: float | None
+    mode: str
