@@ -3,8 +3,19 @@
 The transport side (``feed``, ``end_input``, ``on_lost``) runs in transport callbacks and
 never blocks. Frames are decoded into typed values (``protocol/v2.py``) once the role is
 known; a role may settle some of them synchronously (``intercept``: the v1 shim's write
-acknowledgements must be settled before a later frame of the same read is queued). The
-inbox is bounded by pausing the transport's reading at :data:`INBOX_HIGH` frames.
+acknowledgements must be settled before a later frame of the same read is queued).
+
+Memory per connection is bounded both ways (RFC-0002 §2, §6.2):
+
+- **inbound**: reading pauses while the inbox holds :data:`INBOX_HIGH` frames or
+  :data:`INBOX_BYTES` bytes of frames, and resumes once the role has worked it down;
+  a frame must be completed within :data:`FRAME_DEADLINE_SECONDS` of its first byte and
+  the hello must arrive within :data:`HELLO_TIMEOUT_SECONDS` (``frame_timeout``,
+  ``handshake_timeout``);
+- **outbound**: while the transport's unsent bytes exceed its high-water mark (the
+  connection's outbound limit) the role takes no further frame from the inbox, so no
+  answer is produced that the client has not made room for; a client that leaves the
+  mark exceeded for the server's ``client_timeout`` is disconnected (``client_stalled``).
 """
 
 from __future__ import annotations
@@ -31,8 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("magi_code.daemon")
 
 HELLO_TIMEOUT_SECONDS: Final = 10.0
+FRAME_DEADLINE_SECONDS: Final = 30.0
 INBOX_HIGH: Final = 64
 INBOX_LOW: Final = 16
+INBOX_BYTES: Final = 1024 * 1024
 
 Inbound = Mapping[str, Any] | v2.ClientFrame | Fatal | Rejected | None
 
@@ -46,7 +59,11 @@ class Transport(Protocol):
 
     def close(self) -> None: ...
 
+    def abort(self) -> None: ...
+
     def get_write_buffer_size(self) -> int: ...
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
 
     def pause_reading(self) -> None: ...
 
@@ -65,32 +82,69 @@ class PeerConnection:
         # A role's synchronous handler for frames that must not wait in the inbox.
         self.intercept: Callable[[v2.ClientFrame], bool] | None = None
         self.on_lost_hook: Callable[[], None] | None = None
-        self.inbox: asyncio.Queue[Inbound] = asyncio.Queue()
+        self.inbox: asyncio.Queue[tuple[Inbound, int]] = asyncio.Queue()
         self.lost = asyncio.Event()
         self.writable = asyncio.Event()
         self.writable.set()
         self._decoder = FrameDecoder()
+        self._queued_bytes = 0
         self._paused = False
         self._ended = False
+        self._input_closed = False
+        self._frame_timer: asyncio.TimerHandle | None = None
+        # Past this many unsent bytes the transport pauses writing (``writable`` clears).
+        limit = server.outbound_limit
+        transport.set_write_buffer_limits(high=limit, low=limit // 4)
         server.peers.add(self)
         self.task: asyncio.Task[None] = asyncio.create_task(self._run())
 
     # -- transport side (synchronous callbacks) --------------------------------------------
 
     def feed(self, data: bytes) -> None:
+        if self._input_closed:
+            return
+        before = self._decoder.buffered
         failed = False
         try:
             frames = self._decoder.feed(data)
         except FrameError as exc:
             frames, failed = exc.decoded, True
-        for frame in frames:
-            self._route(frame)
+        if frames:
+            # The bytes these frames took, shared out for the inbox's byte bound.
+            size = (before + len(data) - self._decoder.buffered) // len(frames)
+            for frame in frames:
+                self._route(frame, size)
         if failed:
             log.warning("framing error")
-            self.send(v2.error(Code.FRAMING_ERROR))
-            self.end_input()
+            self._fail(Code.FRAMING_ERROR)
+            return
+        self._time_partial_frame()
 
-    def _route(self, raw: dict[str, Any]) -> None:
+    def _time_partial_frame(self) -> None:
+        partial = self._decoder.buffered > 0
+        if partial and self._frame_timer is None:
+            loop = asyncio.get_running_loop()
+            self._frame_timer = loop.call_later(
+                self.server.frame_deadline, self._fail, Code.FRAME_TIMEOUT
+            )
+        elif not partial and self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
+
+    def _fail(self, code: Code) -> None:
+        """A fatal condition on the input side: say so, stop reading, end the role."""
+        if self._input_closed:
+            return
+        log.warning("closing a connection code=%s", code.value)
+        self._input_closed = True
+        self._decoder = FrameDecoder()  # drop a partial frame's bytes now
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
+        self.send(v2.error(code))
+        self.end_input()
+
+    def _route(self, raw: dict[str, Any], size: int) -> None:
         item: Inbound = raw
         if self.role is not None:
             item = self._decode(raw)
@@ -98,8 +152,10 @@ class PeerConnection:
                 assert not isinstance(item, Mapping) and item is not None
                 if self.intercept(item):
                     return
-        self.inbox.put_nowait(item)
-        if self.inbox.qsize() >= INBOX_HIGH and not self._paused:
+        self.inbox.put_nowait((item, size))
+        self._queued_bytes += size
+        full = self.inbox.qsize() >= INBOX_HIGH or self._queued_bytes >= INBOX_BYTES
+        if full and not self._paused:
             self._paused = True
             self.transport.pause_reading()
 
@@ -111,11 +167,14 @@ class PeerConnection:
             return exc
 
     def end_input(self) -> None:
-        self.inbox.put_nowait(None)
+        self.inbox.put_nowait((None, 0))
 
     def on_lost(self) -> None:
         self.lost.set()
         self.writable.set()
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
         if self.on_lost_hook is not None:
             self.on_lost_hook()
         self.end_input()
@@ -133,8 +192,15 @@ class PeerConnection:
     async def next_item(self) -> Inbound:
         if self._ended:
             return None
-        item = await self.inbox.get()
-        if self._paused and self.inbox.qsize() <= INBOX_LOW:
+        if not self.writable.is_set() and not await self._client_made_room():
+            return None
+        item, size = await self.inbox.get()
+        self._queued_bytes -= size
+        if (
+            self._paused
+            and self.inbox.qsize() <= INBOX_LOW
+            and self._queued_bytes < INBOX_BYTES // 4
+        ):
             self._paused = False
             with contextlib.suppress(RuntimeError):
                 self.transport.resume_reading()
@@ -143,6 +209,17 @@ class PeerConnection:
         elif isinstance(item, Mapping) and self.role is not None:
             item = self._decode(item)  # arrived with the hello, before the role was known
         return item
+
+    async def _client_made_room(self) -> bool:
+        """Wait while unsent answers exceed the bound; False if the client stalled."""
+        try:
+            await asyncio.wait_for(self.writable.wait(), self.server.client_timeout)
+        except TimeoutError:
+            log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
+            self._ended = True
+            self.transport.abort()  # its unsent bytes go now, not when it reads
+            return False
+        return True
 
     async def frames(self) -> AsyncIterator[v2.ClientFrame]:
         """Typed frames until input ends; answers rejected frames, stops at a fatal one."""
@@ -173,6 +250,8 @@ class PeerConnection:
         try:
             first = await asyncio.wait_for(self.next_item(), HELLO_TIMEOUT_SECONDS)
         except TimeoutError:
+            log.info("closing a connection code=%s", Code.HANDSHAKE_TIMEOUT.value)
+            self.send(v2.error(Code.HANDSHAKE_TIMEOUT))
             return
         if not isinstance(first, Mapping):
             return
@@ -181,6 +260,8 @@ class PeerConnection:
             hello = v2.parse_hello(first)
             if server.core.draining:
                 raise Fatal(Code.DRAINING)
+            if hello.role != "control" and server.clients() >= server.max_connections:
+                raise Fatal(Code.TOO_MANY_CONNECTIONS)
             if hello.launch is not None and Path(hello.launch.mc_home).resolve() != server.mc_home:
                 raise Fatal(Code.WRONG_HOME)
         except Fatal as exc:

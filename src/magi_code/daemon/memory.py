@@ -59,6 +59,7 @@ class MemoryTransport:
         self._writing_paused = False
         self._reading_paused = False
         self._held: list[bytes] = []
+        self._high, self._low = HIGH_WATER, LOW_WATER
         reader.on_read = self._client_read
 
     # asyncio.Transport's subset the daemon uses
@@ -66,7 +67,7 @@ class MemoryTransport:
         if self._closing:
             return
         self._reader.feed(data)
-        if not self._writing_paused and len(self._reader.buffer) > HIGH_WATER:
+        if not self._writing_paused and len(self._reader.buffer) > self._high:
             self._writing_paused = True
             assert self.protocol is not None
             self.protocol.pause_writing()
@@ -86,6 +87,10 @@ class MemoryTransport:
 
     def get_write_buffer_size(self) -> int:
         return len(self._reader.buffer)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._high = HIGH_WATER if high is None else high
+        self._low = self._high // 4 if low is None else low
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -115,7 +120,7 @@ class MemoryTransport:
         self.close()
 
     def _client_read(self) -> None:
-        if self._writing_paused and len(self._reader.buffer) <= LOW_WATER:
+        if self._writing_paused and len(self._reader.buffer) <= self._low:
             self._writing_paused = False
             assert self.protocol is not None
             self.protocol.resume_writing()

@@ -35,6 +35,8 @@ from magi_code.protocol import v2
 
 DEFAULT_LIMIT_BYTES: Final = 1024 * 1024
 MIN_LIMIT_BYTES: Final = 4096
+# A client that neither reads nor acknowledges its output for this long is dropped.
+CLIENT_TIMEOUT_SECONDS: Final = 60.0
 MAX_MERGED_BYTES: Final = 32768
 MAX_CUT_TURNS: Final = 1024
 

@@ -10,6 +10,11 @@ Theory of operation:
   :class:`~magi_code.core.persistent.PersistentCoordinator`.
 - Idle stop is decided and enacted in one event-loop step (no await between the check
   and closing the listener), so a client either was counted or meets a closed socket.
+- The socket path is checked every :data:`ENDPOINT_CHECK_SECONDS` (two ``stat`` calls): a
+  deleted or replaced socket file is re-bound at once under the lifetime lock, leaving
+  running turns and open connections alone; a path some other live process now listens on
+  is never unlinked (the daemon stops accepting, serves its open connections, and re-binds
+  when the path is free again); a replaced lifetime-lock file stops the daemon.
 - Owner drop (``stop``, SIGTERM, idle) stops accepting, drains the coordinator (every
   turn cancelled, every connection's work drained and its terminal output sent), and only
   then returns to the caller, which removes the socket and releases the lifetime lock.
@@ -24,23 +29,27 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, Protocol, cast
 
 from magi_code.core.coordinator import ServiceCoordinator
 from magi_code.core.persistent import PersistentCoordinator
+from magi_code.endpoint.paths import UnsafeRuntimeDir
 from magi_code.endpoint.peer import check_peer
-from magi_code.protocol.frames import MAX_FRAME_BYTES
+from magi_code.protocol.frames import MAX_FRAME_BYTES, encode_frame
 from magi_code.protocol.limits import ADVERTISED_LIMITS
-from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS
+from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS, Code, refused
 
-from .connection import PeerConnection, Transport
-from .outbound import DEFAULT_LIMIT_BYTES
+from .connection import FRAME_DEADLINE_SECONDS, PeerConnection, Transport
+from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES
 from .waits import bounded
 
 log = logging.getLogger("magi_code.daemon")
 
 STOP_GRACE_SECONDS: Final = 90.0
-SELF_CHECK_SECONDS: Final = 30.0
+# v1-shim and persistent connections at once; control connections get a few more slots.
+MAX_CONNECTIONS: Final = 256
+CONTROL_SLOTS: Final = 16
+ENDPOINT_CHECK_SECONDS: Final = 1.0
 CAPABILITIES: Final = (
     "v1_bridge",
     "control.status",
@@ -58,6 +67,24 @@ CAPABILITIES: Final = (
 )
 
 
+EndpointState = Literal["ok", "lock_lost", "socket_lost", "occupied"]
+
+
+class Endpoint(Protocol):
+    """The daemon's socket path, seen by its lifetime-lock holder (``lifecycle.SocketKeeper``).
+
+    ``check`` is cheap (``stat`` calls): ``ok``; ``lock_lost`` (the lock file is no longer
+    ours: stop); ``socket_lost`` (the socket file is gone or replaced: re-bind);
+    ``occupied`` (another live process listens there; already tried, nothing to do).
+    ``rebind`` returns a new listening socket at the same path; it raises ``OSError`` or
+    :class:`UnsafeRuntimeDir` (``SocketInUse``) and never unlinks a live socket.
+    """
+
+    def check(self) -> EndpointState: ...
+
+    def rebind(self) -> Any: ...
+
+
 class DaemonServer:
     def __init__(
         self,
@@ -68,10 +95,15 @@ class DaemonServer:
         version: str,
         idle_seconds: float | None,
         mode: str,
-        self_check: Callable[[], bool] = lambda: True,
+        endpoint: Endpoint | None = None,
         outbound_limit: int = DEFAULT_LIMIT_BYTES,
+        client_timeout: float = CLIENT_TIMEOUT_SECONDS,
     ) -> None:
         self.core = PersistentCoordinator(coordinator)
+        self.client_timeout = client_timeout
+        # A short client timeout (tests, tight deployments) shortens the frame deadline too.
+        self.frame_deadline = min(FRAME_DEADLINE_SECONDS, client_timeout)
+        self.max_connections = MAX_CONNECTIONS
         self.mc_home = mc_home.resolve()
         self.socket_path = socket_path
         self.version = version
@@ -81,7 +113,8 @@ class DaemonServer:
         self.instance_id = secrets.token_hex(8)
         self.started_at = int(time.time())
         self.peers: set[PeerConnection] = set()
-        self._self_check = self_check
+        self._endpoint = endpoint
+        self.accepting = True
         self._stop = asyncio.Event()
         self._listener: asyncio.AbstractServer | None = None
 
@@ -119,15 +152,56 @@ class DaemonServer:
         while not self._stop.is_set():
             await asyncio.sleep(tick)
             now = loop.time()
-            if now - last_check >= SELF_CHECK_SECONDS:
+            if self._endpoint is not None and now - last_check >= ENDPOINT_CHECK_SECONDS:
                 last_check = now
-                if not self._self_check():
-                    self.request_stop("socket_or_lock_replaced")
+                await self._check_endpoint(self._endpoint)
+                if self._stop.is_set():
                     return
             idle = self.core.idle_for()
             if self.idle_seconds is not None and idle >= self.idle_seconds:
                 self.request_stop("idle")  # no await between the check and the close
                 return
+
+    async def _check_endpoint(self, endpoint: Endpoint) -> None:
+        try:
+            state = endpoint.check()
+        except OSError as exc:
+            log.warning("socket check failed (%s)", type(exc).__name__)
+            return
+        if state == "lock_lost":
+            self.request_stop("lock_replaced")
+        elif state == "socket_lost":
+            await self._rebind(endpoint)
+
+    async def _rebind(self, endpoint: Endpoint) -> None:
+        """A new listener at the same path; connections and turns are not touched."""
+        try:
+            sock = endpoint.rebind()
+        except (OSError, UnsafeRuntimeDir) as exc:
+            if self.accepting:
+                log.warning(
+                    "socket lost and not re-bound (%s); serving open connections only",
+                    type(exc).__name__,
+                )
+            self.accepting = False
+            if self._listener is not None:
+                self._listener.close()  # nobody can reach it through the path any more
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            listener = await loop.create_unix_server(lambda: SocketProtocol(self), sock=sock)
+        except OSError as exc:
+            sock.close()
+            log.warning("socket re-bind failed (%s)", type(exc).__name__)
+            return
+        if self._stop.is_set():  # stopped meanwhile: the owner drop must not see it open
+            listener.close()
+            return
+        previous, self._listener = self._listener, listener
+        if previous is not None:
+            previous.close()
+        self.accepting = True
+        log.info("socket re-bound")
 
     async def _owner_drop(self) -> None:
         self.core.draining = True
@@ -141,6 +215,10 @@ class DaemonServer:
         for peer in list(self.peers):
             peer.transport.close()
         log.info("drained")
+
+    def clients(self) -> int:
+        """Open connections that said hello as a v1 shim or persistent client."""
+        return sum(1 for peer in self.peers if peer.role not in (None, "control"))
 
     # -- frames shared by roles ----------------------------------------------------------
 
@@ -166,6 +244,8 @@ class DaemonServer:
             "instance_id": self.instance_id,
             "protocol_versions": list(SUPPORTED_VERSIONS),
             "socket": str(self.socket_path),
+            "mc_home": str(self.mc_home),
+            "accepting": self.accepting,
             "started_at": self.started_at,
             **self.core.counts(),
             "idle_stop_seconds": self.idle_seconds,
@@ -189,7 +269,15 @@ class SocketProtocol(asyncio.Protocol):
                 cast(asyncio.Transport, transport).abort()
                 return
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.peer = PeerConnection(self.server, cast(Transport, transport))
+        connection = cast(Transport, transport)
+        server = self.server
+        if len(server.peers) >= server.max_connections + CONTROL_SLOTS:
+            # Refused before reading a byte: nothing of this connection is kept.
+            log.warning("refused a connection code=%s", Code.TOO_MANY_CONNECTIONS.value)
+            connection.write(encode_frame(refused(Code.TOO_MANY_CONNECTIONS)))
+            connection.close()
+            return
+        self.peer = PeerConnection(server, connection)
 
     def data_received(self, data: bytes) -> None:
         if self.peer is not None:

@@ -4,7 +4,10 @@ The connection *is* a v1 service: its records run through the shared coordinator
 its output batches go out one at a time, each released only after the shim wrote and
 acknowledged it, which reproduces the embedded adapter's ordering exactly. Its end (EOF,
 shim death, owner drop) cancels and drains its turns and login; their terminal events
-still reach the shim while it is connected.
+still reach the shim while it is connected. A shim that leaves a batch unacknowledged for
+the server's ``client_timeout`` (its frontend stopped reading stdout) is an output
+failure: its work is cancelled and drained, so it cannot hold turns or workers that other
+frontends need.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from magi_code.core.coordinator import Connection
 from magi_code.core.output import Batch
 from magi_code.protocol import v2
 from magi_code.protocol.envelope import OutboundError, encode_batch
+from magi_code.protocol.v2 import MESSAGES, Code
 
 from .waits import bounded, wait_either
 
@@ -110,7 +114,15 @@ class V1Role:
                 frame["answers"] = True
                 self._answer = None
             peer.send(frame)
-            await self._acked.wait()  # _settle() called batch.written()
+            try:
+                await asyncio.wait_for(self._acked.wait(), peer.server.client_timeout)
+            except TimeoutError:
+                # A shim that stopped writing stdout is an output failure, as v1 says
+                # for a stuck stdout: its turns cancel and drain; nothing waits on it.
+                log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
+                self._settle(False)
+                conn.output.close()
+                return "output_error", MESSAGES[Code.CLIENT_STALLED]
             if not self._ack_ok:
                 conn.output.close()
                 return ("lost" if peer.lost.is_set() else "output_error"), None

@@ -42,11 +42,15 @@ class Code(StrEnum):
     INVALID_HELLO = "invalid_hello"
     WRONG_HOME = "wrong_home"
     DRAINING = "draining"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     # fatal (``error``)
     FRAMING_ERROR = "framing_error"
     UNKNOWN_FRAME = "unknown_frame"
     PROTOCOL_ERROR = "protocol_error"
     INTERNAL_ERROR = "internal_error"
+    HANDSHAKE_TIMEOUT = "handshake_timeout"
+    FRAME_TIMEOUT = "frame_timeout"
+    CLIENT_STALLED = "client_stalled"
     # answers to one frame
     UNKNOWN_OPERATION = "unknown_operation"
     INVALID_REQUEST = "invalid_request"
@@ -62,10 +66,14 @@ MESSAGES: Final[dict[Code, str]] = {
     Code.INVALID_HELLO: "the hello frame is invalid",
     Code.WRONG_HOME: "this daemon serves another MC_HOME",
     Code.DRAINING: "the daemon is stopping; retry",
+    Code.TOO_MANY_CONNECTIONS: "the daemon has too many connections; retry later",
     Code.FRAMING_ERROR: "invalid frame",
     Code.UNKNOWN_FRAME: "unknown frame type",
     Code.PROTOCOL_ERROR: "frame not valid in this state",
     Code.INTERNAL_ERROR: "internal error",
+    Code.HANDSHAKE_TIMEOUT: "no hello arrived in time",
+    Code.FRAME_TIMEOUT: "a frame was not completed in time",
+    Code.CLIENT_STALLED: "the client did not read or acknowledge output in time",
     Code.UNKNOWN_OPERATION: "unknown control operation",
     Code.INVALID_REQUEST: "the frame's arguments are invalid",
     Code.UNKNOWN_TURN: "no such turn",
@@ -128,7 +136,11 @@ class Rejected(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """The frontend's launch context as sent (absolute paths, string environment)."""
+    """The frontend's launch context as sent (absolute paths, string environment).
+
+    A ``control`` hello states only its home: ``mc_home`` is set, ``project_dir`` is ``""``
+    and ``env`` is empty.
+    """
 
     mc_home: str
     project_dir: str
@@ -248,8 +260,22 @@ def parse_hello(frame: Mapping[str, Any]) -> Hello:
     interval = options.get("delta_interval_ms", 0)
     if not _is_int(interval) or not 0 <= interval <= MAX_DELTA_INTERVAL_MS:
         raise Fatal(Code.INVALID_HELLO)
-    launch = None if role == "control" else _parse_launch(frame.get("launch"))
+    if role == "control":
+        launch = _parse_control_launch(frame.get("launch"))
+    else:
+        launch = _parse_launch(frame.get("launch"))
     return Hello(role, max(common), launch, name, interval)
+
+
+def _parse_control_launch(value: object) -> Launch | None:
+    """A control hello's ``launch``: optional, and only ``mc_home`` is read (RFC-0002 §3)."""
+    if value is None:
+        return None  # a client that predates the field; it names no home to check
+    if not isinstance(value, dict) or not _is_path(value.get("mc_home")):
+        raise Fatal(Code.INVALID_HELLO)
+    home = value["mc_home"]
+    assert isinstance(home, str)
+    return Launch(home, "", {})
 
 
 def _parse_launch(value: object) -> Launch:
@@ -408,7 +434,9 @@ def hello(
         "role": role,
         "options": dict(options or {}),
     }
-    if launch is not None:
+    if launch is not None and role == "control":
+        frame["launch"] = {"mc_home": launch.mc_home}  # a control hello names its home only
+    elif launch is not None:
         frame["launch"] = {
             "mc_home": launch.mc_home,
             "project_dir": launch.project_dir,
