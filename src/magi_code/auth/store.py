@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, Final
 from filelock import Timeout
 
 from magi_code.protocol.errors import ErrorCode, ServiceError
-from magi_code.storage.files import atomic_write, locked
+from magi_code.storage.files import atomic_write, locked, open_regular
 
 STORE_VERSION: Final = 1
 # Far above any real store (a handful of small records); bigger is treated as damage.
@@ -59,15 +58,16 @@ def _internal() -> ServiceError:
 def _read_bytes(path: Path) -> bytes | None:
     """The file's bytes, ``None`` if it does not exist; refuses anything but a private file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     except OSError:
-        # ELOOP: the store is a symlink. Anything else: unreadable. Both are damage.
+        # ELOOP: the store is a symlink; NotRegularFileError: a FIFO, socket or directory
+        # (refused without blocking). Anything else: unreadable. All are damage.
         raise _internal() from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
+        if info.st_mode & 0o077:
             raise _internal()
         if info.st_uid != os.getuid() or info.st_size > MAX_STORE_BYTES:
             raise _internal()

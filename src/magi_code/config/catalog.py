@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import os
-import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +37,7 @@ from magi_code.protocol.limits import MAX_CATALOG_PAGE_ITEMS
 from magi_code.providers.discovery import list_models
 from magi_code.providers.errors import HTTPX_EXCEPTIONS, ProviderFailure
 from magi_code.providers.types import Endpoint
-from magi_code.storage.files import atomic_write
+from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
 
 CATALOG_TTL_SECONDS: Final = 3600.0
@@ -175,14 +173,7 @@ def write_catalog(
 
 def _read_bounded(path: Path) -> bytes | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return None
-            data = fh.read(MAX_CACHE_BYTES + 1)
+        data = read_regular(path, MAX_CACHE_BYTES, follow_symlinks=False)
     except OSError:
         return None
     return data if len(data) <= MAX_CACHE_BYTES else None

@@ -17,7 +17,7 @@ from typing import Any, Final
 import orjson
 
 from magi_code.config.ids import ID_PATTERN, THINKING_LEVELS
-from magi_code.storage.files import atomic_write
+from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
 
 SCHEMA_FILENAME: Final = "settings.schema.json"
@@ -201,7 +201,8 @@ def write_settings_schema(ctx: LaunchContext) -> None:
     path = ctx.global_settings_path.parent / SCHEMA_FILENAME
     data = schema_bytes()
     try:
-        if path.read_bytes() == data:
+        # Never blocks on a FIFO planted at the path (the write below replaces it).
+        if read_regular(path, len(data), follow_symlinks=False) == data:
             return
     except OSError:
         pass

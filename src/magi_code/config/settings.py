@@ -12,8 +12,6 @@ callers run them off the event loop.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,7 +24,7 @@ from magi_code.config.ids import looks_secret
 from magi_code.config.schema import SETTINGS_SCHEMA, is_valid, project_schema
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.types import ApiKind
-from magi_code.storage.files import atomic_write, locked
+from magi_code.storage.files import atomic_write, locked, read_regular
 from magi_code.storage.launch import LaunchContext
 
 MAX_SETTINGS_BYTES: Final = 1 << 20
@@ -114,20 +112,16 @@ def read_document(path: Path, scope: Scope) -> dict[str, Any]:
             not a regular file, not a JSON object, or has an invalid known field.
     """
     try:
-        # O_NONBLOCK: opening a FIFO planted at the path must not hang the worker.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # A symlinked settings file is read through (writes replace the link); a FIFO or
+        # other special file at the path is refused without blocking.
+        data = read_regular(path, MAX_SETTINGS_BYTES, follow_symlinks=True)
     except FileNotFoundError:
         return {}
     except OSError:
         raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE) from None
     try:
-        with os.fdopen(fd, "rb") as fh:
-            info = os.fstat(fh.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SETTINGS_BYTES:
-                raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE)
-            data = fh.read(MAX_SETTINGS_BYTES + 1)
         document = orjson.loads(data)
-    except (OSError, orjson.JSONDecodeError):
+    except orjson.JSONDecodeError:
         raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE) from None
     schema = SETTINGS_SCHEMA if scope is Scope.GLOBAL else project_schema()
     if len(data) > MAX_SETTINGS_BYTES or not is_valid(document, schema):
