@@ -1,8 +1,12 @@
 """``session.list``: bounded directory scan, ordered pages, sanitized titles.
 
 Every request examines at most ``MAX_SESSION_LIST_SCAN_ENTRIES`` directory entries
-(session or not); a larger directory is ``LIMIT_EXCEEDED`` rather than an arbitrary
-partial page. Only the returned page's candidates are opened, each with bounded reads.
+(session or not), in directory order. In a larger directory the page is built from the
+sessions among the examined entries and says ``incomplete``: paging by ``next_after``
+still moves strictly forward (and, while the directory is unchanged, sees the same
+entries each time), it just cannot promise to reach sessions it never examined. Only the
+returned page's candidates are opened, each with bounded reads and never blocking on a
+FIFO or other special file planted in a session (``open_regular``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ import orjson
 
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES, MAX_SESSION_PAGE_ITEMS
-from magi_code.sessions.fileio import DIR_FLAGS, HISTORY, META, NOFOLLOW, pread_all, unavailable
+from magi_code.sessions.fileio import DIR_FLAGS, HISTORY, META, pread_all, unavailable
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.records import rfc3339_utc
 from magi_code.sessions.titles import sanitize_title
+from magi_code.storage.files import open_regular
 
 META_MAX_BYTES: Final = 4096
 
@@ -44,21 +49,22 @@ def list_sessions(root: Path, after: object, limit: object) -> dict[str, object]
     """One ``session.list`` success payload, ordered by session ID.
 
     ``next_after`` is the last examined ID of a truncated page (it may be a candidate
-    that could not be read, which then sets ``incomplete``).
+    that could not be read, which then sets ``incomplete``). ``incomplete`` is also set
+    when the directory has more entries than one request may examine: the page then
+    comes from the examined ones only.
 
     Raises:
         ServiceError: ``INVALID_SESSION_ID`` for a bad ``after``; ``INVALID_PAYLOAD`` or
             ``LIMIT_EXCEEDED`` for a bad ``limit`` (see ``check_page_limit``);
-            ``LIMIT_EXCEEDED`` when the directory holds more than 20,000 entries;
-            ``SESSION_UNAVAILABLE`` when it cannot be read.
+            ``SESSION_UNAVAILABLE`` when the directory cannot be read.
     """
     floor = None if after is None else validate_session_id(after)
     page_limit = check_page_limit(limit)
-    page = heapq.nsmallest(page_limit + 1, _scan(root, floor))
+    candidates, incomplete = _scan(root, floor)
+    page = heapq.nsmallest(page_limit + 1, candidates)
     truncated = len(page) > page_limit
     page = page[:page_limit]
     sessions: list[dict[str, object]] = []
-    incomplete = False
     for name in page:
         summary, complete = _summarize(root, name)
         incomplete |= not complete
@@ -72,23 +78,29 @@ def list_sessions(root: Path, after: object, limit: object) -> dict[str, object]
     }
 
 
-def _scan(root: Path, floor: str | None) -> list[str]:
-    """Session-shaped directory names above ``floor``, examining a bounded number."""
+def _scan(root: Path, floor: str | None) -> tuple[list[str], bool]:
+    """Session-shaped directory names above ``floor`` among the first examined entries,
+    and whether entries were left unexamined (the scan budget ran out).
+
+    Every entry counts, ``.new-*`` staging directories (whose names are not valid IDs)
+    and stray files included: the budget bounds the directory read itself. Names are
+    checked before any ``stat``.
+    """
     names: list[str] = []
     try:
         with os.scandir(root) as entries:
             for examined, entry in enumerate(entries, start=1):
                 if examined > MAX_SESSION_LIST_SCAN_ENTRIES:
-                    raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+                    return names, True
                 name = entry.name
                 wanted = (floor is None or name > floor) and _is_session_name(name)
                 if wanted and entry.is_dir(follow_symlinks=False):
                     names.append(name)
     except FileNotFoundError:
-        return []
+        return [], False
     except OSError:
         raise unavailable() from None
-    return names
+    return names, False
 
 
 def _is_session_name(name: str) -> bool:
@@ -121,13 +133,15 @@ def _summarize(root: Path, name: str) -> tuple[dict[str, object] | None, bool]:
 def _read_title(dir_fd: int) -> tuple[str | None, bool]:
     """The sanitized sidecar title (bounded read) and whether the sidecar was readable."""
     try:
-        fd = os.open(META, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+        fd = open_regular(META, os.O_RDONLY, dir_fd=dir_fd)
     except FileNotFoundError:
         return None, True
     except OSError:
-        return None, False
+        return None, False  # a symlink or special file, refused without blocking
     try:
         data = pread_all(fd, META_MAX_BYTES + 1, 0)
+    except OSError:
+        return None, False
     finally:
         os.close(fd)
     if len(data) > META_MAX_BYTES:

@@ -9,10 +9,10 @@ Each session is one directory ``<sessions_dir>/<session_id>/`` holding::
     lease.lock     flock: exclusive service writer lease, held while a service is attached
     meta.json      optional sidecar {"v":1,"title":...} written atomically
 
-Locks are ``fcntl.flock`` on files opened with ``ONOFOLLOW``; the kernel drops them when
+Locks are ``fcntl.flock`` on files opened with ``O_NOFOLLOW``; the kernel drops them when
 the holding process dies, so a crashed (even ``kill -9``) holder never blocks others. Lock
 files are never unlinked (their inode is the mutex). All file access goes through a
-directory fd opened with ``ONOFOLLOW`` after the ID has been validated, so an ID never
+directory fd opened with ``O_NOFOLLOW`` after the ID has been validated, so an ID never
 resolves outside its own directory.
 
 Durability: a new session is built under a hidden ``.new-<id>`` directory, fsynced and
@@ -55,7 +55,6 @@ from magi_code.sessions.fileio import (
     LEASE_LOCK,
     META,
     NEW_PREFIX,
-    NOFOLLOW,
     close_all,
     complete_prefix,
     exists_at,
@@ -88,7 +87,7 @@ from magi_code.sessions.records import (
     now_rfc3339,
 )
 from magi_code.sessions.titles import title_from_prompt
-from magi_code.storage.files import atomic_write
+from magi_code.storage.files import atomic_write, open_regular
 
 # One record line; larger records would crowd the replay window (tools must bound output).
 MAX_APPEND_RECORD_BYTES: Final = 1024 * 1024
@@ -279,11 +278,8 @@ class SessionStore:
                 created = now_rfc3339()
                 header = {"type": "header", "session_id": session_id, "created_at": created}
                 for name in (LEASE_LOCK, APPEND_LOCK, HISTORY):
-                    fd = os.open(
-                        name,
-                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW,
-                        FILE_MODE,
-                        dir_fd=dir_fd,
+                    fd = open_regular(
+                        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd, mode=FILE_MODE
                     )
                     try:
                         if name == HISTORY:
@@ -342,19 +338,19 @@ class SessionStore:
         dir_fd = self._open_dir(name)
         fds: list[int] = []
         try:
-            lease_fd = os.open(
-                LEASE_LOCK, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE, dir_fd=dir_fd
+            lease_fd = open_regular(
+                LEASE_LOCK, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, mode=FILE_MODE
             )
             fds.append(lease_fd)
             try:
                 fcntl.flock(lease_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise ServiceError(ErrorCode.SESSION_BUSY) from None
-            lock_fd = os.open(
-                APPEND_LOCK, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE, dir_fd=dir_fd
+            lock_fd = open_regular(
+                APPEND_LOCK, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, mode=FILE_MODE
             )
             fds.append(lock_fd)
-            history_fd = os.open(HISTORY, os.O_RDWR | os.O_APPEND | NOFOLLOW, dir_fd=dir_fd)
+            history_fd = open_regular(HISTORY, os.O_RDWR | os.O_APPEND, dir_fd=dir_fd)
             fds.append(history_fd)
             with holding(lock_fd, fcntl.LOCK_EX, WRITER_LOCK_WAIT):
                 repair_torn_tail(history_fd)
@@ -388,9 +384,9 @@ class SessionStore:
         dir_fd = self._open_dir(session_id)
         fds = [dir_fd]
         try:
-            lock_fd = os.open(APPEND_LOCK, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            lock_fd = open_regular(APPEND_LOCK, os.O_RDONLY, dir_fd=dir_fd)
             fds.append(lock_fd)
-            history_fd = os.open(HISTORY, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            history_fd = open_regular(HISTORY, os.O_RDONLY, dir_fd=dir_fd)
             fds.append(history_fd)
             with holding(lock_fd, fcntl.LOCK_SH, wait):
                 info = os.fstat(history_fd)
@@ -533,9 +529,9 @@ class SessionStore:
         dir_fd = self._open_dir(session_id)
         fds = [dir_fd]
         try:
-            lock_fd = os.open(APPEND_LOCK, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            lock_fd = open_regular(APPEND_LOCK, os.O_RDONLY, dir_fd=dir_fd)
             fds.append(lock_fd)
-            history_fd = os.open(HISTORY, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+            history_fd = open_regular(HISTORY, os.O_RDONLY, dir_fd=dir_fd)
             fds.append(history_fd)
             if matches is None:
                 return None
