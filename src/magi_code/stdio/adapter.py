@@ -8,6 +8,10 @@ batches while stdout is open, and returns.
 
 Protocol output goes to a private duplicate of fd 1; fd 1 itself is pointed at stderr so
 that nothing else in the process (or a child that inherits it) can corrupt the stream.
+
+Before anything else, embedded mode checks ``MC_HOME`` as the daemon path does for its
+state directory (:func:`check_home`): an unsafe home ends the process with one stderr line
+and exit status 1, as the shim does when the daemon cannot be reached.
 """
 
 from __future__ import annotations
@@ -19,15 +23,18 @@ import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from pathlib import Path
+from typing import Final, Protocol
 
 from magi_code.core.coordinator import Connection, ServiceCoordinator
 from magi_code.core.output import Batch, Output
+from magi_code.endpoint.paths import UnsafeRuntimeDir, ensure_private_dir
 from magi_code.protocol.envelope import OutboundError, encode_batch
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
 from magi_code.storage.launch import LaunchContext
 
 READ_CHUNK = 65536
+EXIT_UNSAFE_HOME: Final = 1
 
 
 class ByteReader(Protocol):
@@ -183,10 +190,73 @@ async def _wait_written(done: asyncio.Event, writer_task: asyncio.Task[bool]) ->
         waiter.cancel()
 
 
+def check_home(mc_home: Path) -> str | None:
+    """Why the service must not keep its state in ``mc_home`` (one operator line), or None.
+
+    The daemon only starts once ``$MC_HOME/run`` is private and every ancestor of it is
+    owned by root or us and not writable by others (``ensure_private_dir``); embedded mode
+    keeps sessions, credentials and settings in ``MC_HOME`` itself, so it requires the
+    equivalent of the home. The ancestors of the given path and of the resolved one must
+    be owned by root or us and not writable by others unless sticky (like ``/tmp``); they
+    are checked before a missing home is created (mode 0700, with any missing parents).
+    The home itself, after resolving symlinks (as the daemon resolves ``MC_HOME``), must
+    be a directory owned by us that neither group nor others can write.
+    """
+    if not mc_home.is_absolute():
+        return f"{mc_home} is not an absolute path"
+    existing = mc_home.parent
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    # The existing ancestors of the home (or of the directory holding a symlinked home).
+    base = Path(os.path.realpath(existing))
+    if (problem := _unsafe_ancestor([base, *base.parents])) is not None:
+        return problem
+    try:
+        if not os.path.lexists(mc_home):
+            ensure_private_dir(mc_home)
+        real = Path(os.path.realpath(mc_home))
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except UnsafeRuntimeDir as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{mc_home} is not a directory we can open ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        return f"{real} is owned by uid {st.st_uid}, not {euid}"
+    if st.st_mode & 0o022:
+        return (
+            f"{real} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"run `chmod go-w {real}`"
+        )
+    return _unsafe_ancestor(list(real.parents))
+
+
+def _unsafe_ancestor(ancestors: list[Path]) -> str | None:
+    euid = os.geteuid()
+    for ancestor in ancestors:
+        try:
+            info = os.stat(ancestor)
+        except OSError as exc:
+            return f"{ancestor}, an ancestor, cannot be checked ({exc.strerror})"
+        if info.st_uid not in (0, euid):
+            return f"{ancestor}, an ancestor, is owned by uid {info.st_uid}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"{ancestor}, an ancestor, is writable by others; run `chmod go-w {ancestor}`"
+    return None
+
+
 async def serve_stdio(
     build: Callable[[LaunchContext], Awaitable[ServiceCoordinator]], ctx: LaunchContext
 ) -> int:
     """Run the v1 service on this process's stdio. Returns the process exit code."""
+    problem = await asyncio.to_thread(check_home, ctx.mc_home)
+    if problem is not None:
+        diagnostic(f"unsafe MC_HOME: {problem}")
+        return EXIT_UNSAFE_HOME
     proto_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
