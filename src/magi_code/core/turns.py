@@ -9,8 +9,9 @@ Theory of operation, per turn:
 - the worker (``TurnRun``) runs the agent. Every assistant delta and every *attempted*
   activity takes the next value of one per-turn sequence counter *before* it is queued;
   deltas wait for queue space, activity never does (a full queue drops it and counts it);
-- at the end admission closes, partial text and the terminal record are persisted, the
-  queue is drained, and ``turn.terminal`` takes the next sequence value. Its write
+- streamed text is persisted while it streams, in bounded increments (``turns.streamed``);
+- at the end admission closes, the rest of the text and the terminal record are
+  persisted, the queue is drained, and ``turn.terminal`` takes the next sequence value. Its write
   releases the start request ID; only then is the session attachment settled.
 
 Cancellation interrupts only the agent task: if the agent already finished, the turn
@@ -24,7 +25,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -119,7 +120,7 @@ class TurnRun:
         self._admission_open = True
         self.agent_task: asyncio.Task[None] | None = None
         self.task: asyncio.Task[None] | None = None
-        self._unsaved: Any = None
+        self._settle_text: Callable[[], Awaitable[None]] | None = None
         self._cancel_requested = False
 
     # -- the sink the agent writes to ----------------------------------------------------
@@ -164,15 +165,15 @@ class TurnRun:
         if self.task is not None:
             return  # started by its acceptance write or by connection cleanup, once
         self.agent_task = asyncio.create_task(
-            self.service.runtime.run(self.turn, self, self._keep_unsaved)
+            self.service.runtime.run(self.turn, self, self._keep_settle)
         )
         if self._cancel_requested:
             self.agent_task.cancel()
         self.task = asyncio.create_task(self._run())
 
-    def _keep_unsaved(self, getter: Any) -> None:
-        # The runtime hands back a callable giving text streamed but not yet durable.
-        self._unsaved = getter
+    def _keep_settle(self, settle: Callable[[], Awaitable[None]]) -> None:
+        # The runtime hands back how to make the text streamed so far durable.
+        self._settle_text = settle
 
     def cancel(self) -> None:
         # Before the worker starts (acceptance not yet written) the request is remembered.
@@ -239,25 +240,21 @@ class TurnRun:
         self.attachment.idle.set()
 
     async def _persist_end(self, status: str, sequence: int) -> None:
-        records: list[dict[str, Any]] = []
-        unsaved = self._unsaved() if self._unsaved is not None else ""
-        if unsaved:
-            records.append({"type": "assistant", "turn_id": self.turn_id, "text": unsaved})
-        records.append(
-            {
-                "type": "terminal",
-                "turn_id": self.turn_id,
-                "status": status,
-                "assistant_text": "".join(self.text_parts),
-                "sequence": sequence,
-            }
-        )
-        for record in records:
-            try:
-                await self.record(record)
-            except (OSError, ServiceError, ValueError):
-                log.warning("could not persist the end of a turn")
-                return
+        terminal = {
+            "type": "terminal",
+            "turn_id": self.turn_id,
+            "status": status,
+            "assistant_text": "".join(self.text_parts),
+            "sequence": sequence,
+        }
+        try:
+            # Increments already written stay; the append in flight and the rest follow,
+            # in order, before the terminal.
+            if self._settle_text is not None:
+                await self._settle_text()
+            await self.record(terminal)
+        except (OSError, ServiceError, ValueError):
+            log.warning("could not persist the end of a turn")
 
 
 class TurnService:

@@ -1,4 +1,4 @@
-"""The environment tool and MCP child processes run with.
+"""The environment tool and MCP child processes run with, and the daemon's own.
 
 Children run model-chosen commands as our own user, so anything that lets them find and
 drive the service is removed: the daemon socket and runtime directory overrides, the
@@ -10,6 +10,13 @@ Stripping ``MC_HOME`` means a ``magi-code`` started by a tool falls back to the 
 home: it does not inherit a non-default daemon, but with the default home it can still
 reach the user's daemon like any other process of that user (the daemon's peer-UID check
 admits same-UID peers). Stripping is about not handing children the keys, not a sandbox.
+
+The daemon's *own* environment is the opposite rule, an allow-list
+(:func:`daemon_environment`): what the process needs to run Python, find its runtime
+files and read its ``MC_DAEMON_*`` settings. Every request uses its connection's launch
+environment, so nothing a starter brought along (API keys, tokens, proxy credentials) has
+any use in the daemon, and keeping it would expose it for the daemon's whole life
+(``/proc/<pid>/environ``).
 """
 
 from __future__ import annotations
@@ -43,3 +50,50 @@ def child_environment(
     """
     secrets = frozenset(secret_names)
     return {key: value for key, value in env.items() if not is_stripped(key, secrets)}
+
+
+# The daemon's own environment: the interpreter and dynamic loader, the user's identity,
+# locale and time zone, where runtime files go, and the daemon's own settings.
+DAEMON_NAMES: Final = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "XDG_RUNTIME_DIR",
+        "MC_HOME",
+        "MC_RUNTIME_DIR",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSAFEPATH",
+        "PYTHONNOUSERSITE",
+        "PYTHONUSERBASE",
+        "PYTHONUTF8",
+        "PYTHONIOENCODING",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONPYCACHEPREFIX",
+        "PYTHONWARNINGS",
+        "PYTHONDEVMODE",
+        "PYTHONFAULTHANDLER",
+        "PYTHONHASHSEED",
+        "PYTHONMALLOC",
+        "LD_LIBRARY_PATH",
+        "DYLD_LIBRARY_PATH",
+        "DYLD_FALLBACK_LIBRARY_PATH",
+    }
+)
+DAEMON_PREFIXES: Final = ("LC_", "MC_DAEMON_")
+
+
+def is_daemon_variable(name: str) -> bool:
+    return name in DAEMON_NAMES or name.startswith(DAEMON_PREFIXES)
+
+
+def daemon_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed part of ``env``: all a daemon process keeps of its starter's."""
+    return {key: value for key, value in env.items() if is_daemon_variable(key)}

@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Final, Protocol, Self, TextIO
 
 import anyio
+import mcp.client.stdio
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -62,6 +63,16 @@ MAX_SCHEMA_BYTES: Final = 64 * 1024
 # A random per-server token in the server's environment, to find its pid (see processes).
 INSTANCE_VARIABLE: Final = "MC_MCP_INSTANCE"
 _UNSAFE_NAME_CHARS: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _nothing_inherited() -> dict[str, str]:
+    return {}
+
+
+# The SDK puts the env it is given over HOME, LOGNAME, PATH, SHELL, TERM and USER of *this*
+# process (in the daemon, the daemon's own environment). A server's environment is its
+# client's launch environment only (tests/unit/tools: nothing of the service process).
+mcp.client.stdio.get_default_environment = _nothing_inherited
 
 
 class McpServerLike(Protocol):

@@ -5,7 +5,8 @@ provider and streams assistant text to the sink. When the model asks for tools, 
 is persisted, executed, its result persisted, and the loop asks the model again, up to a
 bounded number of provider requests. Everything the next turn and replay need goes
 through ``sink.record`` (durable appends); activity goes through ``sink.activity``
-(lossy, never blocking); assistant text goes through ``sink.text`` (reliable, bounded).
+(lossy, never blocking); assistant text goes through ``sink.text`` (reliable, bounded)
+and, while it streams, is made durable in bounded increments (``turns.streamed``).
 
 Cancellation is plain task cancellation: every await here is a cancellation point, the
 provider stream is closed by leaving its ``async for``, and tools kill their children.
@@ -45,6 +46,7 @@ from magi_code.tools.base import Tool, ToolContext, run_named_tool
 
 from . import activity
 from .context import estimate_tokens
+from .streamed import StreamedText
 
 MAX_PROVIDER_REQUESTS: Final = 24
 
@@ -130,8 +132,8 @@ class Agent:
         self.reauthorize = reauthorize
         self.request_sequence = 0
         self.usage = UsageTotals()
-        # Text of the provider response in flight, not yet durable (cancel/fail saves it).
-        self.unsaved_text = ""
+        # Text of the provider response in flight; the turn settles it when it ends.
+        self.streamed = StreamedText(None)
         self.final_text = ""
 
     async def run(self, history: Sequence[ConversationItem], prompt: str) -> str:
@@ -171,13 +173,15 @@ class Agent:
         continuity: list[ContinuityItem] = []
         calls: list[ToolCall] = []
         usage: UsageEvent | None = None
-        self.unsaved_text = ""
+        self.streamed = StreamedText(
+            self._append_text if self.persist else None, incremental=self.stream_text
+        )
         async with contextlib.aclosing(self._events(request)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     if self.stream_text:
                         await self.sink.text(event.text)
-                    self.unsaved_text += event.text
+                    self.streamed.add(event.text)
                 elif isinstance(event, ToolCallEvent):
                     calls.append(event.call)
                 elif isinstance(event, ReasoningSummary):
@@ -191,10 +195,8 @@ class Agent:
                     continuity.append(event)
                 elif isinstance(event, Completed):
                     break
-        text = self.unsaved_text
-        if text:
-            await self._record({"type": "assistant", "turn_id": self.turn_id, "text": text})
-        self.unsaved_text = ""
+        await self.streamed.settle()
+        text = self.streamed.text
         self.final_text = text
         items.extend(continuity)
         if text:
@@ -318,6 +320,13 @@ class Agent:
                 timed_out=timed_out,
             )
         )
+
+    async def settle_text(self) -> None:
+        """Make the text streamed so far durable (the turn's end, after a cancel or failure)."""
+        await self.streamed.settle()
+
+    async def _append_text(self, text: str) -> None:
+        await self.sink.record({"type": "assistant", "turn_id": self.turn_id, "text": text})
 
     async def _record(self, record: Mapping[str, Any]) -> None:
         if self.persist:

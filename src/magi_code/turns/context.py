@@ -47,21 +47,29 @@ def items_from_records(records: Sequence[ContextRecord]) -> list[ConversationIte
     """Provider-neutral conversation from durable records.
 
     A tool call without a durable result (the turn was cancelled mid-tool) gets an error
-    result, since every provider requires a result for each call.
+    result, since every provider requires a result for each call. Consecutive assistant
+    records of one turn are the increments of one streamed response: one message.
     """
     items: list[ConversationItem] = []
     answered = {r.call_id for r in records if isinstance(r, ToolResultRecord)}
+    previous: ContextRecord | None = None
     for record in records:
         if isinstance(record, UserRecord):
             items.append(UserText(record.text))
         elif isinstance(record, AssistantRecord):
-            items.append(AssistantText(record.text))
+            if isinstance(previous, AssistantRecord) and previous.turn_id == record.turn_id:
+                last = items[-1]
+                assert isinstance(last, AssistantText)
+                items[-1] = AssistantText(last.text + record.text)
+            else:
+                items.append(AssistantText(record.text))
         elif isinstance(record, ToolCallRecord):
             items.append(ToolCall(record.call_id, record.name, record.arguments))
             if record.call_id not in answered:
                 items.append(ToolResult(record.call_id, record.name, UNFINISHED_TOOL_OUTPUT, True))
         elif isinstance(record, ToolResultRecord):
             items.append(ToolResult(record.call_id, record.name, record.output, record.is_error))
+        previous = record
     return items
 
 

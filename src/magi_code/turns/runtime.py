@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -112,7 +112,7 @@ class TurnRuntime:
         self,
         turn: TurnRequest,
         sink: TurnSink,
-        expose_unsaved: Callable[[Callable[[], str]], None],
+        expose_settle: Callable[[Callable[[], Awaitable[None]]], None],
     ) -> None:
         ctx = turn.ctx
         # Captured at admission, right before this worker started; the turn keeps them.
@@ -166,7 +166,7 @@ class TurnRuntime:
                     else None
                 ),
             )
-            expose_unsaved(lambda: agent.unsaved_text)
+            expose_settle(agent.settle_text)
             await agent.run(history, turn.prompt)
 
     async def _compact(

@@ -194,3 +194,27 @@ def test_result_content_is_mapped_for_the_model() -> None:
     structured = types.CallToolResult(content=[], structured_content={"n": 1})
     assert result_text(structured) == '{"n": 1}'
     assert result_text(types.CallToolResult(content=[])) == "(no output)"
+
+
+async def test_a_server_gets_nothing_of_the_service_process_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK would fill HOME, LOGNAME, PATH, SHELL, TERM and USER from *this* process
+    # (in a daemon: its own environment) under the launch environment it is given.
+    for name in ("TERM", "SHELL", "LOGNAME", "USER"):
+        monkeypatch.setenv(name, f"daemon-own-{name.lower()}")
+    ctx = ToolContext(
+        project_dir=tmp_path,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "USER": "launch-user"},
+    )
+    async with McpToolset([spec("echo")], ctx) as toolset:
+        echo = by_name(toolset.tools())["mcp__echo__echo"]
+        for name, expected in (
+            ("TERM", "<unset>"),
+            ("SHELL", "<unset>"),
+            ("LOGNAME", "<unset>"),
+            ("HOME", "<unset>"),
+            ("USER", "launch-user"),
+        ):
+            outcome = await call(echo, ctx, text="x", env_name=name)
+            assert outcome.output == f"x|{name}={expected}"

@@ -150,3 +150,17 @@ async def test_shell_reports_a_missing_project_directory(tmp_path: Path) -> None
     outcome = await shell(ctx, command="true")
     assert outcome.is_error
     assert str(tmp_path) not in outcome.output
+
+
+async def test_shell_children_get_the_launch_environment_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a daemon this process's environment is the daemon's own: none of it may leak.
+    monkeypatch.setenv("SERVICE_OWN_SECRET", "sk-service-own-0000")
+    launch = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KEEP_ME": "kept"}
+    outcome = await shell(ToolContext(project_dir=tmp_path, env=launch), command="env")
+    lines = outcome.output.split("\n")
+    names = {line.split("=", 1)[0] for line in lines if "=" in line}
+    # /bin/sh may export PWD, SHLVL and _ itself; nothing else but the launch variables.
+    assert names - {"PWD", "OLDPWD", "SHLVL", "_"} == set(launch)
+    assert "sk-service-own" not in outcome.output
