@@ -14,9 +14,12 @@ from magi_code.client.connection import (
     new_idempotency_key,
 )
 from magi_code.client.errors import (
+    DaemonDraining,
     DaemonError,
+    DaemonTimeout,
     DaemonUnavailable,
     DeadlineExceeded,
+    ForeignDaemon,
     OutcomeUnknown,
 )
 from magi_code.client.starter import DaemonStartError
@@ -46,13 +49,16 @@ __all__ = [
     "Client",
     "ControlGranted",
     "ControlStatus",
+    "DaemonDraining",
     "DaemonError",
     "DaemonStartError",
+    "DaemonTimeout",
     "DaemonUnavailable",
     "DeadlineExceeded",
     "ErrorInfo",
     "Event",
     "EventEnvelope",
+    "ForeignDaemon",
     "GrantedTurn",
     "LaunchContext",
     "OutcomeUnknown",

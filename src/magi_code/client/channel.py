@@ -2,12 +2,20 @@
 
 The stdio shim uses it directly; :class:`~magi_code.client.connection.Client` adds
 request/response correlation on top.
+
+Connecting fails with one of: :class:`DaemonUnavailable` (no daemon: nothing listens;
+:class:`DaemonDraining` when it is stopping), :class:`DaemonTimeout` (something listens
+but did not accept or answer ``hello`` within ``timeout`` seconds: stopped, wedged or
+overloaded), :class:`ForeignDaemon` (the socket is served by another user), or
+:class:`DaemonError` (a refusal such as ``wrong_home``). Every hello names the client's
+``MC_HOME`` (a control hello names nothing else), so a daemon of another home refuses it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +28,7 @@ from magi_code.protocol.v2 import Launch, Role, hello
 from magi_code.storage.launch import LaunchContext
 from magi_code.version import package_version
 
-from .errors import DaemonError, DaemonUnavailable
+from .errors import DaemonDraining, DaemonError, DaemonTimeout, DaemonUnavailable, ForeignDaemon
 
 CONNECT_TIMEOUT = 10.0
 READ_CHUNK = 65536
@@ -28,6 +36,10 @@ READ_CHUNK = 65536
 
 def launch_of(ctx: LaunchContext) -> Launch:
     return Launch(str(ctx.mc_home), str(ctx.project_dir), dict(ctx.env))
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
 
 
 def socket_for(ctx: LaunchContext) -> Path:
@@ -74,14 +86,25 @@ class Channel:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_unix_connection(str(socket_path), limit=READ_CHUNK * 2), timeout
             )
+        # TimeoutError and BlockingIOError are OSErrors: they must come first.
+        except TimeoutError:
+            raise DaemonTimeout(
+                f"the daemon did not accept the connection within {_seconds(timeout)}"
+            ) from None
+        except BlockingIOError:  # a full backlog: a listener that does not accept
+            raise DaemonTimeout("the daemon is not accepting connections") from None
         except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
             raise DaemonUnavailable("no daemon is running") from None
-        except TimeoutError:
-            raise DaemonError("the daemon did not accept the connection in time") from None
+        except PermissionError:
+            if _owner(socket_path) not in (None, os.geteuid()):
+                raise ForeignDaemon("the socket is served by another user") from None
+            raise DaemonUnavailable("the daemon socket cannot be opened") from None
+        except OSError as exc:
+            raise DaemonUnavailable(f"cannot connect to the daemon ({exc.strerror})") from None
         sock = writer.get_extra_info("socket")
         if sock is None or not check_peer(sock):
             writer.close()
-            raise DaemonError("the daemon socket belongs to another user; refusing to use it")
+            raise ForeignDaemon("the socket is served by another user; refusing to use it")
         return await cls.handshake(
             reader, writer, role, launch, client_name=client_name, timeout=timeout, options=options
         )
@@ -104,16 +127,24 @@ class Channel:
         whose other end you trust already (a ``socketpair`` in tests, a proxy you run).
         """
         channel = cls(reader, writer, {})
+        launch_frame = None if launch is None else launch_of(launch)
+        frame = hello(role, launch_frame, client_name, package_version(), options)
+
+        async def exchange() -> dict[str, Any] | None:
+            await channel.send(frame)
+            return await channel.recv()
+
         try:
-            launch_frame = None if launch is None else launch_of(launch)
-            await channel.send(hello(role, launch_frame, client_name, package_version(), options))
-            first = await asyncio.wait_for(channel.recv(), timeout)
+            first = await asyncio.wait_for(exchange(), timeout)
+        # TimeoutError is an OSError: it must come first.
+        except TimeoutError:
+            channel.abort()
+            raise DaemonTimeout(
+                f"the daemon did not answer the handshake within {_seconds(timeout)}"
+            ) from None
         except (ConnectionError, OSError):
             await channel.close()
             raise DaemonUnavailable("the daemon closed the connection") from None
-        except TimeoutError:
-            await channel.close()
-            raise DaemonError("the daemon did not answer the handshake in time") from None
         except DaemonError:
             await channel.close()
             raise
@@ -124,7 +155,7 @@ class Channel:
             await channel.close()
             code = first.get("code")
             if code == "draining":
-                raise DaemonUnavailable("the daemon is stopping")
+                raise DaemonDraining("the daemon is stopping")
             raise DaemonError(f"the daemon refused the connection ({code})", _code(code))
         if first.get("t") != "welcome":
             await channel.close()
@@ -169,3 +200,10 @@ class Channel:
 
 def _code(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None

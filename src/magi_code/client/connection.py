@@ -626,7 +626,7 @@ async def connect_channel(
     options: Mapping[str, Any] | None = None,
 ) -> Channel:
     """Connect to the daemon for ``ctx``; with ``autostart`` start it when none answers."""
-    launch = None if role == "control" else ctx
+    launch = ctx  # a control hello sends only mc_home (RFC-0002 §3)
 
     async def attempt() -> Channel:
         return await Channel.open(

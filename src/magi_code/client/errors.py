@@ -17,6 +17,10 @@ class DaemonUnavailable(Exception):
     """
 
 
+class DaemonDraining(DaemonUnavailable):
+    """The daemon refused the handshake because it is stopping (``draining``)."""
+
+
 class OutcomeUnknown(DaemonUnavailable):
     """A v1 request was sent but its response never came: it may or may not have run.
 
@@ -62,6 +66,18 @@ class DaemonError(Exception):
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class DaemonTimeout(DaemonError):
+    """A daemon is there but did not accept or answer the handshake in time.
+
+    It may be stopped (``SIGSTOP``), wedged or badly overloaded; nothing was sent beyond
+    ``hello``, and nothing was killed or removed.
+    """
+
+
+class ForeignDaemon(DaemonError):
+    """The socket is served by a process of another user; nothing was sent to it."""
 
 
 class DeadlineExceeded(DaemonError):

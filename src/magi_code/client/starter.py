@@ -4,7 +4,9 @@ A starter takes ``start.lock``, retries the connection (someone may have just st
 it), and spawns ``magi-code daemon run --on-demand`` only while nobody holds the lifetime
 lock; it then waits on a readiness pipe (``READY`` / ``ERR reason`` / EOF) and keeps the
 start lock until the daemon answers. A live daemon that does not answer is never killed
-or unlinked: the starter waits for it (it may be starting or draining) and then reports.
+or unlinked: the starter waits for it while it has no socket or refuses as ``draining``
+(starting or stopping), and reports at once one that accepts but does not answer its
+``hello`` within :data:`ANSWER_TIMEOUT_SECONDS` (stopped or wedged).
 
 The daemon is spawned through ``/bin/sh -c '... &'`` so it is not our child (no zombie),
 and it calls ``setsid`` itself, leaving the frontend's session and process group. Where
@@ -22,16 +24,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from magi_code.endpoint.lock import StartLockTimeout, is_held, start_lock
 from magi_code.endpoint.paths import ensure_private_dir, runtime_paths
 from magi_code.storage.launch import LaunchContext
 
 from .channel import Channel, socket_for
-from .errors import DaemonUnavailable
+from .errors import DaemonError, DaemonTimeout, DaemonUnavailable
 
 START_TIMEOUT_SECONDS: Final = 30.0
+# A daemon that accepted the connection answers hello in milliseconds.
+ANSWER_TIMEOUT_SECONDS: Final = 10.0
 NO_SCOPE_ENV: Final = "MC_DAEMON_NO_SCOPE"
 
 
@@ -39,10 +43,16 @@ class DaemonStartError(Exception):
     """The daemon could not be started; the message names the reason (operator text)."""
 
 
-async def ensure_daemon(ctx: LaunchContext, timeout: float = START_TIMEOUT_SECONDS) -> None:
-    """Return once a daemon for ``ctx.mc_home`` answers a control hello."""
-    if await _answers(ctx):
-        return
+async def ensure_daemon(
+    ctx: LaunchContext, timeout: float = START_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """Return the ``welcome`` of a daemon for ``ctx.mc_home`` once one answers a control hello.
+
+    Raises :class:`DaemonStartError` (one operator line) or ``UnsafeRuntimeDir``.
+    """
+    welcome = await _answers(ctx)
+    if welcome is not None:
+        return welcome
     paths = runtime_paths(ctx)
     await asyncio.to_thread(ensure_private_dir, paths.state_dir)
     deadline = time.monotonic() + timeout
@@ -66,8 +76,8 @@ async def ensure_daemon(ctx: LaunchContext, timeout: float = START_TIMEOUT_SECON
                 holder.result()
             except StartLockTimeout as exc:
                 raise DaemonStartError(str(exc)) from None
-        await _start_locked(ctx, deadline)
-    except DaemonUnavailable as exc:
+        return await _start_locked(ctx, deadline)
+    except (DaemonUnavailable, DaemonError) as exc:
         raise DaemonStartError(str(exc)) from None
     finally:
         release.set()
@@ -75,12 +85,13 @@ async def ensure_daemon(ctx: LaunchContext, timeout: float = START_TIMEOUT_SECON
             await holder
 
 
-async def _start_locked(ctx: LaunchContext, deadline: float) -> None:
+async def _start_locked(ctx: LaunchContext, deadline: float) -> dict[str, Any]:
     paths = runtime_paths(ctx)
     attempts = 0
     while time.monotonic() < deadline:
-        if await _answers(ctx):
-            return
+        welcome = await _answers(ctx)
+        if welcome is not None:
+            return welcome
         if await asyncio.to_thread(is_held, paths.lock):
             await asyncio.sleep(0.05)  # starting or draining: never touch it, wait
             continue
@@ -99,13 +110,27 @@ async def _start_locked(ctx: LaunchContext, deadline: float) -> None:
     raise DaemonStartError(f"the daemon did not start; see its log at {paths.log}")
 
 
-async def _answers(ctx: LaunchContext) -> bool:
+async def _answers(ctx: LaunchContext) -> dict[str, Any] | None:
+    """The welcome of this home's daemon, or None when none listens (or it is draining).
+
+    Raises :class:`DaemonStartError` for a daemon that listens but does not answer in
+    time, and for one that cannot serve us (another user's, another home's).
+    """
     try:
-        channel = await Channel.open(socket_for(ctx), "control", None)
+        channel = await Channel.open(
+            socket_for(ctx), "control", ctx, timeout=ANSWER_TIMEOUT_SECONDS
+        )
     except DaemonUnavailable:
-        return False
+        return None
+    except DaemonTimeout as exc:
+        raise DaemonStartError(
+            f"{exc}; a daemon for this MC_HOME is stopped or wedged: "
+            "check `magi-code daemon status` and its log"
+        ) from None
+    except DaemonError as exc:
+        raise DaemonStartError(str(exc)) from None
     await channel.close()
-    return True
+    return channel.welcome
 
 
 def _scope_available(ctx: LaunchContext) -> bool:

@@ -1,20 +1,23 @@
 """``magi-code daemon run``: process setup around :class:`~magi_code.daemon.server.DaemonServer`.
 
-Order (each step only after the previous one succeeded): the environment scrubbed to the
-daemon's allow-list (re-exec'ing once when the starter passed more, see
-:func:`_scrub_environment`); umask 077; private state and
+Order (each step only after the previous one succeeded): umask 077; private state and
 socket directories; the log; the lifetime lock (waiting a bounded time for a draining
-predecessor); only then remove a stale socket and bind ours (0600, under umask 0177);
-``daemon.json``; serve; on exit remove the socket only if it is still ours, and release the
-lock last. A process that cannot take the lock exits :data:`EXIT_ALREADY_RUNNING` without
-touching the socket.
+predecessor); the coordinator; only then remove a stale socket and bind ours (0600, under
+umask 0177), so a socket that accepts always answers at once; ``daemon.json``; serve; on
+exit remove the socket only if it is still ours, and release the lock last. A process that
+cannot take the lock exits :data:`EXIT_ALREADY_RUNNING` without touching the socket.
+
+:class:`SocketKeeper` is the only code that creates or removes the socket: it touches only
+this ``MC_HOME``'s path, only under the lock, never a socket some live process listens on,
+and re-binds the path while serving when the file was deleted or replaced (see
+``server.py``). Failures before serving are one line: on the readiness pipe, or on stderr
+in the foreground.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import logging.handlers
 import os
@@ -23,12 +26,14 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import orjson
 
 from magi_code.endpoint.lock import (
+    FileIdentity,
     LifetimeLock,
+    bind_socket,
     remove_own_socket,
     remove_stale_socket,
     socket_identity,
@@ -42,7 +47,6 @@ from magi_code.endpoint.paths import (
 from magi_code.protocol.v2 import SUPPORTED_VERSIONS
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
-from magi_code.tools.environment import daemon_environment
 from magi_code.version import package_version
 
 from .outbound import DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
@@ -51,8 +55,6 @@ EXIT_ALREADY_RUNNING: Final = 3
 EXIT_UNSAFE: Final = 2
 IDLE_ENV: Final = "MC_DAEMON_IDLE_SECONDS"
 OUTBOUND_ENV: Final = "MC_DAEMON_OUTBOUND_BYTES"
-# Set to our pid across the one re-exec that drops the starter's environment.
-REEXEC_ENV: Final = "MC_DAEMON_REEXEC"
 DEFAULT_ON_DEMAND_IDLE_SECONDS: Final = 60.0
 LOCK_WAIT_SECONDS: Final = 10.0
 LOG_MAX_BYTES: Final = 1024 * 1024
@@ -81,11 +83,6 @@ def outbound_limit(ctx: LaunchContext) -> int:
 
 def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until it stops; returns the exit code."""
-    try:
-        ctx = _scrub_environment(ctx, ready_fd)
-    except OSError as exc:
-        _ReadyPipe(ready_fd).fail(f"cannot drop the starter's environment: {exc.strerror}")
-        return EXIT_UNSAFE
     os.umask(0o077)
     if on_demand:
         _detach_from_caller()
@@ -94,61 +91,104 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
         paths = runtime_paths(ctx)
         ensure_private_dir(paths.state_dir)
         ensure_private_dir(paths.socket_dir)
-    except UnsafeRuntimeDir as exc:
-        ready.fail(str(exc))
+        _setup_logging(paths.log)
+        lock = _acquire(paths.lock, LOCK_WAIT_SECONDS if on_demand else 0.0)
+    except (UnsafeRuntimeDir, OSError) as exc:  # e.g. a read-only MC_HOME
+        ready.fail(_describe(exc))
         return EXIT_UNSAFE
-    _setup_logging(paths.log)
-    lock = _acquire(paths.lock, LOCK_WAIT_SECONDS if on_demand else 0.0)
     if lock is None:
         log.info("another daemon holds the lifetime lock")
-        ready.fail("a daemon is already running for this MC_HOME")
+        ready.fail(
+            "a daemon is already running for this MC_HOME; stop it with `magi-code daemon stop`"
+        )
         return EXIT_ALREADY_RUNNING
-    identity = None
+    keeper = SocketKeeper(ctx, paths, lock)
     try:
-        remove_stale_socket(paths.socket, lock)
-        sock = _bind(paths.socket)
-        identity = socket_identity(paths.socket)
-        _write_info(paths)
-        return _serve(ctx, paths, lock, sock, on_demand, ready, identity)
+        return _serve(ctx, keeper, on_demand, ready)
     except (UnsafeRuntimeDir, OSError) as exc:
         log.error("startup failed (%s)", type(exc).__name__)
-        ready.fail(str(exc))
+        ready.fail(_describe(exc))
         return EXIT_UNSAFE
     finally:
-        if identity is not None:
-            remove_own_socket(paths.socket, lock, identity)
+        keeper.close()
         lock.release()
         log.info("exited")
 
 
-def _serve(
-    ctx: LaunchContext,
-    paths: RuntimePaths,
-    lock: LifetimeLock,
-    sock: socket.socket,
-    on_demand: bool,
-    ready: _ReadyPipe,
-    identity: object,
-) -> int:
+class SocketKeeper:
+    """This home's socket path under its lifetime lock: bind, self-check, re-bind, remove.
+
+    The :class:`~magi_code.daemon.server.Endpoint` of the running daemon. ``check`` is two
+    ``stat`` calls. A socket file that was deleted, or replaced by one nobody listens on,
+    is re-bound (``remove_stale_socket`` then bind, as at startup); one some live process
+    listens on is never unlinked: it is remembered as ``occupied`` until it changes.
+    """
+
+    def __init__(self, ctx: LaunchContext, paths: RuntimePaths, lock: LifetimeLock) -> None:
+        self.paths = paths
+        self.lock = lock
+        self.mc_home = ctx.mc_home.resolve()
+        self.identity: FileIdentity | None = None
+        self._foreign: FileIdentity | None = None
+        self._started_at = int(time.time())
+
+    def bind(self) -> socket.socket:
+        """Remove a stale socket and bind ours; raises ``OSError`` / ``UnsafeRuntimeDir``."""
+        ensure_private_dir(self.paths.socket_dir)
+        remove_stale_socket(self.paths.socket, self.lock)
+        sock, self.identity = bind_socket(self.paths.socket, self.lock)
+        self._foreign = None
+        try:
+            _write_info(self.paths, self.mc_home, self._started_at)
+        except BaseException:
+            sock.close()
+            self.close()
+            raise
+        return sock
+
+    def check(self) -> Literal["ok", "lock_lost", "socket_lost", "occupied"]:
+        if not self.lock.still_owns_path():
+            return "lock_lost"
+        current = socket_identity(self.paths.socket)
+        if current is not None and current == self.identity:
+            return "ok"
+        self.identity = None  # our file is gone: never treat a later one as ours
+        if current is not None and current == self._foreign:
+            return "occupied"
+        return "socket_lost"
+
+    def rebind(self) -> socket.socket:
+        try:
+            return self.bind()
+        except (OSError, UnsafeRuntimeDir):
+            self._foreign = socket_identity(self.paths.socket)
+            raise
+
+    def close(self) -> None:
+        """Remove the socket if it is still the one we bound (holder only; idempotent)."""
+        identity, self.identity = self.identity, None
+        if identity is not None and self.lock.held:
+            remove_own_socket(self.paths.socket, self.lock, identity)
+
+
+def _serve(ctx: LaunchContext, keeper: SocketKeeper, on_demand: bool, ready: _ReadyPipe) -> int:
     import uvloop
 
     from magi_code.composition import build_coordinator
 
     from .server import DaemonServer
 
-    def self_check() -> bool:
-        return lock.still_owns_path() and socket_identity(paths.socket) == identity
-
     async def main() -> None:
         coordinator = await build_coordinator(ctx, ("unix",))
+        sock = keeper.bind()
         server = DaemonServer(
             coordinator,
             mc_home=ctx.mc_home,
-            socket_path=paths.socket,
+            socket_path=keeper.paths.socket,
             version=package_version(),
             idle_seconds=idle_seconds(ctx, on_demand),
             mode="on_demand" if on_demand else "foreground",
-            self_check=self_check,
+            endpoint=keeper,
             outbound_limit=outbound_limit(ctx),
         )
         loop = asyncio.get_running_loop()
@@ -158,27 +198,6 @@ def _serve(
 
     uvloop.run(main())
     return 0
-
-
-def _scrub_environment(ctx: LaunchContext, ready_fd: int | None) -> LaunchContext:
-    """Keep only the daemon's allow-list of its starter's environment, for its whole life.
-
-    Clients bring their own environment with each connection; the daemon's would only
-    expose what its first starter had (API keys, tokens) to every later client's tools.
-    ``/proc/<pid>/environ`` shows the environment a process was exec'd with, so when the
-    starter passed anything else this re-execs the same command line (same pid, the
-    readiness pipe kept open) with the allow-list, once. Raises ``OSError`` when the
-    re-exec fails.
-    """
-    clean = daemon_environment(os.environ)
-    reexecuted = clean.pop(REEXEC_ENV, None) == str(os.getpid())
-    if not reexecuted and clean.keys() != os.environ.keys():
-        if ready_fd is not None:
-            os.set_inheritable(ready_fd, True)
-        os.execve(sys.executable, sys.orig_argv, {**clean, REEXEC_ENV: str(os.getpid())})
-    for name in [name for name in os.environ if name not in clean]:
-        del os.environ[name]  # the marker, or anything the platform added after exec
-    return dataclasses.replace(ctx, env=clean)
 
 
 def _detach_from_caller() -> None:
@@ -198,32 +217,24 @@ def _acquire(path: Path, wait: float) -> LifetimeLock | None:
         time.sleep(0.05)
 
 
-def _bind(path: Path) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        previous = os.umask(0o177)  # no window where the socket is wider than 0600
-        try:
-            sock.bind(os.fspath(path))
-        finally:
-            os.umask(previous)
-        os.chmod(path, 0o600)
-        sock.listen(128)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _write_info(paths: RuntimePaths) -> None:
+def _write_info(paths: RuntimePaths, mc_home: Path, started_at: int) -> None:
     info = {
         "pid": os.getpid(),
         "version": package_version(),
         "socket": str(paths.socket),
+        "mc_home": str(mc_home),
         "protocol_versions": list(SUPPORTED_VERSIONS),
-        "started_at": int(time.time()),
+        "started_at": started_at,
     }
     atomic_write(paths.info, orjson.dumps(info), 0o600)
+
+
+def _describe(exc: Exception) -> str:
+    """One operator line for a startup failure (it may name files, never secrets)."""
+    if isinstance(exc, OSError) and not isinstance(exc, UnsafeRuntimeDir):
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"cannot use{where}: {exc.strerror or type(exc).__name__}"
+    return str(exc)
 
 
 def _setup_logging(path: Path) -> None:
@@ -243,18 +254,28 @@ def _setup_logging(path: Path) -> None:
 
 
 class _ReadyPipe:
-    """The starter's readiness pipe: ``READY`` or ``ERR <reason>``, then closed."""
+    """The starter's readiness pipe: ``READY`` or ``ERR <reason>``, then closed.
+
+    Without a pipe (``daemon run`` in the foreground) a failure before readiness is one
+    ``magi-code: <reason>`` line on stderr instead.
+    """
 
     def __init__(self, fd: int | None) -> None:
         self._fd = fd
+        self._answered = False
 
     def ok(self) -> None:
         self._send(b"READY\n")
 
     def fail(self, reason: str) -> None:
-        self._send(f"ERR {reason}".replace("\n", " ").encode()[:1000] + b"\n")
+        line = reason.replace("\n", " ")
+        if self._fd is None and not self._answered:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"magi-code: {line}\n")
+        self._send(f"ERR {line}".encode()[:1000] + b"\n")
 
     def _send(self, data: bytes) -> None:
+        self._answered = True
         fd, self._fd = self._fd, None
         if fd is None:
             return

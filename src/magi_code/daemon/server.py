@@ -252,6 +252,19 @@ class DaemonServer:
             "mode": self.mode,
         }
 
+    def home_refusal(self, home: str) -> Code | None:
+        """How to answer a hello (any role) naming ``home`` as its ``MC_HOME``.
+
+        None when it resolves to this daemon's home, ``wrong_home`` when it resolves
+        elsewhere, ``invalid_hello`` when it cannot be resolved at all (a symlink loop):
+        an odd path is the client's error, never an ``internal_error``.
+        """
+        try:
+            resolved = Path(home).resolve()
+        except (OSError, RuntimeError, ValueError):
+            return Code.INVALID_HELLO
+        return None if resolved == self.mc_home else Code.WRONG_HOME
+
 
 class SocketProtocol(asyncio.Protocol):
     """The asyncio side of one connection (a Unix socket's, or the in-memory one's)."""

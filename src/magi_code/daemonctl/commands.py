@@ -1,8 +1,18 @@
 """``magi-code daemon start|stop|status|run|install``: operator commands.
 
 Messages here are for the operator's terminal and may name files; they never contain
-secrets. Exit codes: 0 success; 1 failure; 2 unsafe runtime directory; 3 ``status`` of
-a daemon that is not running (and ``run`` when another daemon holds the lock).
+secrets. Every failure is one ``magi-code: ...`` line on stderr, never a traceback.
+Exit codes: 0 success; 1 failure (including a daemon that does not answer, and ``status``
+of a socket served by another user); 2 unsafe or unusable runtime directory (a read-only
+``MC_HOME``); 3 ``status`` of a daemon that is not running (and ``run`` when another
+daemon holds the lock).
+
+Bounds: connecting, ``hello`` and each control answer get :data:`ANSWER_TIMEOUT_SECONDS`
+each, so ``stop`` and ``status`` report a daemon that accepts but does not answer (stopped
+with SIGSTOP, wedged) within a few seconds; ``stop`` waits up to
+:data:`STARTING_WAIT_SECONDS` for a lock holder that has no socket yet (starting), and up to
+:data:`STOP_TIMEOUT_SECONDS` for a daemon that accepted ``stop`` to drain. Nothing here
+ever kills a process or unlinks a file.
 """
 
 from __future__ import annotations
@@ -16,17 +26,29 @@ from typing import Any, Final, TextIO
 
 import orjson
 
-from magi_code.daemon.lifecycle import EXIT_ALREADY_RUNNING, run_daemon
-from magi_code.endpoint.lock import is_held
-from magi_code.endpoint.paths import UnsafeRuntimeDir, read_info, runtime_paths
+from magi_code.client.errors import (
+    DaemonDraining,
+    DaemonError,
+    DaemonTimeout,
+    DaemonUnavailable,
+    ForeignDaemon,
+)
+from magi_code.daemon.lifecycle import run_daemon
+from magi_code.endpoint.lock import StartLockTimeout, is_held
+from magi_code.endpoint.paths import RuntimePaths, UnsafeRuntimeDir, read_info, runtime_paths
 from magi_code.protocol.v2 import SUPPORTED_VERSIONS
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
 
 from .units import enable_instructions, install_target, render_unit
 
+ANSWER_TIMEOUT_SECONDS: Final = 5.0
+STARTING_WAIT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 150.0
+EXIT_FAILURE: Final = 1
+EXIT_UNSAFE: Final = 2
 EXIT_NOT_RUNNING: Final = 3
+FOREIGN_SOCKET: Final = "the socket is served by another user"
 
 
 def main(ctx: LaunchContext, action: str, *, json: bool, print_unit: bool) -> int:
@@ -40,15 +62,22 @@ def main(ctx: LaunchContext, action: str, *, json: bool, print_unit: bool) -> in
         if action == "install":
             return _install(ctx, print_unit)
     except UnsafeRuntimeDir as exc:
-        return _fail(str(exc), 2)
+        return _fail(str(exc), EXIT_UNSAFE)
+    except (DaemonError, DaemonUnavailable, StartLockTimeout) as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(_os_reason(exc))
     return _fail(f"unknown daemon command {action!r}; use start, stop, status, run or install")
 
 
 def run(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None) -> int:
-    code = run_daemon(ctx, on_demand=on_demand, ready_fd=ready_fd)
-    if code == EXIT_ALREADY_RUNNING and not on_demand:
-        _fail("a daemon is already running for this MC_HOME; stop it with `magi-code daemon stop`")
-    return code
+    """``daemon run``: the daemon itself reports its startup failures (one line)."""
+    try:
+        return run_daemon(ctx, on_demand=on_demand, ready_fd=ready_fd)
+    except UnsafeRuntimeDir as exc:
+        return _fail(str(exc), EXIT_UNSAFE)
+    except OSError as exc:
+        return _fail(_os_reason(exc))
 
 
 def _run(coro: Any) -> int:
@@ -58,58 +87,90 @@ def _run(coro: Any) -> int:
     return result
 
 
-def _fail(message: str, code: int = 1, stream: TextIO = sys.stderr) -> int:
-    stream.write(f"magi-code: {message}\n")
+def _fail(message: str, code: int = EXIT_FAILURE, stream: TextIO | None = None) -> int:
+    (stream or sys.stderr).write(f"magi-code: {message}\n")
     return code
+
+
+def _os_reason(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or type(exc).__name__}"
 
 
 async def _start(ctx: LaunchContext) -> int:
     from magi_code.client.starter import DaemonStartError, ensure_daemon
 
     try:
-        await ensure_daemon(ctx)
+        welcome = await ensure_daemon(ctx)
     except DaemonStartError as exc:
         return _fail(f"cannot start the daemon: {exc}")
-    status = await _query(ctx)
-    pid = status.get("pid") if status else None
-    sys.stdout.write(f"magi-code daemon running (pid {pid})\n")
+    sys.stdout.write(f"magi-code daemon running (pid {welcome.get('pid')})\n")
     return 0
 
 
-async def _query(ctx: LaunchContext) -> dict[str, Any] | None:
-    from magi_code.client import Client, DaemonUnavailable
+async def _connect(ctx: LaunchContext) -> Any:
+    """A control client of this home's daemon (hello names ``MC_HOME``); bounded waits."""
+    from magi_code.client import Channel, Client, socket_for
 
+    channel = await Channel.open(
+        socket_for(ctx),
+        "control",
+        ctx,
+        client_name="magi-code daemon",
+        timeout=ANSWER_TIMEOUT_SECONDS,
+    )
+    return Client(channel)
+
+
+async def _control(client: Any, op: str) -> dict[str, Any]:
     try:
-        client = await Client.connect(ctx, "control", autostart=False)
-    except DaemonUnavailable:
-        return None
+        result: dict[str, Any] = await asyncio.wait_for(client.control(op), ANSWER_TIMEOUT_SECONDS)
+    except TimeoutError:
+        raise DaemonTimeout(
+            f"the daemon did not answer `{op}` within {ANSWER_TIMEOUT_SECONDS:g} s"
+        ) from None
+    return result
+
+
+async def _query(ctx: LaunchContext) -> dict[str, Any]:
+    client = await _connect(ctx)
     try:
-        return await asyncio.wait_for(client.control("status"), 10.0)
+        return await _control(client, "status")
     finally:
         await client.close()
 
 
-async def _status(ctx: LaunchContext, as_json: bool) -> int:
-    from magi_code.client import DaemonError
+def _recorded(paths: RuntimePaths) -> dict[str, Any]:
+    info = read_info(paths) or {}
+    return {
+        "pid": info.get("pid"),
+        "socket": info.get("socket", str(paths.socket)),
+        "version": info.get("version"),
+        "protocol_versions": info.get("protocol_versions"),
+    }
 
+
+async def _status(ctx: LaunchContext, as_json: bool) -> int:
     paths = runtime_paths(ctx)
+    status: dict[str, Any] | None = None
     error = "it does not answer"
+    blocked = False  # something else answers on our socket path
     try:
         status = await _query(ctx)
-    except (DaemonError, TimeoutError) as exc:
-        status, error = None, str(exc)
+    except DaemonDraining:
+        error = "the daemon is stopping"
+    except DaemonUnavailable:
+        pass
+    except ForeignDaemon:
+        error, blocked = FOREIGN_SOCKET, True
+    except DaemonTimeout as exc:
+        error = str(exc)
+    except DaemonError as exc:  # a refusal: another home's daemon, an incompatible one
+        error, blocked = str(exc), True
     if status is None and is_held(paths.lock):
-        # Live but not answering (wedged or incompatible): report, never touch it.
-        info = read_info(paths) or {}
-        status = {
-            "running": True,
-            "responding": False,
-            "pid": info.get("pid"),
-            "socket": info.get("socket", str(paths.socket)),
-            "version": info.get("version"),
-            "protocol_versions": info.get("protocol_versions"),
-            "error": error,
-        }
+        # Live but not answering (stopped, wedged, draining, incompatible, or its socket
+        # path taken by another user's process): report, never touch it.
+        status = {"running": True, "responding": False, **_recorded(paths), "error": error}
     if status is None:
         status = {
             "running": False,
@@ -118,6 +179,8 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
             "version": None,
             "protocol_versions": list(SUPPORTED_VERSIONS),
         }
+        if blocked:
+            status["error"] = error
     status.setdefault("log", str(paths.log))
     if as_json:
         sys.stdout.write(orjson.dumps(status).decode() + "\n")
@@ -132,43 +195,71 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
         )
         if status.get("responding") is False:
             sys.stdout.write(f"  not answering: {status.get('error')}\n")
+    elif blocked:
+        sys.stdout.write(f"magi-code daemon not running: {error} ({status['socket']})\n")
     else:
         sys.stdout.write("magi-code daemon not running\n")
-    # --json answers in the document (scripts read "running"); text follows LSB status codes.
-    return 0 if status["running"] or as_json else EXIT_NOT_RUNNING
+    # --json answers in the document (scripts read "running" and "error"); text follows
+    # LSB status codes: 0 running, 3 not running, 1 not running but the socket path is
+    # served by something else (another user's process, another home's daemon).
+    if status["running"] or as_json:
+        return 0
+    return EXIT_FAILURE if blocked else EXIT_NOT_RUNNING
 
 
 async def _stop(ctx: LaunchContext) -> int:
-    from magi_code.client import Client, DaemonError, DaemonUnavailable
-
     paths = runtime_paths(ctx)
-    try:
-        client = await Client.connect(ctx, "control", autostart=False)
-    except DaemonUnavailable:
-        if not is_held(paths.lock):
-            sys.stdout.write("magi-code daemon not running\n")
-            return 0
-        client = None
-    except DaemonError as exc:
-        return _fail(f"cannot stop the daemon: {exc}")
+    loop = asyncio.get_running_loop()
+    starting_deadline = loop.time() + STARTING_WAIT_SECONDS
+    client: Any = None
+    while client is None:
+        try:
+            client = await _connect(ctx)
+        except DaemonDraining:
+            break  # already stopping (another stop, idle): wait for the lock below
+        except DaemonUnavailable:
+            if not is_held(paths.lock):
+                sys.stdout.write("magi-code daemon not running\n")
+                return 0
+            if loop.time() >= starting_deadline:
+                return _fail(
+                    f"a process (pid {_recorded(paths)['pid']}) holds the daemon lock for this "
+                    f"MC_HOME but has not opened its socket for {STARTING_WAIT_SECONDS:g} s; "
+                    "nothing was stopped"
+                )
+            await asyncio.sleep(0.1)  # starting: its socket appears once it can answer
+        except DaemonTimeout as exc:
+            return _not_answering(paths, exc)
+        except DaemonError as exc:
+            return _fail(f"cannot stop the daemon: {exc}")
     if client is not None:
         try:
-            await client.control("stop")
+            await _control(client, "stop")
             # The daemon closes this connection once every turn is drained.
             await asyncio.wait_for(_until_closed(client), STOP_TIMEOUT_SECONDS)
-        except (DaemonUnavailable, TimeoutError):
-            pass
+        except DaemonTimeout as exc:
+            return _not_answering(paths, exc)
+        except (DaemonUnavailable, DaemonError, TimeoutError):
+            pass  # closed before or while answering: it is stopping
         finally:
             await client.close()
-    loop = asyncio.get_running_loop()
     deadline = loop.time() + STOP_TIMEOUT_SECONDS
     while is_held(paths.lock):
         if loop.time() > deadline:
-            info = read_info(paths) or {}
-            return _fail(f"the daemon (pid {info.get('pid')}) did not stop in time")
+            return _fail(
+                f"the daemon (pid {_recorded(paths)['pid']}) did not stop within "
+                f"{STOP_TIMEOUT_SECONDS:g} s"
+            )
         await asyncio.sleep(0.05)
     sys.stdout.write("magi-code daemon stopped\n")
     return 0
+
+
+def _not_answering(paths: RuntimePaths, exc: DaemonError) -> int:
+    return _fail(
+        f"cannot stop the daemon (pid {_recorded(paths)['pid']}): {exc}; it may be stopped "
+        "(SIGSTOP) or wedged. Nothing was stopped; resume it (kill -CONT) or end that pid"
+    )
 
 
 async def _until_closed(client: Any) -> None:

@@ -7,6 +7,9 @@ unlinking it would let a second daemon lock a fresh inode while the first still 
 
 Only the holder may create or unlink the socket; the helpers below take the held
 :class:`LifetimeLock` as an argument so a caller without it cannot even express the call.
+The lock and the socket path belong to one ``MC_HOME`` (``endpoint.paths`` gives every home
+its own socket path), so a holder only ever touches its own home's path, and even there it
+never unlinks a socket some live process is listening on (:func:`remove_stale_socket`).
 
 The start lock (``start.lock``) serializes ``daemon start`` across client processes: a
 starter takes it, re-tries connecting, spawns the daemon only if that fails, and keeps it
@@ -17,8 +20,10 @@ does, so a supervisor-started daemon (systemd/launchd) never needs it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -46,6 +51,10 @@ class LockNotHeld(Exception):
 
 class StartLockTimeout(Exception):
     """Another process kept the start lock for longer than the caller was willing to wait."""
+
+
+class SocketInUse(UnsafeRuntimeDir):
+    """A live process listens on the socket path; it is never removed or replaced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +170,38 @@ def socket_identity(sock_path: Path) -> FileIdentity | None:
         return None
 
 
+def socket_is_live(sock_path: Path) -> bool:
+    """True when a process accepts (or queues) connections on the socket at ``sock_path``.
+
+    A non-blocking ``connect`` that is refused means nobody listens: the file is stale. One
+    that succeeds or would block (a full backlog) means a live listener, even a stopped or
+    wedged one. Nothing is sent; the probe connection is closed at once.
+    """
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.setblocking(False)
+        try:
+            probe.connect(os.fspath(sock_path))
+        except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError):
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            # EACCES: a socket of another user; EPROTOTYPE: not a stream socket. Either
+            # way, not a file a dead daemon of ours left behind.
+            return True
+        return True
+    finally:
+        probe.close()
+
+
 def remove_stale_socket(sock_path: Path, lock: LifetimeLock) -> bool:
     """Before bind: unlink whatever a dead daemon left at ``sock_path``. Holder only.
 
-    Returns True when something was removed. A socket or symlink is removed; any other file
-    type raises :class:`UnsafeRuntimeDir` (an operator must look at it).
+    Returns True when something was removed. A dangling symlink or a socket nobody listens
+    on is removed. A socket some live process listens on raises :class:`SocketInUse`
+    (whoever bound it, it is not ours to remove); any other file type raises
+    :class:`UnsafeRuntimeDir` (an operator must look at it).
     """
     _require_held(lock)
     try:
@@ -174,9 +210,39 @@ def remove_stale_socket(sock_path: Path, lock: LifetimeLock) -> bool:
         return False
     if not (stat.S_ISSOCK(st.st_mode) or stat.S_ISLNK(st.st_mode)):
         raise UnsafeRuntimeDir(f"{sock_path} exists and is not a socket; remove it")
+    if socket_is_live(sock_path):
+        raise SocketInUse(
+            f"socket path {sock_path} is served by another live process; it is not removed. "
+            "Stop that process, or set MC_RUNTIME_DIR to another private directory"
+        )
     with contextlib.suppress(FileNotFoundError):
         os.unlink(sock_path)
     return True
+
+
+def bind_socket(sock_path: Path, lock: LifetimeLock) -> tuple[socket.socket, FileIdentity]:
+    """Bind and listen on ``sock_path`` (0600, never wider); holder only.
+
+    Call :func:`remove_stale_socket` first. Returns the non-blocking listening socket and
+    the identity of the file it created, for :func:`remove_own_socket`. A path that is
+    taken meanwhile raises ``OSError`` (``EADDRINUSE``); nothing is unlinked.
+    """
+    _require_held(lock)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        previous = os.umask(0o177)  # no window where the socket is wider than 0600
+        try:
+            sock.bind(os.fspath(sock_path))
+        finally:
+            os.umask(previous)
+        identity = _identity_at(sock_path)
+        os.chmod(sock_path, 0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, identity
 
 
 def remove_own_socket(sock_path: Path, lock: LifetimeLock, identity: FileIdentity) -> bool:
@@ -206,6 +272,8 @@ def start_lock(path: Path, timeout: float) -> Iterator[None]:
     except Timeout:
         # filelock's message names the path; ours must not.
         raise StartLockTimeout("timed out waiting for another daemon start") from None
+    except OSError as exc:  # a read-only MC_HOME, a full disk
+        raise UnsafeRuntimeDir(f"cannot open the start lock {path}: {_reason(exc)}") from None
     with stack:
         yield
 
@@ -214,7 +282,11 @@ def _open_lock_file(path: Path) -> int:
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags, 0o600)
-    except OSError:
+    except (PermissionError, FileNotFoundError) as exc:
+        raise UnsafeRuntimeDir(f"cannot open the lock file {path}: {_reason(exc)}") from None
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            raise UnsafeRuntimeDir(f"cannot open the lock file {path}: {_reason(exc)}") from None
         raise UnsafeRuntimeDir(f"lock file {path} cannot be opened safely; remove it") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
@@ -249,6 +321,10 @@ def _is_file_at(fd: int, path: Path) -> bool:
 
 def _identity_at(path: Path) -> FileIdentity:
     return FileIdentity.of(os.stat(path, follow_symlinks=False))
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
 
 
 def _require_held(lock: LifetimeLock) -> None:

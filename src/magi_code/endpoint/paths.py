@@ -14,6 +14,9 @@ Two private (0700, owned by us) directories are involved:
   ``daemon.json``, so a client whose environment picked another socket dir still finds it.
 
 ``MC_RUNTIME_DIR`` (absolute) overrides the socket dir, with the same checks and no fallback.
+Several homes may share it, so the socket there is named by the home's hash too
+(``daemon-<hash>.sock``): every ``MC_HOME`` has its own socket path wherever it lives, and
+no command for one home ever connects to, or removes, another home's socket.
 Messages of :class:`UnsafeRuntimeDir` name directories: they are for the operator's stderr,
 never for protocol output.
 """
@@ -59,10 +62,11 @@ class RuntimePaths:
 
     state_dir: Path
     socket_dir: Path
+    socket_name: str = SOCKET_NAME
 
     @property
     def socket(self) -> Path:
-        return socket_path(self.socket_dir)
+        return socket_path(self.socket_dir, self.socket_name)
 
     @property
     def lock(self) -> Path:
@@ -82,7 +86,22 @@ class RuntimePaths:
 
 
 def runtime_paths(ctx: LaunchContext, *, platform: str = sys.platform) -> RuntimePaths:
-    return RuntimePaths(state_dir=state_dir(ctx), socket_dir=runtime_dir(ctx, platform=platform))
+    return RuntimePaths(
+        state_dir=state_dir(ctx),
+        socket_dir=runtime_dir(ctx, platform=platform),
+        socket_name=socket_name(ctx),
+    )
+
+
+def socket_name(ctx: LaunchContext) -> str:
+    """``daemon-<hash>.sock`` in a shared ``MC_RUNTIME_DIR``; else ``daemon.sock``.
+
+    Every other socket dir is already private to one ``MC_HOME`` (named by its hash, or
+    its own ``run/``).
+    """
+    if ctx.env.get(RUNTIME_DIR_ENV):
+        return f"daemon-{home_hash(ctx.mc_home)}.sock"
+    return SOCKET_NAME
 
 
 def home_hash(mc_home: Path) -> str:
@@ -101,7 +120,7 @@ def runtime_dir(ctx: LaunchContext, *, platform: str = sys.platform) -> Path:
         directory = Path(override)
         if not directory.is_absolute():
             raise UnsafeRuntimeDir(f"{RUNTIME_DIR_ENV} must be an absolute path")
-        socket_path(directory)
+        socket_path(directory, socket_name(ctx))
         return directory
     name = home_hash(ctx.mc_home)
     candidates: list[Path] = []
@@ -116,13 +135,13 @@ def runtime_dir(ctx: LaunchContext, *, platform: str = sys.platform) -> Path:
     return Path("/tmp") / f"{APP_DIR_NAME}-{os.geteuid()}" / name
 
 
-def socket_path_fits(directory: Path) -> bool:
-    return len(os.fsencode(directory / SOCKET_NAME)) <= MAX_SOCKET_PATH_BYTES
+def socket_path_fits(directory: Path, name: str = SOCKET_NAME) -> bool:
+    return len(os.fsencode(directory / name)) <= MAX_SOCKET_PATH_BYTES
 
 
-def socket_path(directory: Path) -> Path:
-    path = directory / SOCKET_NAME
-    if not socket_path_fits(directory):
+def socket_path(directory: Path, name: str = SOCKET_NAME) -> Path:
+    path = directory / name
+    if not socket_path_fits(directory, name):
         raise SocketPathTooLong(
             f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
             f"set {RUNTIME_DIR_ENV} to a shorter private directory"

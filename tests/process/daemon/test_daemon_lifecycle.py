@@ -18,6 +18,7 @@ import pytest
 
 from magi_code.client import Client, DaemonUnavailable
 from magi_code.endpoint.lock import is_held
+from magi_code.endpoint.paths import runtime_paths
 from tests.process.daemon.support import alive, cli, context, paths, status, wait_for
 from tests.support.service import ServiceProcess
 
@@ -142,9 +143,10 @@ async def test_peer_with_another_uid_is_refused_before_any_byte(
     ctx = context(home, project, {"MC_RUNTIME_DIR": str(sock_dir)})
     client = await Client.connect(ctx, "control")
     await client.close()
+    sock_path = runtime_paths(ctx).socket  # daemon-<hash of MC_HOME>.sock in the shared dir
     # Let uid 65534 reach the socket (the directory check is what normally stops it).
     os.chmod(sock_dir, 0o711)
-    os.chmod(sock_dir / "daemon.sock", 0o666)
+    os.chmod(sock_path, 0o666)
     script = (
         "import os,socket,struct,sys\n"
         "os.setgid(65534); os.setuid(65534)\n"
@@ -159,7 +161,7 @@ async def test_peer_with_another_uid_is_refused_before_any_byte(
     )
     result = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-c", script, str(sock_dir / "daemon.sock")],
+        [sys.executable, "-c", script, str(sock_path)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -171,10 +173,11 @@ async def test_peer_with_another_uid_is_refused_before_any_byte(
 
 
 async def test_client_refuses_a_socket_dir_that_is_not_private(
-    home: Path, project: Path, tmp_path: Path
+    home: Path, project: Path, request: pytest.FixtureRequest
 ) -> None:
-    sock_dir = tmp_path / "open"
-    sock_dir.mkdir(mode=0o700)
+    # Under /tmp: the socket name carries the home's hash, tmp_path may be too long for it.
+    sock_dir = Path(tempfile.mkdtemp(prefix="mc-open-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(sock_dir, ignore_errors=True))
     os.chmod(sock_dir, 0o777)
     ctx = context(home, project, {"MC_RUNTIME_DIR": str(sock_dir)})
     with pytest.raises(Exception, match="mode"):

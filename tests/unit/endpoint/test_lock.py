@@ -16,11 +16,14 @@ import pytest
 from magi_code.endpoint.lock import (
     LifetimeLock,
     LockNotHeld,
+    SocketInUse,
     StartLockTimeout,
+    bind_socket,
     is_held,
     remove_own_socket,
     remove_stale_socket,
     socket_identity,
+    socket_is_live,
     start_lock,
 )
 from magi_code.endpoint.paths import UnsafeRuntimeDir
@@ -254,3 +257,100 @@ def test_start_lock_never_creates_the_state_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError), start_lock(tmp_path / "run" / "start.lock", 1):
         pass
     assert not (tmp_path / "run").exists()
+
+
+def test_a_live_listener_is_never_removed_as_stale(lock_path: Path) -> None:
+    """Whoever listens on the path (a daemon of another home, anyone), it is not ours."""
+    sock = lock_path.parent / "daemon.sock"
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live,
+        must_acquire(lock_path) as lock,
+    ):
+        live.bind(str(sock))
+        live.listen(1)
+        inode = os.stat(sock).st_ino
+        assert socket_is_live(sock) is True
+        with pytest.raises(SocketInUse, match="served by another live process"):
+            remove_stale_socket(sock, lock)
+        assert os.stat(sock).st_ino == inode
+        live.close()
+        assert socket_is_live(sock) is False  # closed: the file is stale now
+        assert remove_stale_socket(sock, lock) is True
+
+
+def test_socket_is_live_on_missing_and_dangling_paths(tmp_path: Path) -> None:
+    assert socket_is_live(tmp_path / "missing.sock") is False
+    dangling = tmp_path / "dangling.sock"
+    dangling.symlink_to(tmp_path / "nowhere")
+    assert socket_is_live(dangling) is False
+
+
+def test_a_full_backlog_counts_as_live(tmp_path: Path) -> None:
+    """A stopped daemon never accepts: its backlog fills, and it is still alive."""
+    sock = tmp_path / "full.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:
+        live.bind(str(sock))
+        live.listen(0)
+        queued = []
+        try:
+            for _ in range(8):
+                client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                client.setblocking(False)
+                queued.append(client)
+                try:
+                    client.connect(str(sock))
+                except BlockingIOError:
+                    break
+            assert socket_is_live(sock) is True
+        finally:
+            for client in queued:
+                client.close()
+
+
+def test_bind_socket_is_private_holder_only_and_never_replaces(lock_path: Path) -> None:
+    sock = lock_path.parent / "daemon.sock"
+    with must_acquire(lock_path) as lock:
+        listener, identity = bind_socket(sock, lock)
+        try:
+            assert stat.S_IMODE(os.lstat(sock).st_mode) == 0o600
+            assert socket_identity(sock) == identity
+            assert listener.getblocking() is False
+            with pytest.raises(OSError):  # taken: EADDRINUSE, and nothing is unlinked
+                bind_socket(sock, lock)
+            assert socket_identity(sock) == identity
+        finally:
+            listener.close()
+        assert remove_own_socket(sock, lock, identity) is True
+    with pytest.raises(LockNotHeld):
+        bind_socket(sock, lock)
+    assert not os.path.lexists(sock)
+
+
+def _make_read_only(path: Path) -> None:
+    if os.geteuid() != 0:
+        os.chmod(path, 0o500)
+        return
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("as root a read-only directory needs chattr +i, unavailable here")
+
+
+def _make_writable(path: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    else:
+        os.chmod(path, 0o700)
+
+
+def test_a_read_only_state_dir_is_an_operator_error_not_an_oserror(lock_path: Path) -> None:
+    run = lock_path.parent
+    _make_read_only(run)
+    try:
+        with (
+            pytest.raises(UnsafeRuntimeDir, match="cannot open the start lock"),
+            start_lock(run / "start.lock", timeout=1),
+        ):
+            pass
+        with pytest.raises(UnsafeRuntimeDir, match="cannot open the lock file"):
+            LifetimeLock.acquire(lock_path)
+    finally:
+        _make_writable(run)

@@ -267,3 +267,32 @@ def test_runtime_paths_keep_lock_log_and_info_in_the_state_dir(home: Path) -> No
     assert paths.info == paths.state_dir / "daemon.json"
     assert paths.socket == paths.socket_dir / "daemon.sock"
     assert not paths.state_dir.exists()  # resolution creates nothing
+
+
+def test_a_shared_runtime_dir_gives_each_home_its_own_socket(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """Homes sharing MC_RUNTIME_DIR never share (or act on) one socket path."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    alias = tmp_path / "alias"
+    alias.symlink_to(a)
+    env = {RUNTIME_DIR_ENV: str(short_tmp)}
+    sock_a = runtime_paths(ctx(a, **env)).socket
+    sock_b = runtime_paths(ctx(b, **env)).socket
+    assert sock_a.parent == sock_b.parent == short_tmp
+    assert sock_a != sock_b
+    assert sock_a.name == f"daemon-{home_hash(a)}.sock"
+    assert runtime_paths(ctx(alias, **env)).socket == sock_a  # resolved: one daemon
+    # Without the override each home's socket dir is its own, named daemon.sock.
+    assert runtime_paths(ctx(a)).socket.name == "daemon.sock"
+
+
+def test_the_shared_socket_name_is_within_the_path_bound(home: Path) -> None:
+    name = f"daemon-{home_hash(home)}.sock"
+    fits = Path("/" + "r" * (MAX_SOCKET_PATH_BYTES - len(name) - 2))
+    paths = runtime_paths(ctx(home, **{RUNTIME_DIR_ENV: str(fits)}))
+    assert len(os.fsencode(paths.socket)) == MAX_SOCKET_PATH_BYTES
+    with pytest.raises(SocketPathTooLong):
+        runtime_paths(ctx(home, **{RUNTIME_DIR_ENV: str(fits) + "r"}))
