@@ -40,6 +40,7 @@ from magi_code.sessions.records import (
     Record,
     TerminalRecord,
     UserRecord,
+    UnknownRecord,
     decode_line,
 )
 
@@ -126,11 +127,15 @@ class Projection:
     basis: int  # seq of the compaction checkpoint in effect, or -1
 
 
-def _text_items(seq: int, sub: int, head: dict[str, object], text: str) -> list[Item]:
+def _text_items(
+    seq: int, sub: int, head: dict[str, object], text: str, first: int = 0
+) -> list[Item]:
+    """``text`` in parts numbered from ``first`` (a message continued from an earlier record)."""
     parts = utf8_parts(text, MAX_PART_BYTES)
     items = []
-    for index, part in enumerate(parts):
-        body = {**head, "text": part, "part": index, "last_part": index == len(parts) - 1}
+    for index, part in enumerate(parts, start=first):
+        last = index == first + len(parts) - 1
+        body = {**head, "text": part, "part": index, "last_part": last}
         items.append(Item(seq, sub, index, body, _digest(body)))
     return items
 
@@ -148,15 +153,41 @@ def project(records: Sequence[Record]) -> Projection:
     items: list[Item] = []
     if compaction is not None:
         items += _text_items(compaction.seq, 0, {"kind": "summary"}, compaction.summary)
+    # A reply persisted in increments while it streamed is one message: an increment
+    # (``continued``) leaves it open, and its parts go on in the turn's next assistant
+    # record. Nothing already projected changes: a message still open when anything else
+    # comes (the turn died mid-reply) is closed by an empty last part.
+    open_reply: tuple[str, int] | None = None  # (turn_id, next part number)
+
+    def close_reply(seq: int) -> None:
+        nonlocal open_reply
+        if open_reply is not None and open_reply[1] > 0:
+            body = {**_message("assistant"), "text": "", "part": open_reply[1], "last_part": True}
+            items.append(Item(seq, 2, open_reply[1], body, _digest(body)))
+        open_reply = None
+
     for record in records:
         if isinstance(record, AssistantRecord):
             answered.add(record.turn_id)
         if record.seq <= cutoff:
             continue
+        if isinstance(record, AssistantRecord):
+            if open_reply is not None and open_reply[0] != record.turn_id:
+                close_reply(record.seq)
+            first = open_reply[1] if open_reply is not None else 0
+            parts: list[Item] = []
+            if record.text or first:  # an empty record matters only to end a message
+                parts = _text_items(record.seq, 0, _message("assistant"), record.text, first)
+                if record.continued:
+                    parts[-1] = _reopened(parts[-1])
+            items += parts
+            open_reply = (record.turn_id, first + len(parts)) if record.continued else None
+            continue
+        if isinstance(record, UnknownRecord | HeaderRecord | CompactionRecord):
+            continue  # not part of the conversation: an open message stays open
+        close_reply(record.seq)
         if isinstance(record, UserRecord):
             items += _text_items(record.seq, 0, _message("user"), record.text)
-        elif isinstance(record, AssistantRecord) and record.text:
-            items += _text_items(record.seq, 0, _message("assistant"), record.text)
         elif isinstance(record, TerminalRecord):
             # Accepted partial text of a stopped turn that never settled a message.
             if record.assistant_text and record.turn_id not in answered:
@@ -164,6 +195,11 @@ def project(records: Sequence[Record]) -> Projection:
             body: dict[str, object] = {"kind": "terminal", "status": record.status}
             items.append(Item(record.seq, 1, 0, body, _digest(body)))
     return Projection(items, compaction.seq if compaction else -1)
+
+
+def _reopened(item: Item) -> Item:
+    body = {**item.body, "last_part": False}
+    return Item(item.seq, item.sub, item.part, body, _digest(body))
 
 
 def _message(role: str) -> dict[str, object]:

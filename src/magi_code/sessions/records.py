@@ -44,6 +44,9 @@ OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "user": ("idempotency_key",),
     # The sequence number the turn's terminal event carried (absent when no event did).
     "terminal": ("sequence",),
+    # ``true`` on an increment of a reply still streaming: the reply's message continues
+    # in the turn's next assistant record (absent on the record that ends it).
+    "assistant": ("continued",),
 }
 _STATUSES: Final[dict[str, TerminalStatus]] = {
     "completed": "completed",
@@ -73,6 +76,7 @@ class AssistantRecord:
     seq: int
     turn_id: str
     text: str
+    continued: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,13 @@ def _key(obj: Mapping[str, object]) -> str | None:
     return value
 
 
+def _continued(obj: Mapping[str, object]) -> bool:
+    value = obj.get("continued", False)
+    if not isinstance(value, bool):
+        raise _Malformed
+    return value
+
+
 def _sequence(obj: Mapping[str, object]) -> int | None:
     return _seq(obj["sequence"]) if "sequence" in obj else None
 
@@ -178,7 +189,7 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
         case "user":
             return UserRecord(seq, _str(obj, "turn_id"), _str(obj, "text"), _key(obj))
         case "assistant":
-            return AssistantRecord(seq, _str(obj, "turn_id"), _str(obj, "text"))
+            return AssistantRecord(seq, _str(obj, "turn_id"), _str(obj, "text"), _continued(obj))
         case "tool_call":
             return ToolCallRecord(
                 seq,

@@ -325,8 +325,11 @@ class Agent:
         """Make the text streamed so far durable (the turn's end, after a cancel or failure)."""
         await self.streamed.settle()
 
-    async def _append_text(self, text: str) -> None:
-        await self.sink.record({"type": "assistant", "turn_id": self.turn_id, "text": text})
+    async def _append_text(self, text: str, continued: bool) -> None:
+        record: dict[str, Any] = {"type": "assistant", "turn_id": self.turn_id, "text": text}
+        if continued:
+            record["continued"] = True
+        await self.sink.record(record)
 
     async def _record(self, record: Mapping[str, Any]) -> None:
         if self.persist:

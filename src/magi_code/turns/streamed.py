@@ -35,8 +35,10 @@ from typing import Final
 INCREMENT_BYTES: Final = 4096
 INCREMENT_SECONDS: Final = 0.25
 
-# Writes one increment durably (the session append of an ``assistant`` record).
-Append = Callable[[str], Awaitable[object]]
+# Writes one increment durably: the session append of an ``assistant`` record, with
+# ``continued`` true while the response goes on in a later record (replay keeps the
+# increments one message).
+Append = Callable[[str, bool], Awaitable[object]]
 
 
 class StreamedText:
@@ -64,6 +66,7 @@ class StreamedText:
         self._timer: asyncio.TimerHandle | None = None
         self._failed = False
         self._settled = False
+        self._open = False  # the last durable record said ``continued``
         self.appends = 0
 
     @property
@@ -90,9 +93,10 @@ class StreamedText:
         self._settled = True
         self._cancel_timer()
         await self._wait_writing()
-        if self._saved < len(self._parts) and self._append is not None:
+        if self._append is not None and (self._saved < len(self._parts) or self._open):
             # The last increment runs in its own task too: cancelling the caller never
-            # interrupts an append whose text would then be written again.
+            # interrupts an append whose text would then be written again. With nothing
+            # left it is empty: it only ends the message the increments left open.
             self._start_write(background=False)
             await self._wait_writing(reraise=True)
 
@@ -131,7 +135,7 @@ class StreamedText:
 
     async def _write(self, append: Append, text: str, start: int, background: bool) -> None:
         try:
-            await append(text)
+            await append(text, background)
         except BaseException:
             # Not durable: the text is unsaved again, increments stop, settle() retries.
             self._saved = start
@@ -143,6 +147,7 @@ class StreamedText:
         finally:
             self._writing = None
         self.appends += 1
+        self._open = background
         if background:
             self._consider()  # text that arrived meanwhile may be due already
 

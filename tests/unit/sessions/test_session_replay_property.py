@@ -25,6 +25,7 @@ turn_ids = st.sampled_from(["t1", "t2", "t3"])
 ops = st.one_of(
     st.tuples(st.just("user"), turn_ids, texts),
     st.tuples(st.just("assistant"), turn_ids, texts),
+    st.tuples(st.just("increment"), turn_ids, texts),  # a streaming reply's continued record
     st.tuples(
         st.just("terminal"),
         turn_ids,
@@ -41,6 +42,8 @@ def to_fields(op: tuple[object, ...], seq: int) -> dict[str, object] | None:
     match op:
         case ("user" | "assistant", turn_id, text):
             return {"type": op[0], "turn_id": turn_id, "text": text}
+        case ("increment", turn_id, text):
+            return {"type": "assistant", "turn_id": turn_id, "text": text, "continued": True}
         case ("terminal", turn_id, text, status):
             return {
                 "type": "terminal",
@@ -103,13 +106,50 @@ def expected(records: list[dict[str, object]]) -> list[dict[str, object]]:
         text_items({"kind": "summary"}, compactions[-1]["summary"])
         cutoff = int(str(compactions[-1]["cutoff_seq"]))
     answered = set()
+    reply: list[object] = []  # [turn_id, next part] of an assistant message left open
+
+    def close() -> None:
+        if reply and int(str(reply[1])) > 0:
+            part = reply[1]
+            out.append(
+                {
+                    "kind": "message",
+                    "role": "assistant",
+                    "text": "",
+                    "part": part,
+                    "last_part": True,
+                }
+            )
+        reply.clear()
+
     for r in records:
         if r["type"] == "assistant":
             answered.add(r["turn_id"])
         if int(str(r["seq"])) <= cutoff:
             continue
-        if r["type"] == "user" or (r["type"] == "assistant" and r["text"]):
-            text_items({"kind": "message", "role": r["type"]}, r["text"])
+        if r["type"] == "assistant":
+            if reply and reply[0] != r["turn_id"]:
+                close()
+            first = int(str(reply[1])) if reply else 0
+            parts = reference_parts(str(r["text"])) if (r["text"] or first) else []
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1 and not r.get("continued")
+                out.append(
+                    {
+                        "kind": "message",
+                        "role": "assistant",
+                        "text": part,
+                        "part": first + i,
+                        "last_part": last,
+                    }
+                )
+            reply[:] = [r["turn_id"], first + len(parts)] if r.get("continued") else []
+            continue
+        if r["type"] == "compaction":
+            continue  # not part of the conversation: an open message stays open
+        close()
+        if r["type"] == "user":
+            text_items({"kind": "message", "role": "user"}, r["text"])
         elif r["type"] == "terminal":
             if r["assistant_text"] and r["turn_id"] not in answered:
                 text_items({"kind": "message", "role": "assistant"}, r["assistant_text"])

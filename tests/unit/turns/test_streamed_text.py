@@ -14,14 +14,19 @@ class Store:
     """Records appended texts; ``gate`` (when set) holds each append until released."""
 
     def __init__(self) -> None:
-        self.texts: list[str] = []
+        self.records: list[tuple[str, bool]] = []  # (text, continued)
         self.started = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.gate: asyncio.Event | None = None
         self.failures: list[BaseException] = []
 
-    async def append(self, text: str) -> None:
+    @property
+    def texts(self) -> list[str]:
+        """The texts written (an empty record only ends a message)."""
+        return [text for text, _ in self.records if text]
+
+    async def append(self, text: str, continued: bool) -> None:
         self.started += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -31,7 +36,7 @@ class Store:
             await asyncio.sleep(0)  # an append takes a while (off-loop in real life)
             if self.failures:
                 raise self.failures.pop(0)
-            self.texts.append(text)
+            self.records.append((text, continued))
         finally:
             self.in_flight -= 1
 
@@ -181,3 +186,20 @@ async def test_without_increments_or_a_store_only_settle_writes() -> None:
     await asyncio.sleep(0.01)
     await silent.settle()
     assert silent.text == "child text"
+
+
+async def test_increments_continue_one_message_and_settle_ends_it() -> None:
+    store = Store()
+    streamed = StreamedText(store.append, max_bytes=4)
+    streamed.add("abcd")
+    await until(lambda: store.records)
+    streamed.add("ef")
+    await streamed.settle()
+    # The increment leaves the message open; the last record ends it.
+    assert store.records == [("abcd", True), ("ef", False)]
+    ended = Store()
+    streamed = StreamedText(ended.append, max_bytes=4)
+    streamed.add("wxyz")
+    await until(lambda: ended.records)
+    await streamed.settle()  # nothing left: an empty record only ends the message
+    assert ended.records == [("wxyz", True), ("", False)]
