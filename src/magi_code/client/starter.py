@@ -29,6 +29,7 @@ from typing import Any, Final
 from magi_code.endpoint.lock import StartLockTimeout, is_held, start_lock
 from magi_code.endpoint.paths import ensure_private_dir, runtime_paths
 from magi_code.storage.launch import LaunchContext
+from magi_code.tools.environment import daemon_environment
 
 from .channel import Channel, socket_for
 from .errors import DaemonError, DaemonTimeout, DaemonUnavailable
@@ -163,7 +164,8 @@ def _spawn_and_wait(ctx: LaunchContext, use_scope: bool, deadline: float) -> str
             pass_fds=(write_fd,),
             start_new_session=True,
             cwd="/",
-            env=dict(ctx.env),
+            # Only what the daemon keeps: no provider keys ever reach its environment.
+            env=daemon_environment(ctx.env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -262,8 +262,9 @@ class PeerConnection:
                 raise Fatal(Code.DRAINING)
             if hello.role != "control" and server.clients() >= server.max_connections:
                 raise Fatal(Code.TOO_MANY_CONNECTIONS)
-            if hello.launch is not None and Path(hello.launch.mc_home).resolve() != server.mc_home:
-                raise Fatal(Code.WRONG_HOME)
+            refusal = None if hello.launch is None else server.home_refusal(hello.launch.mc_home)
+            if refusal is not None:
+                raise Fatal(refusal)
         except Fatal as exc:
             log.info("refused hello code=%s", exc.code.value)
             self.send(v2.refused(exc.code))

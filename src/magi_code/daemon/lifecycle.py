@@ -1,6 +1,8 @@
 """``magi-code daemon run``: process setup around :class:`~magi_code.daemon.server.DaemonServer`.
 
-Order (each step only after the previous one succeeded): umask 077; private state and
+Order (each step only after the previous one succeeded): the environment scrubbed to the
+daemon's allow-list (re-exec'ing once when the starter passed more, see
+:func:`_scrub_environment`); umask 077; private state and
 socket directories; the log; the lifetime lock (waiting a bounded time for a draining
 predecessor); the coordinator; only then remove a stale socket and bind ours (0600, under
 umask 0177), so a socket that accepts always answers at once; ``daemon.json``; serve; on
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import logging.handlers
 import os
+import resource
 import signal
 import socket
 import sys
@@ -47,14 +51,19 @@ from magi_code.endpoint.paths import (
 from magi_code.protocol.v2 import SUPPORTED_VERSIONS
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
+from magi_code.tools.environment import daemon_environment
 from magi_code.version import package_version
 
-from .outbound import DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
+from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
 
 EXIT_ALREADY_RUNNING: Final = 3
 EXIT_UNSAFE: Final = 2
 IDLE_ENV: Final = "MC_DAEMON_IDLE_SECONDS"
 OUTBOUND_ENV: Final = "MC_DAEMON_OUTBOUND_BYTES"
+CLIENT_TIMEOUT_ENV: Final = "MC_DAEMON_CLIENT_TIMEOUT_SECONDS"
+FD_LIMIT: Final = 65536
+# Set to our pid across the one re-exec that drops the starter's environment.
+REEXEC_ENV: Final = "MC_DAEMON_REEXEC"
 DEFAULT_ON_DEMAND_IDLE_SECONDS: Final = 60.0
 LOCK_WAIT_SECONDS: Final = 10.0
 LOG_MAX_BYTES: Final = 1024 * 1024
@@ -81,9 +90,35 @@ def outbound_limit(ctx: LaunchContext) -> int:
     return max(MIN_LIMIT_BYTES, int(raw)) if raw.isdigit() else DEFAULT_LIMIT_BYTES
 
 
+def client_timeout(ctx: LaunchContext) -> float:
+    """``MC_DAEMON_CLIENT_TIMEOUT_SECONDS``: how long a client may leave output unread."""
+    try:
+        value = float(ctx.env.get(CLIENT_TIMEOUT_ENV, ""))
+    except ValueError:
+        return CLIENT_TIMEOUT_SECONDS
+    return value if value > 0 else CLIENT_TIMEOUT_SECONDS
+
+
+def raise_fd_limit() -> None:
+    """Lift the soft open-files limit to the hard one: the limit of whichever client
+    started the daemon (often 256 or 1024) must not cap how many clients it serves."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = FD_LIMIT if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until it stops; returns the exit code."""
+    try:
+        ctx = _scrub_environment(ctx, ready_fd)
+    except OSError as exc:
+        _ReadyPipe(ready_fd).fail(f"cannot drop the starter's environment: {exc.strerror}")
+        return EXIT_UNSAFE
     os.umask(0o077)
+    raise_fd_limit()
     if on_demand:
         _detach_from_caller()
     ready = _ReadyPipe(ready_fd)
@@ -190,6 +225,7 @@ def _serve(ctx: LaunchContext, keeper: SocketKeeper, on_demand: bool, ready: _Re
             mode="on_demand" if on_demand else "foreground",
             endpoint=keeper,
             outbound_limit=outbound_limit(ctx),
+            client_timeout=client_timeout(ctx),
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -198,6 +234,27 @@ def _serve(ctx: LaunchContext, keeper: SocketKeeper, on_demand: bool, ready: _Re
 
     uvloop.run(main())
     return 0
+
+
+def _scrub_environment(ctx: LaunchContext, ready_fd: int | None) -> LaunchContext:
+    """Keep only the daemon's allow-list of its starter's environment, for its whole life.
+
+    Clients bring their own environment with each connection; the daemon's would only
+    expose what its first starter had (API keys, tokens) to every later client's tools.
+    ``/proc/<pid>/environ`` shows the environment a process was exec'd with, so when the
+    starter passed anything else this re-execs the same command line (same pid, the
+    readiness pipe kept open) with the allow-list, once. Raises ``OSError`` when the
+    re-exec fails.
+    """
+    clean = daemon_environment(os.environ)
+    reexecuted = clean.pop(REEXEC_ENV, None) == str(os.getpid())
+    if not reexecuted and clean.keys() != os.environ.keys():
+        if ready_fd is not None:
+            os.set_inheritable(ready_fd, True)
+        os.execve(sys.executable, sys.orig_argv, {**clean, REEXEC_ENV: str(os.getpid())})
+    for name in [name for name in os.environ if name not in clean]:
+        del os.environ[name]  # the marker, or anything the platform added after exec
+    return dataclasses.replace(ctx, env=clean)
 
 
 def _detach_from_caller() -> None:

@@ -223,11 +223,6 @@ def test_a_bad_home_in_hello_is_refused_as_invalid_hello(
     assert status(home)["running"] is True
 
 
-@pytest.mark.xfail(
-    reason="daemon/connection.py resolves the hello's home itself; a symlink loop raises "
-    "there (internal_error) until it asks DaemonServer.home_refusal()",
-    strict=False,
-)
 @pytest.mark.parametrize("role", ["control", "persistent"])
 def test_a_home_in_a_symlink_loop_is_invalid_hello_not_internal_error(
     home: Path, tmp_path: Path, role: str
