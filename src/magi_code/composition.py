@@ -21,6 +21,7 @@ from magi_code.core.service_info import ServiceInfo
 from magi_code.core.sessions import SessionService
 from magi_code.core.settings_gate import SettingsGate
 from magi_code.core.turns import TurnService
+from magi_code.providers.http import HttpClients
 from magi_code.sessions.store import SessionStore
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns.runtime import TurnRuntime
@@ -48,9 +49,12 @@ async def build_coordinator(
     coordinator.add_service(ServiceInfo(coordinator, provider_auth_ready))
     sessions = SessionService(SessionStore(ctx.sessions_dir))
     coordinator.add_service(sessions)
-    runtime = TurnRuntime()
+    # One client cache for turns and catalogs: clients per endpoint, credential and the
+    # frontend's proxy/CA settings, never one client shared by every frontend.
+    clients = HttpClients()
+    runtime = TurnRuntime(clients)
     gate = SettingsGate()
     coordinator.add_service(TurnService(sessions, runtime, gate))
     coordinator.add_service(AuthService())
-    coordinator.add_service(ConfigurationService(runtime.client, gate))
+    coordinator.add_service(ConfigurationService(clients, gate))
     return coordinator

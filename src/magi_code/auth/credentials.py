@@ -26,6 +26,8 @@ from magi_code.auth.tokens import (
     oauth_fields,
 )
 from magi_code.protocol.errors import ServiceError
+from magi_code.providers.errors import ProviderFailure
+from magi_code.providers.http import ClientSource, as_source
 from magi_code.storage.launch import LaunchContext
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ def _codex_headers(record: Mapping[str, Any]) -> dict[str, str]:
 async def _codex(
     ctx: LaunchContext,
     store: AuthStore,
-    client: httpx.AsyncClient,
+    client: ClientSource,
     now: float,
     force_refresh: bool,
 ) -> dict[str, str]:
@@ -100,16 +102,21 @@ async def _codex(
 
 async def _refreshed(
     ctx: LaunchContext,
-    client: httpx.AsyncClient,
+    clients: ClientSource,
     record: Mapping[str, Any],
     refresh: str,
     now: float,
 ) -> dict[str, Any] | None:
     """The refreshed record, or ``None`` when the issuer refused or failed."""
+    # The issuer's client is per account (the refresh token when there is none), so
+    # cookies never cross accounts; proxy and CAs are the caller's.
+    account = record.get("account_id")
+    identity = {"chatgpt-account-id": account} if isinstance(account, str) and account else {}
     try:
         issuer = oauth.issuer_url(ctx.env)
-        response = await oauth.refresh_tokens(client, issuer, refresh)
-    except (ServiceError, oauth.TokenRequestError):
+        async with clients.lease(issuer, identity or {"refresh-token": refresh}) as client:
+            response = await oauth.refresh_tokens(client, issuer, refresh)
+    except (ServiceError, oauth.TokenRequestError, ProviderFailure):
         log.warning("codex credential refresh failed")
         return None
     return codex_record(response, now, previous=record)
@@ -131,12 +138,15 @@ async def resolve_headers(
     ctx: LaunchContext,
     provider: ProviderLike | str,
     store: AuthStore,
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | ClientSource,
     now: float | None = None,
     *,
     force_refresh: bool = False,
 ) -> dict[str, str]:
     """Headers authorizing one provider request.
+
+    ``client`` is only used for a Codex token refresh: a client, or where to lease the
+    issuer's client (``providers.http``, with the caller's proxy and CAs).
 
     - ``anthropic``: ``x-api-key`` from a nonblank ``ANTHROPIC_API_KEY``, else the store.
     - ``openai-codex``: ``Authorization: Bearer`` + ``ChatGPT-Account-ID``; refreshes first
@@ -149,7 +159,7 @@ async def resolve_headers(
     at = time.time() if now is None else now
     provider_id = provider if isinstance(provider, str) else provider.provider_id
     if provider_id == CODEX_PROVIDER_ID:
-        return await _codex(ctx, store, client, at, force_refresh)
+        return await _codex(ctx, store, as_source(client), at, force_refresh)
     if provider_id == ANTHROPIC_PROVIDER_ID:
         key = env_value(ctx.env, "ANTHROPIC_API_KEY")
         if key is None:

@@ -23,7 +23,10 @@ from magi_code.auth import oauth
 from magi_code.auth.loopback import CallbackListener, callback_code, state_matches
 from magi_code.auth.store import AuthChanged, AuthStore
 from magi_code.auth.tokens import CODEX_PROVIDER_ID, codex_record
+from magi_code.config.settings import load_settings
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.providers.errors import ProviderFailure
+from magi_code.providers.http import build_client, transport_options
 from magi_code.storage.launch import LaunchContext
 
 log = logging.getLogger(__name__)
@@ -227,9 +230,9 @@ class CodexLogin:
             if self._client is not None:
                 tokens = await self._exchange(self._client, issuer, code, redirect, verifier)
             else:
-                async with httpx.AsyncClient(trust_env=False) as client:
+                async with await self._issuer_client() as client:
                     tokens = await self._exchange(client, issuer, code, redirect, verifier)
-        except oauth.TokenRequestError:
+        except (oauth.TokenRequestError, ServiceError, ProviderFailure):
             return EXCHANGE_FAILED
         record = codex_record(tokens, self._clock())
         if record is None:
@@ -245,6 +248,17 @@ class CodexLogin:
         except ServiceError:
             return STORAGE_FAILED
         return EXCHANGE_SUCCEEDED
+
+    async def _issuer_client(self) -> httpx.AsyncClient:
+        """A client of this attempt's own, with the frontend's proxy and CAs (its launch
+        environment and the settings' ``network`` entry, never this process's).
+
+        Raises:
+            ServiceError: the settings cannot be read; ProviderFailure: no usable client.
+        """
+        settings = await asyncio.to_thread(load_settings, self._ctx)
+        options = transport_options(self._ctx.env, settings.network)
+        return await asyncio.to_thread(build_client, options)
 
     async def _exchange(
         self, client: httpx.AsyncClient, issuer: str, code: str, redirect: str, verifier: str

@@ -36,6 +36,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_CATALOG_PAGE_ITEMS
 from magi_code.providers.discovery import list_models
 from magi_code.providers.errors import HTTPX_EXCEPTIONS, ProviderFailure
+from magi_code.providers.http import ClientSource, as_source
 from magi_code.providers.types import Endpoint
 from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
@@ -363,12 +364,14 @@ def _static_models(provider: ProviderDefinition) -> tuple[CatalogModel, ...]:
 
 async def _discovered_models(
     provider: ProviderDefinition,
-    client: httpx.AsyncClient,
+    clients: ClientSource,
     headers: Mapping[str, str],
 ) -> tuple[CatalogModel, ...]:
     endpoint = Endpoint(api=provider.api, base_url=provider.base_url, headers=dict(headers))
     try:
-        found = await list_models(client, endpoint)
+        # The client of this endpoint and credential, with the caller's proxy and CAs.
+        async with clients.lease(provider.base_url, headers) as client:
+            found = await list_models(client, endpoint)
     # Provider details (status, body, URL) never leave this function.
     except ProviderFailure:
         raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED) from None
@@ -384,14 +387,16 @@ async def refresh(
     ctx: LaunchContext,
     settings: Settings,
     provider_id: str,
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | ClientSource,
     credentials_headers: Mapping[str, str],
     now: Clock = time.time,
 ) -> dict[str, Any]:
     """The ``catalog.refresh`` success payload: discover, cache, report the cache state.
 
-    ``credentials_headers`` are resolved by the caller (auth domain). A custom provider
-    with a static ``models`` list is cached without any network request.
+    ``credentials_headers`` are resolved by the caller (auth domain); ``client`` is a
+    client or where to lease one (``providers.http``: per endpoint, credential, proxy
+    and CA). A custom provider with a static ``models`` list is cached without any
+    network request.
 
     Raises:
         ServiceError: ``invalid_selection`` for an unsafe/unknown provider;
@@ -402,7 +407,7 @@ async def refresh(
     if provider.static_models is not None:
         models = _static_models(provider)
     else:
-        models = await _discovered_models(provider, client, credentials_headers)
+        models = await _discovered_models(provider, as_source(client), credentials_headers)
     if not models:
         raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED)
     try:

@@ -81,6 +81,29 @@ _MCP_SERVER: Final[dict[str, Any]] = {
     },
 }
 
+_NETWORK: Final[dict[str, Any]] = {
+    "type": "object",
+    "description": (
+        "Proxy and CA bundle for provider, catalog and OAuth requests. Each key set in the "
+        "project file overrides the global one; they override the environment's proxy "
+        "variables and SSL_CERT_FILE/SSL_CERT_DIR (NO_PROXY still applies)."
+    ),
+    "properties": {
+        "proxy": {
+            "type": "string",
+            "pattern": r"^https?://[^\s]+$",
+            "maxLength": 2048,
+            "description": "Proxy URL (http:// or https://) for every request.",
+        },
+        "ca_file": {
+            "type": "string",
+            "pattern": r"^/[^\x00]*$",
+            "maxLength": 4096,
+            "description": "Absolute path of a PEM CA bundle used instead of the default roots.",
+        },
+    },
+}
+
 SETTINGS_SCHEMA: Final[dict[str, Any]] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "magi-code settings",
@@ -115,6 +138,7 @@ SETTINGS_SCHEMA: Final[dict[str, Any]] = {
             "propertyNames": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
             "additionalProperties": _MCP_SERVER,
         },
+        "network": _NETWORK,
     },
 }
 

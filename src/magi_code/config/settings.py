@@ -23,6 +23,7 @@ import orjson
 from magi_code.config.ids import looks_secret
 from magi_code.config.schema import SETTINGS_SCHEMA, is_valid, project_schema
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.providers.http import NetworkSettings
 from magi_code.providers.types import ApiKind
 from magi_code.storage.files import atomic_write, locked, read_regular
 from magi_code.storage.launch import LaunchContext
@@ -94,6 +95,8 @@ class Settings:
     providers: Mapping[str, ProviderDefinition] = field(default_factory=dict)
     mcp_servers: Mapping[str, McpServerDefinition] = field(default_factory=dict)
     disabled_models: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Proxy and CA for outgoing HTTP, per key project over global.
+    network: NetworkSettings = field(default_factory=NetworkSettings)
 
     @property
     def configured_thinking_level(self) -> str:
@@ -213,6 +216,11 @@ def _mcp_servers(document: Mapping[str, Any]) -> dict[str, McpServerDefinition]:
     }
 
 
+def _network(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]) -> NetworkSettings:
+    merged = {**global_doc.get("network", {}), **project_doc.get("network", {})}
+    return NetworkSettings(proxy=merged.get("proxy"), ca_file=merged.get("ca_file"))
+
+
 def build_settings(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]) -> Settings:
     """Merge two validated documents (project over global where both may set a key)."""
     providers = {
@@ -231,6 +239,7 @@ def build_settings(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]
         providers=providers,
         mcp_servers={**_mcp_servers(global_doc), **_mcp_servers(project_doc)},
         disabled_models={pid: frozenset(ids) for pid, ids in disabled.items()},
+        network=_network(global_doc, project_doc),
     )
 
 

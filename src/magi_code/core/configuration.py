@@ -1,20 +1,35 @@
-"""Catalog and configuration routes through one configuration worker.
+"""Catalog and configuration routes: one worker per connection, writes per scope.
 
-The worker handles one request at a time; another catalog/config request meanwhile gets
-``configuration_busy``. The reader is not held up by it: the response is written when the
-work is done, so turn output and cancellation stay live during a slow refresh. The
-worker counts as busy, and the request ID stays reserved, until that response has been
-written; shutdown drains the worker instead of cancelling it.
+Theory of operation:
+
+- **Per connection**: each connection has its own configuration worker that handles one
+  request at a time; another catalog/config request *from the same connection* meanwhile
+  gets ``configuration_busy`` (a v1 service is one client, so this is the v1 "one
+  configuration worker"). The worker is free as soon as its answer is *queued* on the
+  connection's output: a frontend that stops reading holds up nobody but itself. Its
+  request ID stays reserved until the answer has been written (the coordinator's rule),
+  and a connection with ``MAX_UNWRITTEN_ANSWERS`` answers still unwritten gets
+  ``configuration_busy`` instead of queueing more.
+- **Per scope**: work that writes takes its scope's slot, shared by every connection of
+  the service; a write whose slot is held gets ``configuration_busy``. Scopes are the
+  files written: ``config.set`` a settings file (global: ``$MC_HOME/settings.json``;
+  project: ``<project>/.magi-code/settings.json``), ``catalog.refresh`` one provider's
+  cache file under the ``$MC_HOME`` catalog directory. Reads (``config.get``,
+  ``catalog.providers``, ``catalog.models``) take no slot: every file is replaced
+  atomically, so a read sees the old or the new file, never half of one.
+- A ``config.set`` also passes the settings gate (never overlapping a turn's settings
+  capture, service-wide).
+- A connection's end drains *its* in-flight request only (never cancels it, never waits
+  for another connection's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
-
-import httpx
+from typing import Any, Final
 
 from magi_code.auth.credentials import CredentialsError, resolve_headers
 from magi_code.auth.store import AuthStore
@@ -27,15 +42,22 @@ from magi_code.config.payloads import (
     parse_provider_page,
     parse_refresh,
 )
-from magi_code.config.settings import load_settings
+from magi_code.config.settings import Scope, load_settings, settings_path
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.providers.http import HttpClients, transport_options
+from magi_code.storage.launch import LaunchContext
 
 from .coordinator import Connection
 from .routes import Reply, Route
 from .settings_gate import SettingsGate
 
 Work = Callable[[Connection, Any], Awaitable[dict[str, Any]]]
+# What a request writes, derived from its parsed payload (``None``: it only reads).
+ScopeOf = Callable[[Connection, Any], tuple[str, ...] | None]
+
+# Answers a connection may have queued but not yet written before it gets busy.
+MAX_UNWRITTEN_ANSWERS: Final = 16
 
 
 def _validate(parse: Callable[[object], Any]) -> Callable[[Request], Any]:
@@ -48,53 +70,130 @@ def _validate_set(request: Request) -> dict[str, Any]:
     return request.payload
 
 
+def _path(path: os.PathLike[str]) -> str:
+    # Lexical only (no I/O on the coordinator): two spellings of one directory through
+    # a symlink are two scopes, and the settings files' own locks still serialize them.
+    return os.path.normpath(os.path.abspath(path))
+
+
+def settings_scope(ctx: LaunchContext, scope: Scope) -> tuple[str, ...]:
+    return ("settings", _path(settings_path(ctx, scope)))
+
+
+def catalog_scope(ctx: LaunchContext, provider_id: str) -> tuple[str, ...]:
+    return ("catalog", _path(ctx.catalog_dir), provider_id)
+
+
+def _set_scope(conn: Connection, payload: dict[str, Any]) -> tuple[str, ...]:
+    return settings_scope(conn.ctx, parse_config_set(payload).scope)
+
+
+def _refresh_scope(conn: Connection, provider_id: str) -> tuple[str, ...]:
+    return catalog_scope(conn.ctx, provider_id)
+
+
+def _reads(conn: Connection, parsed: Any) -> None:
+    return None
+
+
 class ConfigurationService:
-    def __init__(self, client: httpx.AsyncClient, gate: SettingsGate) -> None:
-        self._client = client
+    def __init__(self, clients: HttpClients, gate: SettingsGate) -> None:
+        self._clients = clients
         self._gate = gate
-        self._busy = False
-        self._worker: asyncio.Task[None] | None = None
+        # conn_id -> the connection's one in-flight request.
+        self._workers: dict[int, asyncio.Task[None]] = {}
+        # conn_id -> answers queued and not yet written.
+        self._unwritten: dict[int, int] = {}
+        self._scopes: set[tuple[str, ...]] = set()
 
     def routes(self) -> Sequence[Route]:
         return (
             Route(
-                "catalog.providers", _validate(parse_provider_page), self._deferred(self._providers)
+                "catalog.providers",
+                _validate(parse_provider_page),
+                self._deferred(self._providers, _reads),
             ),
-            Route("catalog.models", _validate(parse_model_page), self._deferred(self._models)),
-            Route("catalog.refresh", _validate(parse_refresh), self._deferred(self._refresh)),
-            Route("config.get", _validate(parse_empty), self._deferred(self._get)),
-            Route("config.set", _validate_set, self._deferred(self._set)),
+            Route(
+                "catalog.models", _validate(parse_model_page), self._deferred(self._models, _reads)
+            ),
+            Route(
+                "catalog.refresh",
+                _validate(parse_refresh),
+                self._deferred(self._refresh, _refresh_scope),
+            ),
+            Route("config.get", _validate(parse_empty), self._deferred(self._get, _reads)),
+            Route("config.set", _validate_set, self._deferred(self._set, _set_scope)),
         )
 
     def events(self) -> Sequence[str]:
         return ()
 
+    def busy(self, conn: Connection) -> bool:
+        """Whether ``conn`` has a configuration request in flight."""
+        return conn.conn_id in self._workers
+
+    def scope_held(self, scope: tuple[str, ...]) -> bool:
+        return scope in self._scopes
+
     def _deferred(
-        self, work: Work
+        self, work: Work, scope_of: ScopeOf
     ) -> Callable[[Connection, Request, Any], Awaitable[Reply | None]]:
         async def handle(conn: Connection, request: Request, parsed: Any) -> Reply | None:
-            if self._busy:
+            # Decided synchronously, before any await: the answer is immediate and exact.
+            if (
+                conn.conn_id in self._workers
+                or self._unwritten.get(conn.conn_id, 0) >= MAX_UNWRITTEN_ANSWERS
+            ):
                 raise ServiceError(ErrorCode.CONFIGURATION_BUSY)
-            self._busy = True
-            self._worker = asyncio.create_task(self._run(work, conn, request, parsed))
+            scope = scope_of(conn, parsed)
+            if scope is not None and scope in self._scopes:
+                raise ServiceError(ErrorCode.CONFIGURATION_BUSY)
+            if scope is not None:
+                self._scopes.add(scope)
+            self._workers[conn.conn_id] = asyncio.create_task(
+                self._run(work, conn, request, parsed, scope)
+            )
             return None
 
         return handle
 
-    async def _run(self, work: Work, conn: Connection, request: Request, parsed: Any) -> None:
+    async def _run(
+        self,
+        work: Work,
+        conn: Connection,
+        request: Request,
+        parsed: Any,
+        scope: tuple[str, ...] | None,
+    ) -> None:
+        payload: dict[str, Any] | None = None
+        error: ServiceError | None = None
         try:
             payload = await work(conn, parsed)
         except ServiceError as exc:
-            batch = conn.respond(request, error=exc)
+            error = exc
         except Exception:  # noqa: BLE001 - the worker's one failure boundary
-            batch = conn.respond(request, error=ServiceError(ErrorCode.INTERNAL_ERROR))
+            error = ServiceError(ErrorCode.INTERNAL_ERROR)
+        finally:
+            # Free the slot and the worker in the same step the answer is queued: a
+            # request that follows the answer always finds them free.
+            if scope is not None:
+                self._scopes.discard(scope)
+            self._workers.pop(conn.conn_id, None)
+        conn_id = conn.conn_id
+        self._unwritten[conn_id] = self._unwritten.get(conn_id, 0) + 1
+        conn.respond(request, payload, error, after_write=lambda: self._written(conn_id))
+
+    def _written(self, conn_id: int) -> None:
+        left = self._unwritten.get(conn_id, 0) - 1
+        if left > 0:
+            self._unwritten[conn_id] = left
         else:
-            batch = conn.respond(request, payload)
-        await batch.done.wait()
-        self._busy = False
+            self._unwritten.pop(conn_id, None)
 
     async def connection_closed(self, connection: Connection) -> None:
-        worker = self._worker
+        # Only this connection's own request; it runs to its answer (settled unwritten
+        # when the output is already closed).
+        worker = self._workers.get(connection.conn_id)
         if worker is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
@@ -113,11 +212,13 @@ class ConfigurationService:
         ctx = conn.ctx
         settings = await asyncio.to_thread(load_settings, ctx)
         provider = resolve_provider(ctx, settings, provider_id)
+        # This frontend's proxy and CAs (its launch environment, the settings' network).
+        http = self._clients.bound(transport_options(ctx.env, settings.network))
         try:
-            headers = await resolve_headers(ctx, provider, AuthStore(ctx.auth_path), self._client)
+            headers = await resolve_headers(ctx, provider, AuthStore(ctx.auth_path), http)
         except CredentialsError as exc:
             raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED) from exc
-        return await refresh(ctx, settings, provider_id, self._client, headers)
+        return await refresh(ctx, settings, provider_id, http, headers)
 
     async def _get(self, conn: Connection, _: None) -> dict[str, Any]:
         settings = await asyncio.to_thread(load_settings, conn.ctx)

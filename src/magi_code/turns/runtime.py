@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Final
 
 import filelock
-import httpx
 
 from magi_code.auth.credentials import resolve_headers
 from magi_code.auth.store import AuthStore
 from magi_code.config.effective import Effective, resolve_effective
 from magi_code.config.settings import Settings, load_settings
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.providers.http import ClientSource, HttpClients, transport_options
 from magi_code.providers.types import ConversationItem, Endpoint, ReasoningLevel
 from magi_code.sessions.store import SessionContext
 from magi_code.storage.files import locked
@@ -103,10 +103,16 @@ class TurnRequest:
 
 
 class TurnRuntime:
-    """Shared per service: one HTTP client; everything else is read per turn."""
+    """Shared per service: the HTTP client cache; everything else is read per turn."""
 
-    def __init__(self) -> None:
-        self.client = httpx.AsyncClient(http2=False, trust_env=False)
+    def __init__(self, clients: HttpClients | None = None) -> None:
+        # Clients per endpoint, credential and the frontend's proxy/CA settings.
+        self.clients = clients or HttpClients()
+
+    @property
+    def client(self) -> HttpClients:
+        """The client cache (``aclose()`` closes every cached client)."""
+        return self.clients
 
     async def run(
         self,
@@ -123,7 +129,9 @@ class TurnRuntime:
         if provider is None:
             raise TurnSetupError("provider_unavailable")
         store = AuthStore(ctx.auth_path)
-        headers = await resolve_headers(ctx, provider, store, self.client)
+        # The launch context's proxy/CA environment and the captured ``network`` settings.
+        http = self.clients.bound(transport_options(ctx.env, settings.network))
+        headers = await resolve_headers(ctx, provider, store, http)
         plan = AgentPlan(
             endpoint=Endpoint(provider.api, provider.base_url, headers),
             model=effective.model_id,
@@ -147,21 +155,24 @@ class TurnRuntime:
             + len(turn.prompt) // 4,
             plan.context_window,
         ):
-            summary = await self._compact(turn, sink, plan, history, summary)
+            summary = await self._compact(turn, sink, plan, history, summary, http)
             if summary is not None:
                 history = []
         plan = dataclasses.replace(plan, system=system_with_summary(plan.system, summary))
         # The MCP SDK is imported only when a turn needs it: it doubles start-up time.
         from magi_code.tools.mcp import McpToolset
 
-        async with McpToolset(settings.mcp_servers.values(), tool_ctx) as toolset:
-            env = AgentEnv(self.client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
+        async with (
+            http.lease(provider.base_url, headers) as client,
+            McpToolset(settings.mcp_servers.values(), tool_ctx) as toolset,
+        ):
+            env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
             tools: list[Tool] = [*BUILTIN_TOOLS, TaskTool(env, BUILTIN_TOOLS), *toolset.tools()]
             agent = Agent(
                 env,
                 tools,
                 reauthorize=(
-                    (lambda: resolve_headers(ctx, provider, store, self.client, force_refresh=True))
+                    (lambda: resolve_headers(ctx, provider, store, http, force_refresh=True))
                     if provider.credential == "oauth"
                     else None
                 ),
@@ -176,6 +187,7 @@ class TurnRuntime:
         plan: AgentPlan,
         history: list[ConversationItem],
         summary: str | None,
+        http: ClientSource,
     ) -> str | None:
         """Replace the prior conversation with a provider-written summary checkpoint."""
         compaction_id = activity.identity("compaction", turn.turn_id)
@@ -184,7 +196,8 @@ class TurnRuntime:
         sink.activity(activity.compaction(compaction_id, "running"))
         cutoff = max((r.seq for r in turn.history.records), default=None)
         try:
-            text = await summarize(self.client, plan.endpoint, plan.model, history, summary)
+            async with http.lease(plan.endpoint.base_url, plan.endpoint.headers) as client:
+                text = await summarize(client, plan.endpoint, plan.model, history, summary)
             if not text.strip() or cutoff is None:
                 raise ValueError("empty summary")
             await sink.record({"type": "compaction", "summary": text, "cutoff_seq": cutoff})
