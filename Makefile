@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: service test check benchmark
+.PHONY: service test check benchmark stress
 
 # Set-up output goes to stderr: `make service` keeps stdout for protocol JSONL only.
 $(STAMP): pyproject.toml
@@ -27,3 +27,8 @@ test: check
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# The reliability suite at full counts (a few minutes); it prints its figures at the end.
+# `make test` runs the same tests at short counts. MC_STRESS_SEED=N repeats a run's choices.
+stress: $(STAMP)
+	MC_STRESS=full $(BIN)/python -m pytest -q -p no:cacheprovider tests/stress
