@@ -148,10 +148,8 @@ class PeerConnection:
         item: Inbound = raw
         if self.role is not None:
             item = self._decode(raw)
-            if self.intercept is not None and not isinstance(item, (Fatal, Rejected)):
-                assert not isinstance(item, Mapping) and item is not None
-                if self.intercept(item):
-                    return
+            if self._intercepted(item):
+                return
         self.inbox.put_nowait((item, size))
         self._queued_bytes += size
         full = self.inbox.qsize() >= INBOX_HIGH or self._queued_bytes >= INBOX_BYTES
@@ -190,25 +188,35 @@ class PeerConnection:
         await self.writable.wait()
 
     async def next_item(self) -> Inbound:
-        if self._ended:
-            return None
-        if not self.writable.is_set() and not await self._client_made_room():
-            return None
-        item, size = await self.inbox.get()
-        self._queued_bytes -= size
-        if (
-            self._paused
-            and self.inbox.qsize() <= INBOX_LOW
-            and self._queued_bytes < INBOX_BYTES // 4
-        ):
-            self._paused = False
-            with contextlib.suppress(RuntimeError):
-                self.transport.resume_reading()
-        if item is None:
-            self._ended = True
-        elif isinstance(item, Mapping) and self.role is not None:
-            item = self._decode(item)  # arrived with the hello, before the role was known
-        return item
+        while True:
+            if self._ended:
+                return None
+            if not self.writable.is_set() and not await self._client_made_room():
+                return None
+            item, size = await self.inbox.get()
+            self._queued_bytes -= size
+            if (
+                self._paused
+                and self.inbox.qsize() <= INBOX_LOW
+                and self._queued_bytes < INBOX_BYTES // 4
+            ):
+                self._paused = False
+                with contextlib.suppress(RuntimeError):
+                    self.transport.resume_reading()
+            if item is None:
+                self._ended = True
+            elif isinstance(item, Mapping) and self.role is not None:
+                # It arrived with the hello, before the role was known: decode it now, and
+                # let the role settle it as it would have on arrival.
+                item = self._decode(item)
+                if self._intercepted(item):
+                    continue
+            return item
+
+    def _intercepted(self, item: Inbound) -> bool:
+        if self.intercept is None or isinstance(item, (Fatal, Rejected, Mapping)) or item is None:
+            return False
+        return self.intercept(item)
 
     async def _client_made_room(self) -> bool:
         """Wait while unsent answers exceed the bound; False if the client stalled."""

@@ -67,6 +67,9 @@ class V1Role:
         coordinator = peer.server.core.coordinator
         peer.send(peer.server.welcome("v1_shim"))
         writer = asyncio.create_task(self._writer())
+        # An output failure ends the connection's input too: its work is cancelled now,
+        # not when the shim next sends something (it may be stuck writing stdout).
+        writer.add_done_callback(lambda _: peer.end_input())
         try:
             async for frame in peer.frames():
                 if writer.done() or conn.output.closed or isinstance(frame, v2.Eof):

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, Literal, TypeGuard
+from typing import Any, Final, Literal, TypeGuard, cast
 
 PROTOCOL_VERSION: Final = 2
 SUPPORTED_VERSIONS: Final = (2,)
@@ -249,7 +249,7 @@ def parse_hello(frame: Mapping[str, Any]) -> Hello:
     if not common:
         raise Fatal(Code.UNSUPPORTED_VERSION)
     role = frame.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise Fatal(Code.INVALID_HELLO)
     name = frame.get("client_name", "")
     if not isinstance(name, str) or len(name) > MAX_CLIENT_NAME:
@@ -264,7 +264,7 @@ def parse_hello(frame: Mapping[str, Any]) -> Hello:
         launch = _parse_control_launch(frame.get("launch"))
     else:
         launch = _parse_launch(frame.get("launch"))
-    return Hello(role, max(common), launch, name, interval)
+    return Hello(cast(Role, role), max(common), launch, name, interval)
 
 
 def _parse_control_launch(value: object) -> Launch | None:
@@ -299,7 +299,7 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
     (the frame's non-fatal answer, e.g. ``attach_error``/``request_error``).
     """
     kind = frame.get("t")
-    if kind not in CLIENT_FRAMES:
+    if not isinstance(kind, str) or kind not in CLIENT_FRAMES:
         raise Fatal(Code.UNKNOWN_FRAME)
     if kind not in ROLE_FRAMES[role]:
         raise Fatal(Code.PROTOCOL_ERROR)
