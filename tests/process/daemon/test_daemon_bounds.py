@@ -1,0 +1,252 @@
+"""Careless and hostile clients cannot grow a real daemon's memory or lock others out.
+
+Each test reproduces a defect an adversarial run found (issue #12): a client that sends
+but never reads, connections holding partial frames, too many connections, a low fd
+limit inherited from the starter, stalled v1 shims, one client holding every turn.
+Counts, not clocks, decide: the daemon's short client timeout is set through its
+environment so the stalls end quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from magi_code.client import socket_for
+from magi_code.client.channel import launch_of
+from magi_code.protocol import envelope
+from magi_code.protocol.frames import HEADER, FrameDecoder, encode_frame
+from magi_code.protocol.v2 import hello
+from tests.process.daemon.support import cli, context, replay_in_new_shim, status, wait_for
+from tests.process.turn_support import write_settings
+from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.service import ServiceProcess, service_env
+
+FAST = {"MC_DAEMON_CLIENT_TIMEOUT_SECONDS": "2"}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviderServer]:
+    with FakeProviderServer() as server:
+        yield server
+
+
+def _start(home: Path, project: Path, extra: dict[str, str] | None = None) -> int:
+    result = cli(home, "daemon", "start", extra=extra)
+    assert result.returncode == 0, result.stderr
+    pid: int = status(home)["pid"]
+    return pid
+
+
+def _connect(home: Path, project: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(socket_for(context(home, project))))
+    return sock
+
+
+def _raw(home: Path, project: Path) -> socket.socket:
+    """A connected persistent client that said hello (its welcome not yet read)."""
+    sock = _connect(home, project)
+    sock.sendall(encode_frame(hello("persistent", launch_of(context(home, project)), "t", "0")))
+    return sock
+
+
+def _frames(sock: socket.socket, timeout: float = 20.0) -> list[dict[str, object]]:
+    """Every frame until the daemon closes the connection."""
+    sock.settimeout(timeout)
+    decoder = FrameDecoder()
+    frames: list[dict[str, object]] = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            frames += decoder.feed(chunk)
+    return frames
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_sends_but_never_reads_is_paused_bounded_and_dropped(
+    home: Path, project: Path
+) -> None:
+    pid = _start(home, project, FAST)
+    flood = _raw(home, project)
+    flood.setblocking(False)
+    before = _rss_kib(pid)
+    request = encode_frame(
+        {
+            "t": "request",
+            "message": envelope.request("r", "initialize", {"supported_protocol_versions": [1]}),
+        }
+    )
+    status_frame = encode_frame({"t": "control", "id": 1, "op": "status"})
+    sent = 0
+    blocked = 0
+    with contextlib.suppress(BlockingIOError):
+        flood.send(request)
+    for _ in range(300_000):
+        try:
+            flood.send(status_frame)
+            sent += 1
+            blocked = 0
+        except BlockingIOError:
+            blocked += 1
+            if blocked > 200:  # the daemon stopped reading: the kernel buffers are full
+                break
+            time.sleep(0.005)
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    assert sent < 300_000, "the daemon kept reading a client that never reads"
+    grown_mib = (_rss_kib(pid) - before) / 1024
+    assert grown_mib < 48, f"daemon RSS grew {grown_mib:.0f} MiB for one non-reading client"
+    # Others are served meanwhile, and the stalled client is dropped after its timeout.
+    for _ in range(600):
+        if status(home)["clients"] == 0:
+            break
+        time.sleep(0.1)
+    assert status(home)["clients"] == 0, "the non-reading client was not dropped"
+    flood.setblocking(True)
+    frames = _frames(flood, timeout=30)
+    assert frames, "expected some answers before the daemon dropped the client"
+    flood.close()
+
+
+def test_partial_frames_time_out_and_free_their_memory(home: Path, project: Path) -> None:
+    pid = _start(home, project, FAST)
+    holders = []
+    for _ in range(20):
+        sock = _raw(home, project)
+        # A header announcing 1 MiB, then only part of the body.
+        sock.sendall(HEADER.pack(1024 * 1024) + b"\x00" * (512 * 1024))
+        holders.append(sock)
+    for sock in holders:
+        frames = _frames(sock, timeout=30)
+        assert {"t": "error", "code": "frame_timeout"} in [
+            {"t": f.get("t"), "code": f.get("code")} for f in frames
+        ]
+        sock.close()
+    assert status(home)["pid"] == pid and status(home)["clients"] == 0
+
+
+def test_a_silent_connection_is_told_it_missed_the_handshake(home: Path, project: Path) -> None:
+    _start(home, project)
+    sock = _connect(home, project)
+    frames = _frames(sock, timeout=30)
+    assert [(f["t"], f["code"]) for f in frames] == [("error", "handshake_timeout")]
+    sock.close()
+
+
+def test_connections_are_capped_with_a_clear_refusal_and_control_still_works(
+    home: Path, project: Path
+) -> None:
+    _start(home, project)
+    held = [_raw(home, project) for _ in range(256)]
+    try:
+        for sock in held:  # every one welcomed
+            sock.settimeout(20)
+            decoder = FrameDecoder()
+            while not (got := decoder.feed(sock.recv(65536))):
+                pass
+            assert got[0]["t"] == "welcome"
+        extra = _raw(home, project)
+        frames = _frames(extra, timeout=20)
+        assert [(f["t"], f.get("code")) for f in frames] == [("refused", "too_many_connections")]
+        extra.close()
+        assert status(home)["clients"] == 256  # control connections still answered
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for_clients_gone(home)
+
+
+def wait_for_clients_gone(home: Path) -> None:
+    asyncio.run(wait_for(lambda: status(home)["clients"] == 0, what="clients to go"))
+
+
+def test_the_daemon_lifts_the_fd_limit_it_inherited(home: Path, project: Path) -> None:
+    def low_limit() -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "magi_code", "daemon", "start"],
+        env=service_env(home),
+        preexec_fn=low_limit,
+        capture_output=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    pid = status(home)["pid"]
+    limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+    (line,) = [entry for entry in limits if entry.startswith("Max open files")]
+    soft = int(line.split()[3])
+    assert soft > 128
+    held = [_raw(home, project) for _ in range(200)]  # more than the starter's limit
+    for sock in held:
+        sock.close()
+
+
+async def test_a_stalled_v1_shim_is_dropped_and_its_turn_cancelled(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    # ~3 MB of delta events: more than this test's pipe reader buffers (2 MiB) plus the pipe.
+    fake.enqueue(Reply(text=["x"] * 16000, after_chunks=16000, ending="stall"))
+    fake.stall_timeout = 300  # the provider never ends the turn itself here
+    svc = await ServiceProcess.start(home, project, FAST)
+    try:
+        await svc.initialize()
+        await svc.send(envelope.request("t1", "turn.start", {"prompt": "flood"}))
+        # Never read the shim's stdout again: its pipe fills, it cannot acknowledge.
+        await wait_for(lambda: status(home)["active_turns"] == 1, what="the turn to start")
+        await wait_for(lambda: status(home)["active_turns"] == 0, 60, "the stalled turn to end")
+        accepted = await svc.recv()  # buffered before the pipe filled
+        assert accepted["request_id"] == "t1" and accepted["error"] is None
+        items = await replay_in_new_shim(home, project, accepted["payload"]["session_id"])
+        assert [i["status"] for i in items if i["kind"] == "terminal"] == ["cancelled"]
+        other = await ServiceProcess.start(home, project)
+        try:
+            await other.initialize()
+            reply = await other.request("status", {})
+            assert reply["error"] is None
+        finally:
+            await other.stop()
+    finally:
+        svc.proc.kill()
+        assert svc.proc.stdout is not None
+        await svc.proc.stdout.read()  # the unread output: its pipe only ends once read
+        await svc.proc.wait()
+
+
+async def test_one_client_cannot_hold_the_daemons_turn_ceiling(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    fake.set_default(Reply(text=["x"], ending="stall"))
+    greedy = await ServiceProcess.start(home, project)
+    other = await ServiceProcess.start(home, project)
+    try:
+        await greedy.initialize()
+        await other.initialize()
+        starts = [await greedy.request("turn.start", {"prompt": f"p{i}"}) for i in range(16)]
+        assert all(s["error"] is None for s in starts)
+        refused = await greedy.request("turn.start", {"prompt": "one more"})
+        assert refused["error"]["code"] == "too_many_active_turns"
+        accepted = await other.request("turn.start", {"prompt": "mine"})
+        assert accepted["error"] is None, accepted
+    finally:
+        await greedy.stop()
+        await other.stop()
