@@ -47,7 +47,10 @@ from .settings_gate import SettingsGate
 
 log = logging.getLogger(__name__)
 
+# The v1 active-turn limit is per client (a v1 service is one client); a service with
+# many clients (the daemon) also caps the sum, above what any one client can hold.
 MAX_ACTIVE_TURNS: Final = 16
+MAX_SERVICE_TURNS: Final = 64
 TURN_QUEUE_CAPACITY: Final = 256
 # Provider deltas are split so that one delta event always fits its record.
 MAX_DELTA_BYTES: Final = 8192
@@ -312,7 +315,8 @@ class TurnService:
         return {"turn_id": found.turn_id, "session_id": session_id, "status": "accepted"}
 
     async def _admit(self, conn: Connection, request: Request, prompt: str) -> Reply:
-        if len(self.active) >= MAX_ACTIVE_TURNS:
+        own = sum(1 for run in self.active.values() if run.conn is conn)
+        if own >= MAX_ACTIVE_TURNS or len(self.active) >= MAX_SERVICE_TURNS:
             raise ServiceError(ErrorCode.TOO_MANY_ACTIVE_TURNS)
         if request.session_id is None:
             attachment = await self.sessions.create(conn, explicit=False)

@@ -39,8 +39,8 @@ from magi_code.sessions.records import (
     HeaderRecord,
     Record,
     TerminalRecord,
-    UserRecord,
     UnknownRecord,
+    UserRecord,
     decode_line,
 )
 
