@@ -14,7 +14,9 @@ from tests.support.service import ServiceProcess, running_service
 @pytest.fixture(autouse=True)
 def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
-        if name.startswith(("MC_", "ANTHROPIC_", "OPENAI_")):
+        # A developer's proxy or CA settings must not route loopback test traffic.
+        proxyish = name.upper().endswith("_PROXY") or name.upper().startswith("SSL_CERT_")
+        if name.startswith(("MC_", "ANTHROPIC_", "OPENAI_")) or proxyish:
             monkeypatch.delenv(name)
     user_home = tmp_path / "user-home"
     user_home.mkdir(exist_ok=True)

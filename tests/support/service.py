@@ -37,17 +37,37 @@ def current_mode() -> str:
 
 
 def stop_daemon(home: Path, timeout: float = 60.0) -> None:
-    """Stop the daemon of ``home`` (if any); kill it if it does not stop in time."""
-    import subprocess
+    """Stop the daemon of ``home`` (if any); kill it if it does not stop in time.
 
-    subprocess.run(
-        [sys.executable, "-m", "magi_code", "daemon", "stop"],
-        env=service_env(home),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-    )
+    Done in this process over the control protocol (what ``magi-code daemon stop`` does),
+    which spares every daemon-mode test an interpreter start at teardown.
+    """
+    import socket
+    import time
+
+    from magi_code.client import socket_for
+    from magi_code.endpoint.lock import is_held
+    from magi_code.endpoint.paths import runtime_paths
+    from magi_code.protocol.frames import encode_frame
+    from magi_code.protocol.v2 import Launch, hello
+    from magi_code.storage.launch import LaunchContext
+
+    ctx = LaunchContext(home, home, service_env(home))
+    paths = runtime_paths(ctx)
+    if not is_held(paths.lock):
+        return
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(socket_for(ctx)))
+        sock.sendall(
+            encode_frame(hello("control", Launch(str(home), "", {}), "test-teardown", "0"))
+            + encode_frame({"t": "control", "id": 1, "op": "stop"})
+        )
+        while sock.recv(65536):  # the daemon closes this connection once it has drained
+            pass
+    while is_held(paths.lock) and time.monotonic() < deadline:
+        time.sleep(0.02)
     kill_leftover_daemon(home)
 
 
@@ -74,6 +94,8 @@ def service_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str,
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("MC_", "ANTHROPIC_", "OPENAI_", "XDG_RUNTIME_DIR"))
+        and not k.upper().endswith("_PROXY")
+        and not k.upper().startswith("SSL_CERT_")
     }
     env["MC_HOME"] = str(home)
     env["HOME"] = str(home.parent / "user-home")

@@ -48,7 +48,8 @@ async def serve_shim(ctx: LaunchContext) -> int:
     except (DaemonUnavailable, DaemonError, DaemonStartError, UnsafeRuntimeDir) as exc:
         diagnostic(f"cannot reach the daemon: {exc}")
         return 1
-    bridge = Bridge(channel, await open_reader(0), await open_writer(proto_fd))
+    stdout = await open_writer(proto_fd)
+    bridge = Bridge(channel, await open_reader(0), stdout)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -57,6 +58,7 @@ async def serve_shim(ctx: LaunchContext) -> int:
         return await bridge.run()
     finally:
         await channel.close()
+        await stdout.finish()
 
 
 class Bridge:

@@ -34,6 +34,8 @@ from magi_code.protocol.framing import TOO_LARGE, LineFramer
 from magi_code.storage.launch import LaunchContext
 
 READ_CHUNK = 65536
+# How long an exiting service waits for a frontend to read its last output.
+FLUSH_SECONDS = 10.0
 EXIT_UNSAFE_HOME: Final = 1
 
 
@@ -43,6 +45,11 @@ class ByteReader(Protocol):
 
 class ByteWriter(Protocol):
     async def write(self, data: bytes) -> None: ...
+
+
+class StdoutWriter(ByteWriter, Protocol):
+    async def finish(self) -> None:
+        """Before exit: wait (bounded) until everything written has left the process."""
 
 
 class _PipeReader:
@@ -71,6 +78,13 @@ class _PipeWriter:
         self._writer.write(data)
         await self._writer.drain()
 
+    async def finish(self) -> None:
+        # drain() returns at the low-water mark: what is still buffered would be lost at
+        # exit. With no water marks, drain() waits for an empty buffer.
+        self._writer.transport.set_write_buffer_limits(0)
+        with contextlib.suppress(TimeoutError, OSError, ConnectionError, RuntimeError):
+            await asyncio.wait_for(self._writer.drain(), FLUSH_SECONDS)
+
 
 class _ThreadWriter:
     def __init__(self, fd: int) -> None:
@@ -78,6 +92,9 @@ class _ThreadWriter:
 
     async def write(self, data: bytes) -> None:
         await asyncio.to_thread(_write_all, self._fd, data)
+
+    async def finish(self) -> None:
+        return  # every write already completed
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -105,7 +122,7 @@ async def open_reader(fd: int) -> ByteReader:
     return _PipeReader(reader)
 
 
-async def open_writer(fd: int) -> ByteWriter:
+async def open_writer(fd: int) -> StdoutWriter:
     if not _pollable(fd):
         return _ThreadWriter(fd)
     loop = asyncio.get_running_loop()
@@ -276,4 +293,5 @@ async def serve_stdio(
         # EOF or signal: cancel and drain this connection's work, then flush what remains.
         await coordinator.close_connection(conn)
         ok = await writer_task
+        await writer.finish()
     return 0 if ok else 1
