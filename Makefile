@@ -23,7 +23,7 @@ check: $(STAMP)
 	$(BIN)/mypy
 
 test: check
-	$(BIN)/python -m pytest -n 2 -q tests
+	$(BIN)/python -m pytest -n 4 -q tests
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -42,12 +42,13 @@ from magi_code.storage.launch import LaunchContext
 
 from .units import enable_instructions, install_target, render_unit
 
-ANSWER_TIMEOUT_SECONDS: Final = 5.0
+ANSWER_TIMEOUT_SECONDS: Final = 3.0
 STARTING_WAIT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 150.0
 EXIT_FAILURE: Final = 1
 EXIT_UNSAFE: Final = 2
 EXIT_NOT_RUNNING: Final = 3
+EXIT_NOT_RESPONDING: Final = 4  # LSB: status unknown (a live daemon that does not answer)
 FOREIGN_SOCKET: Final = "the socket is served by another user"
 
 
@@ -200,10 +201,13 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
     else:
         sys.stdout.write("magi-code daemon not running\n")
     # --json answers in the document (scripts read "running" and "error"); text follows
-    # LSB status codes: 0 running, 3 not running, 1 not running but the socket path is
-    # served by something else (another user's process, another home's daemon).
-    if status["running"] or as_json:
+    # LSB status codes: 0 running, 3 not running, 4 running but not answering, 1 not
+    # running but the socket path is served by something else (another user's process,
+    # another home's daemon).
+    if as_json:
         return 0
+    if status["running"]:
+        return EXIT_NOT_RESPONDING if status.get("responding") is False else 0
     return EXIT_FAILURE if blocked else EXIT_NOT_RUNNING
 
 
