@@ -36,7 +36,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
@@ -381,14 +381,11 @@ class SessionStore:
         grows (or is truncated by a torn-tail repair), so its identity, size and mtime
         say whether an earlier parse still describes it.
         """
-        dir_fd = self._open_dir(session_id)
-        fds = [dir_fd]
         try:
-            lock_fd = open_regular(APPEND_LOCK, os.O_RDONLY, dir_fd=dir_fd)
-            fds.append(lock_fd)
-            history_fd = open_regular(HISTORY, os.O_RDONLY, dir_fd=dir_fd)
-            fds.append(history_fd)
-            with holding(lock_fd, fcntl.LOCK_SH, wait):
+            with (
+                self._history(session_id) as (lock_fd, history_fd),
+                holding(lock_fd, fcntl.LOCK_SH, wait),
+            ):
                 info = os.fstat(history_fd)
                 key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
                 cached = self._cache.get(session_id, key)
@@ -400,8 +397,6 @@ class SessionStore:
                 data = pread_all(history_fd, size - start, start)
         except OSError:
             raise unavailable() from None
-        finally:
-            close_all(fds)
         window = parse_window(data, start == 0, session_id)
         projection = project(window.records) if with_projection else None
         self._cache.put(session_id, key, (window, projection))
@@ -526,21 +521,25 @@ class SessionStore:
         self, session_id: str, matches: Callable[[UserRecord], bool] | None
     ) -> TurnOutcome | None:
         """The latest turn whose user record ``matches`` (``None`` only opens the files)."""
-        dir_fd = self._open_dir(session_id)
-        fds = [dir_fd]
         try:
-            lock_fd = open_regular(APPEND_LOCK, os.O_RDONLY, dir_fd=dir_fd)
-            fds.append(lock_fd)
-            history_fd = open_regular(HISTORY, os.O_RDONLY, dir_fd=dir_fd)
-            fds.append(history_fd)
-            if matches is None:
-                return None
-            with holding(lock_fd, fcntl.LOCK_SH, WRITER_LOCK_WAIT):
-                end = complete_prefix(history_fd, os.fstat(history_fd).st_size)
-            # Whole lines before ``end`` never change: the scan needs no lock.
-            return scan_turn(history_fd, end, MAX_APPEND_RECORD_BYTES, matches)
+            with self._history(session_id) as (lock_fd, history_fd):
+                if matches is None:
+                    return None
+                with holding(lock_fd, fcntl.LOCK_SH, WRITER_LOCK_WAIT):
+                    end = complete_prefix(history_fd, os.fstat(history_fd).st_size)
+                # Whole lines before ``end`` never change: the scan needs no lock.
+                return scan_turn(history_fd, end, MAX_APPEND_RECORD_BYTES, matches)
         except OSError:
             raise unavailable() from None
+
+    @contextlib.contextmanager
+    def _history(self, session_id: str) -> Iterator[tuple[int, int]]:
+        """The session's append lock and history, opened for reading (closed after)."""
+        fds = [self._open_dir(session_id)]
+        try:
+            fds.append(open_regular(APPEND_LOCK, os.O_RDONLY, dir_fd=fds[0]))
+            fds.append(open_regular(HISTORY, os.O_RDONLY, dir_fd=fds[0]))
+            yield fds[1], fds[2]
         finally:
             close_all(fds)
 
