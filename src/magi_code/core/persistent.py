@@ -33,7 +33,7 @@ from .coordinator import Connection, ServiceCoordinator
 from .journal import SnapshotQuery, TurnJournal
 from .output import TurnEvent
 from .sessions import SessionService
-from .turns import TurnService
+from .turns import MAX_ACTIVE_TURNS, MAX_SERVICE_TURNS, TurnService
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,8 @@ class PersistentCoordinator:
         return {
             "clients": sum(1 for reg in self._clients.values() if not reg.lost),
             "active_turns": len(active),
+            "max_active_turns_per_client": MAX_ACTIVE_TURNS,
+            "max_active_turns": MAX_SERVICE_TURNS,
             # Detached: its session's controller is a lost persistent client.
             "detached_turns": sum(
                 1 for run in active.values() if self._is_lost(run.attachment.owner)

@@ -265,6 +265,8 @@ async def test_a_lost_clients_session_is_granted_to_one_other_client(
         if counts()["detached_turns"] == 1:
             break
         await asyncio.sleep(0.01)
+    limits = counts()
+    assert (limits["max_active_turns_per_client"], limits["max_active_turns"]) == (16, 64)
     granted = await taker.call({"t": "take_control", "session_id": session_id}, "control_granted")
     assert granted["t"] == "control_granted"
     assert [t["turn_id"] for t in granted["turns"]] == [turn_id]
