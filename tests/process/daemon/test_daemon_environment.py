@@ -133,7 +133,8 @@ async def test_a_foreground_daemon_re_execs_in_place_with_its_allow_list(home: P
         stderr=subprocess.PIPE,
     )
     try:
-        await wait_for(lambda: status(home)["running"], 30, "the daemon to answer")
+        # "running" alone is also true while it starts (lock held, not yet answering).
+        await wait_for(lambda: "instance_id" in status(home), 30, "the daemon to answer")
         assert status(home)["pid"] == proc.pid  # exec keeps the pid a unit manager watches
         environ = _environ(proc.pid)
         assert PLANTED not in "".join(environ.values())
