@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,3 +41,17 @@ def project(tmp_path: Path) -> Path:
 async def service(home: Path, project: Path) -> AsyncIterator[ServiceProcess]:
     async with running_service(home, project) as svc:
         yield svc
+
+
+@pytest.fixture
+def fifos() -> Iterator[list[Path]]:
+    """FIFOs a test plants; at teardown each gets a peer, so an opener stuck by a
+    regression ends instead of hanging the suite."""
+    planted: list[Path] = []
+    yield planted
+    for path in planted:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        except OSError:
+            continue
+        os.close(fd)

@@ -13,7 +13,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,6 @@ from tests.support.service import ServiceProcess, running_service, service_env
 
 # Generous bound for "answers promptly": a wedged service never answers at all.
 PROMPT_S = 10.0
-
-
-@pytest.fixture
-def fifos() -> Iterator[list[Path]]:
-    """At teardown every planted FIFO gets a peer, so a regression cannot hang forever."""
-    planted: list[Path] = []
-    yield planted
-    for path in planted:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-        except OSError:
-            continue
-        os.close(fd)
 
 
 async def _created(service: ServiceProcess) -> str:

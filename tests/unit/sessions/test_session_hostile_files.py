@@ -28,19 +28,6 @@ def store(tmp_path: Path) -> SessionStore:
 
 
 @pytest.fixture
-def planted() -> Iterator[list[Path]]:
-    """Planted FIFOs get a peer at teardown, so an opener stuck by a regression ends."""
-    paths: list[Path] = []
-    yield paths
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-        except OSError:
-            continue
-        os.close(fd)
-
-
-@pytest.fixture
 def sockets() -> Iterator[list[socket.socket]]:
     held: list[socket.socket] = []
     yield held
@@ -95,7 +82,7 @@ def code(call: Callable[[], object]) -> ErrorCode:
 @pytest.fixture
 def hostile(
     store: SessionStore,
-    planted: list[Path],
+    fifos: list[Path],
     sockets: list[socket.socket],
     monkeypatch: pytest.MonkeyPatch,
 ) -> Callable[[str, str], str]:
@@ -103,7 +90,7 @@ def hostile(
         session_id = store.create()
         with store.acquire_writer_lease(session_id) as lease:
             lease.append({"type": "user", "turn_id": "t1", "text": "hello there"})
-        plant(store, session_id, name, kind, planted, sockets, monkeypatch)
+        plant(store, session_id, name, kind, fifos, sockets, monkeypatch)
         return session_id
 
     return make

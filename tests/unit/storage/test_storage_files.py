@@ -8,7 +8,7 @@ import fcntl
 import os
 import socket
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -22,19 +22,6 @@ T = TypeVar("T")
 
 # A blocked open would wait forever; this only bounds how long a failing test hangs.
 BOUND_S = 10.0
-
-
-@pytest.fixture
-def fifos() -> Iterator[list[Path]]:
-    """FIFOs a test plants; at teardown each gets a peer, so a stuck opener (a bug) ends."""
-    planted: list[Path] = []
-    yield planted
-    for path in planted:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-        except OSError:
-            continue
-        os.close(fd)
 
 
 def promptly(call: Callable[[], T]) -> T:
