@@ -35,7 +35,7 @@ READ_CHUNK = 65536
 
 
 def launch_of(ctx: LaunchContext) -> Launch:
-    return Launch(str(ctx.mc_home), str(ctx.project_dir), dict(ctx.env))
+    return Launch(str(ctx.mc_home), str(ctx.project_dir), dict(ctx.env), ctx.umask)
 
 
 def _seconds(value: float) -> str:

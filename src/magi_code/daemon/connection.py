@@ -286,7 +286,9 @@ class PeerConnection:
             return ControlRole(self)
         assert hello.launch is not None
         launch = hello.launch
-        ctx = LaunchContext(Path(launch.mc_home), Path(launch.project_dir), launch.env)
+        ctx = LaunchContext(
+            Path(launch.mc_home), Path(launch.project_dir), launch.env, umask=launch.umask
+        )
         conn = self.server.core.open(hello.role, ctx, self.end_input)
         if hello.role == "v1_shim":
             return V1Role(self, conn)

@@ -145,6 +145,8 @@ class Launch:
     mc_home: str
     project_dir: str
     env: dict[str, str]
+    # The frontend's file-mode creation mask; None from a client that predates the field.
+    umask: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,8 +290,11 @@ def _parse_launch(value: object) -> Launch:
         raise Fatal(Code.INVALID_HELLO)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise Fatal(Code.INVALID_HELLO)
+    umask = value.get("umask")
+    if umask is not None and (not _is_int(umask) or not 0 <= umask <= 0o777):
+        raise Fatal(Code.INVALID_HELLO)
     assert isinstance(home, str) and isinstance(project, str)
-    return Launch(home, project, dict(env))
+    return Launch(home, project, dict(env), umask)
 
 
 def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
@@ -442,6 +447,8 @@ def hello(
             "project_dir": launch.project_dir,
             "env": dict(launch.env),
         }
+        if launch.umask is not None:
+            frame["launch"]["umask"] = launch.umask
     return frame
 
 

@@ -70,11 +70,14 @@ class ToolContext:
     ``env`` is the launch environment of the client the turn belongs to; children get
     ``child_environment(env, secret_names=secret_names)``, never ``env`` itself.
     ``secret_names`` are extra credential variable names (custom providers' ``api_key_env``).
+    ``umask`` is the client's file-mode creation mask, for the processes tools start and the
+    files and directories they create; ``None`` means this process's own.
     """
 
     project_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     secret_names: frozenset[str] = frozenset()
+    umask: int | None = None
 
 
 class Tool(Protocol):

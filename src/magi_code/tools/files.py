@@ -8,12 +8,14 @@ bounded in what it reads and returns, so a cancelled call's thread finishes quic
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, Final
 
 from magi_code.storage.files import atomic_write
+from magi_code.storage.launch import current_umask
 from magi_code.tools.base import (
     BuiltinTool,
     ToolContext,
@@ -40,7 +42,6 @@ DEFAULT_READ_LINES: Final = 2000
 MAX_READ_LINES: Final = 100_000
 BINARY_SNIFF_BYTES: Final = 8192
 MAX_EDIT_FILE_BYTES: Final = 16 * 1024 * 1024
-NEW_FILE_MODE: Final = 0o644
 MAX_LIST_RESULTS: Final = 500
 MAX_SCAN_ENTRIES: Final = 100_000
 MAX_GREP_MATCHES: Final = 200
@@ -158,25 +159,53 @@ class WriteFile(BuiltinTool):
     async def execute(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
         raw_path = require_str(arguments, "path")
         content = require_str(arguments, "content", allow_empty=True)
-        message = await asyncio.to_thread(_write_file, ctx.project_dir, raw_path, content)
+        message = await asyncio.to_thread(
+            _write_file, ctx.project_dir, raw_path, content, ctx.umask
+        )
         return ToolOutcome(message)
 
 
-def _write_file(project_dir: Path, raw_path: str, content: str) -> str:
+def _write_file(project_dir: Path, raw_path: str, content: str, umask: int | None) -> str:
     root = project_root(project_dir)
     path = resolve_in_project(root, raw_path)
     shown = display_path(root, path)
     if path == root or path.is_dir():
         raise ToolInputError(f"{shown} is a directory.")
     data = content.encode("utf-8")
+    # The modes a plain create under the client's umask gives; set explicitly, since this
+    # process's own mask may be another (the daemon's is 077). An existing file keeps its.
+    mask = current_umask() if umask is None else umask
     try:
         existed = path.exists()
-        mode = path.stat().st_mode & 0o7777 if existed else NEW_FILE_MODE
+        mode = path.stat().st_mode & 0o7777 if existed else 0o666 & ~mask
+        _make_parents(root, path.parent, 0o777 & ~mask)
         atomic_write(path, data, mode)
     except OSError as exc:
         raise _os_failure(exc) from None
     verb = "Updated" if existed else "Created"
     return f"{verb} {shown} ({len(data)} bytes)."
+
+
+def _make_parents(root: Path, directory: Path, mode: int) -> None:
+    """Create the missing directories down to ``directory`` (inside ``root``) with ``mode``.
+
+    Directories that exist, or that appear meanwhile, keep their mode. The mode is set on
+    the opened directory, never through a path that may have been swapped for a symlink.
+    """
+    missing: list[Path] = []
+    while directory != root and not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
 
 class EditFile(BuiltinTool):

@@ -3,11 +3,11 @@
 Theory of operation: each configured server gets one runner task that owns the SDK's
 ``stdio_client`` and ``ClientSession`` contexts (anyio cancel scopes must be entered and
 left by the same task). The runner starts the server in the project directory with the
-stripped child environment plus the server's own ``env``, initializes, lists its tools
-(following pagination, bounded), then parks until the toolset closes. Tool calls use the
-session from the calling task. Because nothing of a server lives in the caller's task,
-a server that fails to start, hangs, or dies affects only its own tools, and a toolset
-may be kept warm across turns and closed from any task.
+stripped child environment plus the server's own ``env``, under the client's umask,
+initializes, lists its tools (following pagination, bounded), then parks until the
+toolset closes. Tool calls use the session from the calling task. Because nothing of a
+server lives in the caller's task, a server that fails to start, hangs, or dies affects
+only its own tools, and a toolset may be kept warm across turns and closed from any task.
 
 Closing sets each runner's stop event and waits, shielded and bounded, for the SDK's
 shutdown (close stdin, grace, then kill the server's process tree), then terminates what
@@ -47,6 +47,7 @@ from magi_code.tools.processes import (
     find_child_with_env,
     group_carries_env,
     terminate_process_group,
+    under_umask,
 )
 
 logger = logging.getLogger(__name__)
@@ -347,9 +348,12 @@ class McpToolset:
             errlog = self._own_errlog = open(os.devnull, "w")  # noqa: SIM115
         for spec in self._servers:
             token = secrets.token_hex(16)
+            # The SDK spawns through anyio on uvloop, which takes no ``umask=``: the mask is
+            # set by the wrapper that ``under_umask`` puts before the command.
+            command, *args = under_umask([spec.command, *spec.args], self._ctx.umask)
             params = StdioServerParameters(
-                command=spec.command,
-                args=list(spec.args),
+                command=command,
+                args=args,
                 # A server's own configured env is deliberate, so it may set any name.
                 env=base_env | dict(spec.env) | {INSTANCE_VARIABLE: token},
                 cwd=cwd,

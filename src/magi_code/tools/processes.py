@@ -1,4 +1,5 @@
-"""Process-group termination shared by the shell tool and MCP server cleanup.
+"""Process-group termination shared by the shell tool and MCP server cleanup, and the
+file-mode creation mask tool children start under.
 
 Children are started in their own session, so a process group holds everything they
 start (short of a grandchild calling ``setsid`` itself). Terminating is SIGTERM to the
@@ -11,13 +12,33 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Sequence
 from typing import Final
 
 import psutil
 
+from magi_code.storage.launch import current_umask
+
 TERM_GRACE_SECONDS: Final = 2.0
 KILL_GRACE_SECONDS: Final = 2.0
 _POLL_SECONDS: Final = 0.05
+# Sets the mask given as $1, then becomes the real command (same pid, group, environment).
+_UMASK_SCRIPT: Final = 'umask "$1" && shift && exec "$@"'
+
+
+def under_umask(argv: Sequence[str], umask: int | None) -> list[str]:
+    """``argv`` made to start with file-mode creation mask ``umask``.
+
+    ``None``, or the mask this process already has, leaves ``argv`` as it is. Otherwise
+    ``/bin/sh`` sets the mask and ``exec``s the command. ``Popen``'s own ``umask=`` is not
+    usable: uvloop's ``subprocess_exec``, which the service and the daemon run on, refuses
+    it ("unexpected kwargs"), and so does the MCP SDK's spawn on top of it; ``preexec_fn``
+    runs Python in the forked child of a threaded process; and changing this process's
+    mask around the spawn would change it for the daemon's other threads too.
+    """
+    if umask is None or umask == current_umask():
+        return list(argv)
+    return ["/bin/sh", "-c", _UMASK_SCRIPT, "sh", f"{umask:04o}", *argv]
 
 
 async def terminate_process_group(pgid: int) -> None:

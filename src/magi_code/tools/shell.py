@@ -30,7 +30,7 @@ from magi_code.tools.base import (
 )
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
-from magi_code.tools.processes import terminate_process_group
+from magi_code.tools.processes import terminate_process_group, under_umask
 
 SHELL: Final = "/bin/sh"
 DEFAULT_TIMEOUT_SECONDS: Final = 120.0
@@ -97,9 +97,16 @@ class ShellResult:
 
 
 async def run_shell(
-    command: str, *, cwd: Path, env: Mapping[str, str], timeout: float
+    command: str,
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout: float,
+    umask: int | None = None,
 ) -> ShellResult:
     """Run ``command`` and return its bounded output; the process group never outlives this.
+
+    ``umask`` is the shell's file-mode creation mask (``None``: this process's own).
 
     Raises:
         OSError: the shell could not be started.
@@ -113,9 +120,7 @@ async def run_shell(
     spawn = asyncio.ensure_future(
         loop.subprocess_exec(
             lambda: _ShellProtocol(capture),
-            SHELL,
-            "-c",
-            command,
+            *under_umask([SHELL, "-c", command], umask),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -208,7 +213,7 @@ class Shell(BuiltinTool):
         cwd = await asyncio.to_thread(project_root, ctx.project_dir)
         env = child_environment(ctx.env, secret_names=ctx.secret_names)
         try:
-            result = await run_shell(command, cwd=cwd, env=env, timeout=timeout)
+            result = await run_shell(command, cwd=cwd, env=env, timeout=timeout, umask=ctx.umask)
         except ValueError:
             raise ToolInputError("The command must not contain NUL bytes.") from None
         except OSError as exc:

@@ -147,6 +147,7 @@ class TurnRuntime:
             project_dir=ctx.project_dir,
             env=ctx.env,
             secret_names=_secret_names(settings),
+            umask=ctx.tool_umask,
         )
         history = items_from_records(turn.history.records)
         summary = turn.history.summary
