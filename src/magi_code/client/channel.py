@@ -156,6 +156,12 @@ class Channel:
             code = first.get("code")
             if code == "draining":
                 raise DaemonDraining("the daemon is stopping")
+            if code == "tool_process":
+                raise DaemonError(
+                    "the daemon refused the connection (tool_process): commands run by the "
+                    "agent's tools cannot use the daemon",
+                    code,
+                )
             raise DaemonError(f"the daemon refused the connection ({code})", _code(code))
         if first.get("t") != "welcome":
             await channel.close()

@@ -33,8 +33,9 @@ from typing import Any, Final, Literal, Protocol, cast
 
 from magi_code.core.coordinator import ServiceCoordinator
 from magi_code.core.persistent import PersistentCoordinator
+from magi_code.endpoint.ancestry import is_tool_process
 from magi_code.endpoint.paths import UnsafeRuntimeDir
-from magi_code.endpoint.peer import check_peer
+from magi_code.endpoint.peer import check_peer, peer_pid
 from magi_code.protocol.frames import MAX_FRAME_BYTES, encode_frame
 from magi_code.protocol.limits import ADVERTISED_LIMITS
 from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS, Code, refused
@@ -280,6 +281,19 @@ class SocketProtocol(asyncio.Protocol):
             if sock is None or not check_peer(sock):
                 log.warning("refused a connection from another user")
                 cast(asyncio.Transport, transport).abort()
+                return
+            # The tool barrier: a process the daemon started (a shell command, an MCP
+            # server) is refused before a byte is read (endpoint/ancestry.py).
+            pid = peer_pid(sock)
+            if is_tool_process(pid, os.getpid()):
+                log.warning("refused a connection code=%s pid=%s", Code.TOOL_PROCESS.value, pid)
+                tool = cast(asyncio.Transport, transport)
+                tool.write(encode_frame(refused(Code.TOOL_PROCESS)))
+                # Half-close and linger (its bytes are discarded: ``self.peer`` stays
+                # None): closing at once would fail the client's hello write before it
+                # reads the refusal. Closed when the client closes, or after 2 s.
+                tool.write_eof()
+                asyncio.get_running_loop().call_later(2.0, tool.close)
                 return
         # uvloop's transports implement asyncio.Transport without subclassing it.
         connection = cast(Transport, transport)

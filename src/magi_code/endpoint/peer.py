@@ -4,6 +4,10 @@ The daemon checks the connecting client's UID before reading a byte; the client 
 daemon's UID before sending one. Works on a plain ``socket.socket`` and on what asyncio or
 uvloop transports return from ``get_extra_info("socket")`` (both expose ``getsockopt`` and
 ``fileno``). Any failure to read credentials counts as a foreign peer in :func:`check_peer`.
+
+:func:`peer_pid` reads the connecting process's PID from the same credentials (Linux
+``SO_PEERCRED``, macOS ``LOCAL_PEERPID``), for the daemon's tool barrier
+(:mod:`magi_code.endpoint.ancestry`); it is None where the platform does not say.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ _XUCRED_SIZE: Final = 76
 _XUCRED_VERSION: Final = 0
 _SOL_LOCAL: Final = 0
 _LOCAL_PEERCRED: Final = 0x001
+# macOS: the pid_t of the process that connected (LOCAL_PEERPID in <sys/un.h>).
+_LOCAL_PEERPID: Final = 0x002
+_PID: Final = struct.Struct("=i")
 # A plain str so the BSD/macOS branch stays type-checked when mypy runs on Linux.
 _PLATFORM: str = sys.platform
 
@@ -51,6 +58,27 @@ def peer_uid(sock: SocketLike) -> int:
     raise PeerCredentialsUnavailable("peer credentials are not supported on this platform")
 
 
+def peer_pid(sock: SocketLike) -> int | None:
+    """The PID of the process that connected, or None when the platform cannot say.
+
+    None also for a PID of 0: the kernel reports that for a peer outside our PID
+    namespace, which is no process we could look up.
+    """
+    try:
+        if _PLATFORM.startswith("linux"):
+            pid, _uid, _gid = _linux_ucred(sock)
+        elif _PLATFORM == "darwin":
+            raw = _local_option(sock, "LOCAL_PEERPID", _LOCAL_PEERPID, _PID.size)
+            if len(raw) != _PID.size:
+                return None
+            (pid,) = _PID.unpack(raw)
+        else:
+            return None
+    except PeerCredentialsUnavailable:
+        return None
+    return int(pid) if pid > 0 else None
+
+
 def check_peer(sock: SocketLike) -> bool:
     """True only when the peer runs as our effective UID (fails closed)."""
     try:
@@ -59,24 +87,35 @@ def check_peer(sock: SocketLike) -> bool:
         return False
 
 
-def _linux_peer_uid(sock: SocketLike) -> int:
+def _linux_ucred(sock: SocketLike) -> tuple[int, int, int]:
+    """The peer's ``struct ucred`` (pid, uid, gid) from ``SO_PEERCRED``."""
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     except OSError:
         raise PeerCredentialsUnavailable("SO_PEERCRED failed") from None
     if len(raw) != _UCRED.size:
         raise PeerCredentialsUnavailable("SO_PEERCRED returned an unexpected size")
-    _pid, uid, _gid = _UCRED.unpack(raw)
-    return int(uid)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return int(pid), int(uid), int(gid)
+
+
+def _linux_peer_uid(sock: SocketLike) -> int:
+    _pid, uid, _gid = _linux_ucred(sock)
+    return uid
+
+
+def _local_option(sock: SocketLike, name: str, default: int, size: int) -> bytes:
+    """A ``SOL_LOCAL`` socket option (BSD/macOS ``LOCAL_PEERCRED``, ``LOCAL_PEERPID``)."""
+    level = getattr(socket, "SOL_LOCAL", _SOL_LOCAL)
+    option = getattr(socket, name, default)
+    try:
+        return sock.getsockopt(level, option, size)
+    except OSError:
+        raise PeerCredentialsUnavailable(f"{name} failed") from None
 
 
 def _xucred_peer_uid(sock: SocketLike) -> int:
-    level = getattr(socket, "SOL_LOCAL", _SOL_LOCAL)
-    option = getattr(socket, "LOCAL_PEERCRED", _LOCAL_PEERCRED)
-    try:
-        raw = sock.getsockopt(level, option, _XUCRED_SIZE)
-    except OSError:
-        raise PeerCredentialsUnavailable("LOCAL_PEERCRED failed") from None
+    raw = _local_option(sock, "LOCAL_PEERCRED", _LOCAL_PEERCRED, _XUCRED_SIZE)
     if len(raw) < _XUCRED_HEAD.size:
         raise PeerCredentialsUnavailable("LOCAL_PEERCRED returned an unexpected size")
     version, uid = _XUCRED_HEAD.unpack_from(raw)

@@ -43,6 +43,7 @@ class Code(StrEnum):
     WRONG_HOME = "wrong_home"
     DRAINING = "draining"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    TOOL_PROCESS = "tool_process"
     # fatal (``error``)
     FRAMING_ERROR = "framing_error"
     UNKNOWN_FRAME = "unknown_frame"
@@ -67,6 +68,7 @@ MESSAGES: Final[dict[Code, str]] = {
     Code.WRONG_HOME: "this daemon serves another MC_HOME",
     Code.DRAINING: "the daemon is stopping; retry",
     Code.TOO_MANY_CONNECTIONS: "the daemon has too many connections; retry later",
+    Code.TOOL_PROCESS: "connections from the agent's tool processes are refused",
     Code.FRAMING_ERROR: "invalid frame",
     Code.UNKNOWN_FRAME: "unknown frame type",
     Code.PROTOCOL_ERROR: "frame not valid in this state",

@@ -7,9 +7,11 @@ credential variable the service reads. What a developer's tools need (``PATH``, 
 ``LANG``, toolchain variables) is kept.
 
 Stripping ``MC_HOME`` means a ``magi-code`` started by a tool falls back to the default
-home: it does not inherit a non-default daemon, but with the default home it can still
-reach the user's daemon like any other process of that user (the daemon's peer-UID check
-admits same-UID peers). Stripping is about not handing children the keys, not a sandbox.
+home: it does not inherit a non-default daemon. A daemon refuses connections from its own
+tools' processes whatever home they name (the tool barrier,
+:mod:`magi_code.endpoint.ancestry`); a tool run by an embedded service descends from no
+daemon and reaches the user's daemon like any other process of that user. Stripping is
+about not handing children the keys, not a sandbox.
 
 The daemon's *own* environment is the opposite rule, an allow-list
 (:func:`daemon_environment`): what the process needs to run Python, find its runtime

@@ -1,0 +1,248 @@
+"""The daemon refuses its own tool processes (issue #13 item 5, ``docs/unix-daemon.md``).
+
+The model's shell tool runs, as the user, scripts that find the daemon's socket the way
+an attacker would (``daemon.json`` names it; the test hands the path over explicitly) and
+try to drive it: a raw v2 control ``stop``, one that writes and exits without waiting,
+a burst of 64 of those from a process that exits at once (accepted after it is gone),
+``magi-code daemon stop``/``status`` and a stdio shim with ``MC_HOME`` set by hand. Each
+is refused with ``tool_process`` before the daemon reads a byte; the daemon keeps
+serving, the turn completes, and the same script run by a process that is not the
+daemon's descendant is admitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.process.daemon.support import status
+from tests.process.turn_support import run_turn, write_settings
+from tests.support import service
+from tests.support.fake_providers import FakeProviderServer, FakeToolCall, RecordedRequest, Reply
+from tests.support.service import running_service
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith(("linux", "darwin")), reason="needs the peer's pid"
+)
+
+# Connects to the socket in argv[1] as a control client of the home in argv[2], sends
+# argv[3] ("stop" or "status") and prints every frame it gets back as one JSON line.
+# With argv[4] == "no-wait" it writes its frames and exits at once.
+CLIENT = """
+import json, os, socket, sys
+from magi_code.protocol.frames import FrameDecoder, encode_frame
+from magi_code.protocol.v2 import Launch, hello
+
+path, home, op = sys.argv[1:4]
+wait = sys.argv[4:] != ["no-wait"]
+frames = []
+if sys.argv[4:] == ["burst"]:
+    # Write hello and the operation on many connections, then exit at once: most are
+    # accepted after this process is gone.
+    data = encode_frame(hello("control", Launch(home, "", {}), "barrier-test", "0"))
+    data += encode_frame({"t": "control", "id": 1, "op": op})
+    held = []
+    for _ in range(64):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass
+        held.append(sock)
+    os._exit(0)
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    sock.settimeout(20)
+    sock.connect(path)
+    try:
+        sock.sendall(
+            encode_frame(hello("control", Launch(home, "", {}), "barrier-test", "0"))
+            + encode_frame({"t": "control", "id": 1, "op": op})
+        )
+    except OSError as exc:  # the daemon may have closed already
+        frames.append({"send_error": type(exc).__name__})
+    decoder = FrameDecoder()
+    while wait:
+        try:
+            chunk = sock.recv(65536)
+        except OSError as exc:
+            frames.append({"recv_error": type(exc).__name__})
+            break
+        if not chunk:
+            break
+        frames.extend(decoder.feed(chunk))
+        if any(f.get("t") in ("control_result", "refused") for f in frames):
+            break
+print("FRAMES " + json.dumps(frames, sort_keys=True), flush=True)
+"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviderServer]:
+    with FakeProviderServer() as server:
+        yield server
+
+
+def _shell(call_id: str, command: str) -> FakeToolCall:
+    return FakeToolCall(call_id, "shell", json.dumps({"command": command}))
+
+
+def _tool_outputs(request: RecordedRequest) -> dict[str, str]:
+    """The tool results an openai-chat request carries, by tool call id."""
+    body = orjson.loads(request.body)
+    return {
+        message["tool_call_id"]: str(message["content"])
+        for message in body["messages"]
+        if message.get("role") == "tool"
+    }
+
+
+def _frames(output: str) -> list[dict[str, Any]]:
+    """What the client script printed: the frames it received, and any send/recv error."""
+    (line,) = [line for line in output.splitlines() if line.startswith("FRAMES ")]
+    frames: list[dict[str, Any]] = json.loads(line.removeprefix("FRAMES "))
+    return frames
+
+
+def _recorded_socket(home: Path) -> str:
+    """Where an attacker finds the socket: ``daemon.json``."""
+    info = json.loads((home / "run" / "daemon.json").read_text())
+    path = info["socket"]
+    assert isinstance(path, str) and Path(path).exists()
+    return path
+
+
+async def test_tool_processes_are_refused_and_the_daemon_keeps_serving(
+    home: Path, project: Path, tmp_path: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    py = shlex.quote(sys.executable)
+    async with running_service(home, project) as svc:
+        daemon = await asyncio.to_thread(status, home)
+        assert daemon["running"] is True and "instance_id" in daemon, daemon
+        sock = _recorded_socket(home)
+        client = f"{py} {shlex.quote(str(script))} {shlex.quote(sock)} {shlex.quote(str(home))}"
+        by_hand = f"MC_HOME={shlex.quote(str(home))} MC_SERVICE_MODE=daemon {py} -m magi_code"
+        fake.enqueue(
+            Reply(
+                text=[],
+                tool_calls=[
+                    _shell("raw-stop", f"{client} stop"),
+                    _shell("raw-status", f"{client} status"),
+                    _shell("fire-and-forget", f"{client} stop no-wait; sleep 1"),
+                    _shell("burst", f"{client} stop burst; echo exit=$?; sleep 1"),
+                    _shell("cli-stop", f"{by_hand} daemon stop; echo exit=$?"),
+                    _shell("cli-status", f"{by_hand} daemon status --json; echo exit=$?"),
+                    _shell("shim", f"{by_hand} --app service </dev/null; echo exit=$?"),
+                ],
+            ),
+            Reply(text=["the daemon said no"]),
+        )
+        _, turn = await run_turn(svc, "drive the daemon from a tool")
+        assert turn.terminal["status"] == "completed", turn.terminal
+
+        # Still the same daemon, and a normal client (this test) is served.
+        after = await asyncio.to_thread(status, home)
+        assert after["running"] is True and after.get("responding") is not False, after
+        assert (after["pid"], after["instance_id"]) == (daemon["pid"], daemon["instance_id"])
+        assert after["clients"] == 1  # the shim of this test, nothing left by the tools
+
+        # The same raw client, run by a process that does not descend from the daemon.
+        admitted = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, str(script), sock, str(home), "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert admitted.returncode == 0, admitted.stderr
+        answered = _frames(admitted.stdout)
+        assert [frame["t"] for frame in answered] == ["welcome", "control_result"], answered
+        assert answered[1]["result"]["pid"] == daemon["pid"]
+
+        # The session goes on: a second turn on the same connection completes.
+        fake.enqueue(Reply(text=["still here"]))
+        _, again = await run_turn(svc, "and now?")
+        assert again.terminal["status"] == "completed", again.terminal
+
+    outputs = _tool_outputs(fake.requests[1])
+    refusal = {
+        "t": "refused",
+        "code": "tool_process",
+        "message": "connections from the agent's tool processes are refused",
+    }
+    # Exactly the refusal, and no send error: the daemon keeps the socket open until the
+    # client has written its hello and read the answer.
+    for call_id in ("raw-stop", "raw-status"):
+        assert _frames(outputs[call_id]) == [refusal], outputs[call_id]
+    assert _frames(outputs["fire-and-forget"]) == []  # wrote hello + stop, did not wait
+    assert "exit=0" in outputs["burst"], outputs["burst"]
+    reason = (
+        "the daemon refused the connection (tool_process): commands run by the agent's "
+        "tools cannot use the daemon"
+    )
+    stop_out = outputs["cli-stop"]
+    assert f"magi-code: cannot stop the daemon: {reason}" in stop_out, stop_out
+    assert "exit=1" in stop_out and "daemon stopped" not in stop_out
+    status_out = outputs["cli-status"]
+    reported = orjson.loads(status_out.splitlines()[0])
+    assert reported["responding"] is False and reason in reported["error"], status_out
+    shim_out = outputs["shim"]
+    shim_lines = [line for line in shim_out.splitlines() if line.startswith("magi-code:")]
+    assert shim_lines == [f"magi-code: cannot reach the daemon: {reason}"], shim_out
+    assert "exit=1" in shim_out
+
+    log = (home / "run" / "daemon.log").read_text()
+    assert log.count("refused a connection code=tool_process") >= 6 + 64, log
+
+
+async def test_tool_children_see_no_daemon_variable_or_socket_path(
+    home: Path, project: Path, fake: FakeProviderServer, runtime_dir: Path
+) -> None:
+    write_settings(home, fake)
+    fake.enqueue(
+        Reply(text=[], tool_calls=[_shell("env", "env; echo ENV-END")]),
+        Reply(text=["seen"]),
+    )
+    launch = {
+        "MC_DAEMON_IDLE_SECONDS": "300",
+        "MC_RUNTIME_DIR": str(runtime_dir),
+        "MC_DAEMON_SOCKET": str(runtime_dir / "planted.sock"),
+    }
+    async with running_service(home, project, launch) as svc:
+        sock = _recorded_socket(home)
+        assert Path(sock).parent == runtime_dir
+        _, turn = await run_turn(svc, "dump the environment")
+        assert turn.terminal["status"] == "completed", turn.terminal
+    dumped = _tool_outputs(fake.requests[1])["env"]
+    assert "ENV-END" in dumped and "PATH=" in dumped, dumped
+    names = {line.partition("=")[0] for line in dumped.splitlines() if "=" in line}
+    assert not {name for name in names if name.startswith("MC_")}, names
+    for needle in (sock, str(runtime_dir), str(home), ".sock"):
+        assert needle not in dumped, needle
+
+
+@pytest.fixture
+def runtime_dir(home: Path) -> Iterator[Path]:
+    """A private ``MC_RUNTIME_DIR`` with a short path (the socket path must fit 100 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="mc-barrier-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        # Stopped (through daemon.json's socket path) before its socket directory goes.
+        service.stop_daemon(home)
+        shutil.rmtree(path, ignore_errors=True)
