@@ -19,6 +19,7 @@ _EXCLUSIVE_WITH_APP = (
     "resume",
     "json",
     "print_unit",
+    "force",
     "on_demand",
     "ready_fd",
 )
@@ -40,11 +41,16 @@ def _parser() -> argparse.ArgumentParser:
         "--print", dest="print_unit", action="store_true", help="daemon install: print only"
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="daemon install: replace a different unit file; uninstall: remove it anyway",
+    )
+    parser.add_argument(
         "--on-demand", dest="on_demand", action="store_true", help=argparse.SUPPRESS
     )
     parser.add_argument("--ready-fd", dest="ready_fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
-        "command", nargs="*", help="subcommand: daemon start|stop|status|run|install"
+        "command", nargs="*", help="subcommand: daemon start|stop|status|run|install|uninstall"
     )
     return parser
 
@@ -102,7 +108,7 @@ def _run_daemon_command(args: argparse.Namespace) -> int:
     action = args.command[1]
     if action == "run":
         return commands.run(ctx, on_demand=args.on_demand, ready_fd=args.ready_fd)
-    return commands.main(ctx, action, json=args.json, print_unit=args.print_unit)
+    return commands.main(ctx, action, json=args.json, print_unit=args.print_unit, force=args.force)
 
 
 def _run_prompt(prompt: str, session: str | None, provider: str | None, model: str | None) -> int:

@@ -3,10 +3,13 @@
 Order (each step only after the previous one succeeded): the environment scrubbed to the
 daemon's allow-list (re-exec'ing once when the starter passed more, see
 :func:`_scrub_environment`); umask 077; private state and
-socket directories; the log; the lifetime lock (waiting a bounded time for a draining
+socket directories; the log (``daemon.log``, or the journal alone when systemd runs the
+daemon); the lifetime lock (waiting a bounded time for a draining
 predecessor); the coordinator; only then remove a stale socket and bind ours (0600, under
 umask 0177), so a socket that accepts always answers at once; ``daemon.json``; serve; on
-exit remove the socket only if it is still ours, and release the lock last. A process that
+exit remove the socket only if it is still ours, and release the lock last. A daemon a
+service manager started tells it ``READY=1`` when it serves and ``STOPPING=1`` when it
+decides to stop (``notify.py``, ``supervised.py``). A process that
 cannot take the lock exits :data:`EXIT_ALREADY_RUNNING` without touching the socket.
 
 :class:`SocketKeeper` is the only code that creates or removes the socket: it touches only
@@ -54,6 +57,7 @@ from magi_code.storage.launch import LaunchContext
 from magi_code.tools.environment import daemon_environment
 from magi_code.version import package_version
 
+from .notify import NOTIFY_ENV, Notifier, stderr_is_journal
 from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
 
 EXIT_ALREADY_RUNNING: Final = 3
@@ -117,6 +121,11 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
     except OSError as exc:
         _ReadyPipe(ready_fd).fail(f"cannot drop the starter's environment: {exc.strerror}")
         return EXIT_UNSAFE
+    # Only a daemon its service manager started talks to it (an on-demand one may have
+    # inherited a frontend's manager variables); no child of ours inherits its socket.
+    notifier = Notifier(None) if on_demand else Notifier.from_environment(ctx.env)
+    journal = not on_demand and stderr_is_journal(ctx.env)
+    os.environ.pop(NOTIFY_ENV, None)
     os.umask(0o077)
     raise_fd_limit()
     if on_demand:
@@ -126,7 +135,7 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
         paths = runtime_paths(ctx)
         ensure_private_dir(paths.state_dir)
         ensure_private_dir(paths.socket_dir)
-        _setup_logging(paths.log)
+        _setup_logging(paths.log, journal=journal)
         lock = _acquire(paths.lock, LOCK_WAIT_SECONDS if on_demand else 0.0)
     except (UnsafeRuntimeDir, OSError) as exc:  # e.g. a read-only MC_HOME
         ready.fail(_describe(exc))
@@ -139,7 +148,7 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
         return EXIT_ALREADY_RUNNING
     keeper = SocketKeeper(ctx, paths, lock)
     try:
-        return _serve(ctx, keeper, on_demand, ready)
+        return _serve(ctx, keeper, on_demand, ready, notifier, journal)
     except (UnsafeRuntimeDir, OSError) as exc:
         log.error("startup failed (%s)", type(exc).__name__)
         ready.fail(_describe(exc))
@@ -206,17 +215,24 @@ class SocketKeeper:
             remove_own_socket(self.paths.socket, self.lock, identity)
 
 
-def _serve(ctx: LaunchContext, keeper: SocketKeeper, on_demand: bool, ready: _ReadyPipe) -> int:
+def _serve(
+    ctx: LaunchContext,
+    keeper: SocketKeeper,
+    on_demand: bool,
+    ready: _ReadyPipe,
+    notifier: Notifier,
+    journal: bool,
+) -> int:
     import uvloop
 
     from magi_code.composition import build_coordinator
 
-    from .server import DaemonServer
+    from .supervised import SupervisedServer
 
     async def main() -> None:
         coordinator = await build_coordinator(ctx, ("unix",))
         sock = keeper.bind()
-        server = DaemonServer(
+        server = SupervisedServer(
             coordinator,
             mc_home=ctx.mc_home,
             socket_path=keeper.paths.socket,
@@ -227,10 +243,17 @@ def _serve(ctx: LaunchContext, keeper: SocketKeeper, on_demand: bool, ready: _Re
             outbound_limit=outbound_limit(ctx),
             client_timeout=client_timeout(ctx),
         )
+        server.notifier = notifier
+        server.log_target = "journal" if journal else None
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, server.request_stop, "signal")
-        await server.serve(sock, ready.ok)
+
+        def on_ready() -> None:  # the socket answers from here on
+            ready.ok()
+            notifier.ready(f"serving (version {package_version()})")
+
+        await server.serve(sock, on_ready)
 
     uvloop.run(main())
     return 0
@@ -294,9 +317,13 @@ def _describe(exc: Exception) -> str:
     return str(exc)
 
 
-def _setup_logging(path: Path) -> None:
-    # Event names and codes only: never environments, request data or provider text. In
-    # the foreground the CLI's stderr handler stays too (the journal under systemd).
+def _setup_logging(path: Path, *, journal: bool) -> None:
+    # Event names and codes only: never environments, request data or provider text.
+    # Under systemd (stderr is the journal stream) the journal alone gets each line, once;
+    # otherwise ``daemon.log``, and in the foreground the CLI's stderr handler stays too.
+    if journal:
+        _log_to_journal()
+        return
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.close(fd)
     handler = logging.handlers.RotatingFileHandler(
@@ -307,6 +334,31 @@ def _setup_logging(path: Path) -> None:
     )
     logging.getLogger().addHandler(handler)
     # Our own lifecycle events at INFO; everything else (httpx logs URLs) stays at WARNING.
+    log.setLevel(logging.INFO)
+
+
+class _JournalFormatter(logging.Formatter):
+    """``<N>`` syslog priority on every line (journald parses it); no timestamps."""
+
+    PRIORITIES: Final = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = self.PRIORITIES.get(record.levelname, 6)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
+
+
+def _log_to_journal() -> None:
+    """The root logger's only stderr handler: the journal's (the CLI's goes)."""
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        if type(existing) is logging.StreamHandler and existing.stream in (
+            sys.stderr,
+            sys.__stderr__,
+        ):
+            root.removeHandler(existing)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
+    root.addHandler(handler)
     log.setLevel(logging.INFO)
 
 

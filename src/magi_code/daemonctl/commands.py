@@ -1,4 +1,4 @@
-"""``magi-code daemon start|stop|status|run|install``: operator commands.
+"""``magi-code daemon start|stop|status|run|install|uninstall``: operator commands.
 
 Messages here are for the operator's terminal and may name files; they never contain
 secrets. Every failure is one ``magi-code: ...`` line on stderr, never a traceback.
@@ -12,7 +12,7 @@ each, so ``stop`` and ``status`` report a daemon that accepts but does not answe
 with SIGSTOP, wedged) within a few seconds; ``stop`` waits up to
 :data:`STARTING_WAIT_SECONDS` for a lock holder that has no socket yet (starting), and up to
 :data:`STOP_TIMEOUT_SECONDS` for a daemon that accepted ``stop`` to drain. Nothing here
-ever kills a process or unlinks a file.
+ever kills a process; only ``uninstall`` unlinks a file (the unit ``install`` wrote).
 """
 
 from __future__ import annotations
@@ -37,10 +37,19 @@ from magi_code.daemon.lifecycle import run_daemon
 from magi_code.endpoint.lock import StartLockTimeout, is_held
 from magi_code.endpoint.paths import RuntimePaths, UnsafeRuntimeDir, read_info, runtime_paths
 from magi_code.protocol.v2 import SUPPORTED_VERSIONS
-from magi_code.storage.files import atomic_write
+from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
 
-from .units import enable_instructions, install_target, render_unit
+from .units import (
+    LAUNCHD_LABEL,
+    SYSTEMD_UNIT_NAME,
+    enable_instructions,
+    enablement_links,
+    install_target,
+    is_our_unit,
+    reload_instructions,
+    render_unit,
+)
 
 ANSWER_TIMEOUT_SECONDS: Final = 3.0
 STARTING_WAIT_SECONDS: Final = 15.0
@@ -52,7 +61,9 @@ EXIT_NOT_RESPONDING: Final = 4  # LSB: status unknown (a live daemon that does n
 FOREIGN_SOCKET: Final = "the socket is served by another user"
 
 
-def main(ctx: LaunchContext, action: str, *, json: bool, print_unit: bool) -> int:
+def main(
+    ctx: LaunchContext, action: str, *, json: bool, print_unit: bool, force: bool = False
+) -> int:
     try:
         if action == "start":
             return _run(_start(ctx))
@@ -61,14 +72,18 @@ def main(ctx: LaunchContext, action: str, *, json: bool, print_unit: bool) -> in
         if action == "status":
             return _run(_status(ctx, json))
         if action == "install":
-            return _install(ctx, print_unit)
+            return _install(ctx, print_unit, force)
+        if action == "uninstall":
+            return _uninstall(ctx, force)
     except UnsafeRuntimeDir as exc:
         return _fail(str(exc), EXIT_UNSAFE)
     except (DaemonError, DaemonUnavailable, StartLockTimeout) as exc:
         return _fail(str(exc))
     except OSError as exc:
         return _fail(_os_reason(exc))
-    return _fail(f"unknown daemon command {action!r}; use start, stop, status, run or install")
+    return _fail(
+        f"unknown daemon command {action!r}; use start, stop, status, run, install or uninstall"
+    )
 
 
 def run(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None) -> int:
@@ -189,7 +204,7 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
         sys.stdout.write(
             f"magi-code daemon running: pid {status['pid']}, version {status['version']}\n"
             f"  socket:  {status['socket']}\n"
-            f"  log:     {status['log']}\n"
+            f"  log:     {_log_where(status['log'])}\n"
             f"  clients: {status.get('clients', '?')}, "
             f"turns: {status.get('active_turns', '?')} "
             f"({status.get('detached_turns', '?')} detached)\n"
@@ -271,8 +286,35 @@ async def _until_closed(client: Any) -> None:
         pass
 
 
-def _install(ctx: LaunchContext, print_only: bool) -> int:
-    platform = "darwin" if sys.platform == "darwin" else "linux"
+def _log_where(log: object) -> str:
+    if log == "journal":  # a daemon run by systemd logs to the journal, not a file
+        return f"journal (journalctl --user -u {SYSTEMD_UNIT_NAME})"
+    return str(log)
+
+
+UNIT_READ_LIMIT: Final = 1 << 20
+
+
+def _platform() -> str:
+    return "darwin" if sys.platform == "darwin" else "linux"
+
+
+def _no_target(platform: str) -> int:
+    names = "HOME is not" if platform == "darwin" else "neither XDG_CONFIG_HOME nor HOME is"
+    return _fail(f"{names} an absolute path; use `magi-code daemon install --print` instead")
+
+
+def _read_unit(path: Path) -> str | None:
+    """The text at ``path`` (through a symlink), or None when it cannot be read as one."""
+    try:
+        return read_regular(path, UNIT_READ_LIMIT, follow_symlinks=True).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _install(ctx: LaunchContext, print_only: bool, force: bool = False) -> int:
+    """Write the unit; an existing file is kept unless it is identical or ``force``."""
+    platform = _platform()
     executable = shutil.which("magi-code", path=ctx.env.get("PATH")) or _sibling_script()
     if executable is None:
         return _fail("cannot find the magi-code executable on PATH")
@@ -280,13 +322,78 @@ def _install(ctx: LaunchContext, print_only: bool) -> int:
     if print_only:
         sys.stdout.write(content)
         return 0
-    home = ctx.env.get("HOME")
-    if not home:
-        return _fail("HOME is not set; use `magi-code daemon install --print` instead")
-    target = install_target(platform, Path(home))
+    target = install_target(platform, ctx.env)
+    if target is None:
+        return _no_target(platform)
+    replaced = os.path.lexists(target)
+    if replaced and _read_unit(target) == content:
+        sys.stdout.write(f"{target} is already installed (unchanged).\n")
+        sys.stdout.write(enable_instructions(platform, target))
+        return 0
+    if replaced and not force:
+        return _fail(
+            f"{target} exists and differs from the unit this would write; nothing was "
+            "changed (compare with `magi-code daemon install --print`, or use --force)"
+        )
     atomic_write(target, content.encode(), 0o644)
+    sys.stdout.write(f"{'Replaced' if replaced else 'Installed'} {target}.\n")
     sys.stdout.write(enable_instructions(platform, target))
+    if replaced:
+        sys.stdout.write(reload_instructions(platform, target))
     return 0
+
+
+def _uninstall(ctx: LaunchContext, force: bool) -> int:
+    """Remove the unit ``install`` wrote (any file there with ``force``), and what it made.
+
+    systemd: an enabled unit (a ``*.wants`` link to it) is refused unless ``force``,
+    which removes those links too; then the ``systemd/user`` and ``systemd`` directories
+    under the config home are removed if they are empty (never the config home itself).
+    """
+    platform = _platform()
+    target = install_target(platform, ctx.env)
+    if target is None:
+        return _no_target(platform)
+    if not os.path.lexists(target):
+        sys.stdout.write(f"No magi-code unit is installed at {target}; nothing to do.\n")
+        return 0
+    content = _read_unit(target)
+    if not force and (content is None or not is_our_unit(content)):
+        what = "cannot be read as a unit" if content is None else "was not written by magi-code"
+        return _fail(f"{target} {what}; nothing was removed (use --force to remove it anyway)")
+    links = enablement_links(target) if platform == "linux" else []
+    if links and not force:
+        return _fail(
+            f"{SYSTEMD_UNIT_NAME} is enabled ({links[0]}); run `systemctl --user disable "
+            f"--now {SYSTEMD_UNIT_NAME}` first (or use --force); nothing was removed"
+        )
+    for link in links:
+        os.unlink(link)
+        sys.stdout.write(f"Removed {link}\n")
+        _remove_if_empty(link.parent)
+    os.unlink(target)
+    sys.stdout.write(f"Removed {target}\n")
+    if platform == "darwin":
+        sys.stdout.write(
+            f"If it is loaded, unload it with:\n  launchctl bootout gui/$(id -u)/{LAUNCHD_LABEL}\n"
+        )
+        return 0
+    for directory in (target.parent, target.parent.parent):  # systemd/user, systemd
+        _remove_if_empty(directory)
+    sys.stdout.write("Then reload systemd's user manager:\n  systemctl --user daemon-reload\n")
+    if links:
+        sys.stdout.write(
+            f"A daemon it started runs until: systemctl --user stop {SYSTEMD_UNIT_NAME}\n"
+        )
+    return 0
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:
+        return  # not empty (or not ours to remove): kept
+    sys.stdout.write(f"Removed empty directory {directory}\n")
 
 
 def _sibling_script() -> str | None:

@@ -2,8 +2,17 @@
 
 No socket activation: the daemon binds its own socket under the lifetime lock, which stays
 the single launch authority whether systemd, launchd or an on-demand client starts it
-(GnuPG dropped its socket units for exactly this race, T6336). A clean idle exit (status 0)
-stays down; a crash is restarted.
+(GnuPG dropped its socket units for exactly this race, T6336).
+
+The systemd unit is ``Type=notify``: the daemon says ``READY=1`` once its socket answers
+and ``STOPPING=1`` when it decides to stop (``daemon/notify.py``). Exit statuses: 0 (a
+clean stop or idle exit) stays down; 75 (stopped to be replaced) is clean and restarted;
+2 (unusable runtime directory) and 3 (another daemon holds the lock) are failures that
+are never restarted, since restarting cannot fix either; anything else, a crash
+included, is restarted. launchd has no per-status rule: see ``docs/unix-daemon.md``.
+
+Every rendered unit carries :data:`UNIT_MARKER` near its top: ``daemon uninstall``
+removes only a file that does.
 
 The files shipped in ``systemd/`` and ``launchd/`` are :func:`render_unit` output for the
 placeholders in :data:`SHIPPED_PLACEHOLDERS` (a test keeps them identical).
@@ -11,10 +20,14 @@ placeholders in :data:`SHIPPED_PLACEHOLDERS` (a test keeps them identical).
 
 from __future__ import annotations
 
+import os
 import plistlib
 import shlex
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Final
+
+from magi_code.daemon.lifecycle import EXIT_ALREADY_RUNNING, EXIT_UNSAFE
 
 SYSTEMD_UNIT_NAME: Final = "magi-code.service"
 LAUNCHD_LABEL: Final = "com.magi-code.daemon"
@@ -23,6 +36,16 @@ SYSTEMD_ENABLE_COMMAND: Final = (
     f"systemctl --user daemon-reload && systemctl --user enable --now {SYSTEMD_UNIT_NAME}"
 )
 STOP_TIMEOUT_SECONDS: Final = 120  # SIGTERM drains turns and persists terminal records
+RESTART_SECONDS: Final = 2
+# lifecycle.EXIT_RESTART (EX_TEMPFAIL): the daemon stopped to be replaced by a newer
+# build or by ``daemon restart``; the service manager starts it again.
+EXIT_RESTART: Final = 75
+# launchd respawns a job at most this often (and one that ran shorter only this long
+# after it started): a daemon that exits 2 or 3 at once is retried twice a minute.
+LAUNCHD_THROTTLE_SECONDS: Final = 30
+# Stable across versions: ``daemon uninstall`` removes only a file with this comment.
+UNIT_MARKER: Final = "magi-code-unit: written by magi-code daemon install (uninstall removes it)"
+_MARKER_LINES: Final = (f"# {UNIT_MARKER}", f"<!-- {UNIT_MARKER} -->")
 
 SHIPPED_PLACEHOLDERS: Final[dict[str, tuple[str, PurePosixPath]]] = {
     "linux": ("/usr/local/bin/magi-code", PurePosixPath("/home/USER/.magi-code")),
@@ -46,20 +69,61 @@ def render_unit(platform: str, executable: str, mc_home: PurePosixPath | Path) -
     raise ValueError("no service-manager unit for this platform")
 
 
-def install_target(platform: str, home: Path) -> Path:
-    """Where the unit goes for the user whose home directory is ``home``."""
-    if platform == "linux":
-        return home / ".config" / "systemd" / "user" / SYSTEMD_UNIT_NAME
+def install_target(platform: str, env: Mapping[str, str]) -> Path | None:
+    """Where the unit goes for the user of ``env``; None when it names no usable home.
+
+    Linux: ``$XDG_CONFIG_HOME/systemd/user/`` when that is absolute (the XDG rule: a
+    relative value is ignored), else ``$HOME/.config/systemd/user/``. macOS:
+    ``$HOME/Library/LaunchAgents/``.
+    """
+    if platform not in ("linux", "darwin"):
+        raise ValueError("no service-manager unit for this platform")
+    home = env.get("HOME", "")
+    home_path = Path(home) if os.path.isabs(home) else None
     if platform == "darwin":
-        return home / "Library" / "LaunchAgents" / LAUNCHD_PLIST_NAME
-    raise ValueError("no service-manager unit for this platform")
+        return (
+            None if home_path is None else home_path / "Library/LaunchAgents" / LAUNCHD_PLIST_NAME
+        )
+    xdg = env.get("XDG_CONFIG_HOME", "")
+    config = Path(xdg) if os.path.isabs(xdg) else None
+    if config is None and home_path is not None:
+        config = home_path / ".config"
+    return None if config is None else config / "systemd" / "user" / SYSTEMD_UNIT_NAME
+
+
+def is_our_unit(content: str) -> bool:
+    """True when ``content`` carries the marker every rendered unit has near its top."""
+    return any(line.strip() in _MARKER_LINES for line in content.splitlines()[:4])
+
+
+def enablement_links(target: Path) -> list[Path]:
+    """The ``*.wants``/``*.requires`` symlinks beside ``target`` that point at it.
+
+    ``systemctl --user enable`` makes one (``default.target.wants/magi-code.service``)
+    for the ``WantedBy=`` line; a link to another file of that name is not ours.
+    """
+    links: list[Path] = []
+    try:
+        entries = sorted(target.parent.iterdir())
+    except OSError:
+        return links
+    for directory in entries:
+        if not directory.name.endswith((".wants", ".requires")):
+            continue
+        link = directory / target.name
+        try:
+            pointee = os.readlink(link)
+        except OSError:
+            continue  # no such entry, or not a symlink
+        if os.path.normpath(os.path.join(directory, pointee)) == os.path.normpath(target):
+            links.append(link)
+    return links
 
 
 def enable_instructions(platform: str, target: Path) -> str:
     """Human instructions to load the installed unit at ``target``."""
     if platform == "linux":
         return (
-            f"Installed {target}.\n"
             "Enable and start it with:\n"
             f"  {SYSTEMD_ENABLE_COMMAND}\n"
             "To keep turns running after you log out:\n"
@@ -67,7 +131,6 @@ def enable_instructions(platform: str, target: Path) -> str:
         )
     if platform == "darwin":
         return (
-            f"Installed {target}.\n"
             "Load and start it with:\n"
             f"  launchctl bootstrap gui/$(id -u) {shlex.quote(str(target))}\n"
             "Restart it later with:\n"
@@ -76,8 +139,25 @@ def enable_instructions(platform: str, target: Path) -> str:
     raise ValueError("no service-manager unit for this platform")
 
 
+def reload_instructions(platform: str, target: Path) -> str:
+    """How to apply a replaced unit to a daemon the service manager already runs."""
+    if platform == "linux":
+        return (
+            "If it is running, apply the new unit with:\n"
+            f"  systemctl --user daemon-reload && systemctl --user restart {SYSTEMD_UNIT_NAME}\n"
+        )
+    if platform == "darwin":
+        return (
+            "If it is loaded, apply the new file with:\n"
+            f"  launchctl bootout gui/$(id -u)/{LAUNCHD_LABEL}\n"
+            f"  launchctl bootstrap gui/$(id -u) {shlex.quote(str(target))}\n"
+        )
+    raise ValueError("no service-manager unit for this platform")
+
+
 def _systemd_unit(executable: str, mc_home: str) -> str:
     return (
+        f"# {UNIT_MARKER}\n"
         "# magi-code per-user daemon. Install: magi-code daemon install\n"
         "# (or copy to ~/.config/systemd/user/ and edit the paths), then:\n"
         f"#   {SYSTEMD_ENABLE_COMMAND}\n"
@@ -87,11 +167,18 @@ def _systemd_unit(executable: str, mc_home: str) -> str:
         "Description=magi-code per-user agent daemon\n"
         "\n"
         "[Service]\n"
-        "Type=simple\n"
+        # READY=1 once the socket answers, STOPPING=1 when it stops (NotifyAccess=main).
+        "Type=notify\n"
         f"ExecStart={_systemd_exec_word(executable)} daemon run\n"
         f"Environment={_systemd_quote('MC_HOME=' + mc_home, dollar=False)}\n"
+        "# Exit 0 (stopped, idle) stays down; 75 (stopped to be replaced) is clean and\n"
+        "# restarted; 2 (unusable runtime directory) and 3 (another daemon holds the lock)\n"
+        "# are not restarted; a crash or any other exit is.\n"
         "Restart=on-failure\n"
-        "RestartSec=2\n"
+        f"RestartSec={RESTART_SECONDS}\n"
+        f"RestartPreventExitStatus={EXIT_UNSAFE} {EXIT_ALREADY_RUNNING}\n"
+        f"RestartForceExitStatus={EXIT_RESTART}\n"
+        f"SuccessExitStatus={EXIT_RESTART}\n"
         # SIGTERM to the daemon alone (it cancels its tools); leftovers get SIGKILL after it exits.
         "KillMode=mixed\n"
         f"TimeoutStopSec={STOP_TIMEOUT_SECONDS}\n"
@@ -121,11 +208,17 @@ def _launchd_plist(executable: str, mc_home: str) -> str:
         "ProgramArguments": [executable, "daemon", "run"],
         "EnvironmentVariables": {"MC_HOME": mc_home},
         "RunAtLoad": True,
-        # Restart after a crash or a failing exit; a clean idle exit stays down.
+        # Restart after a crash or any non-zero exit (75 included; 2 and 3 too, since
+        # launchd has no per-status rule: throttled); a clean idle exit stays down.
         "KeepAlive": {"Crashed": True, "SuccessfulExit": False},
+        "ThrottleInterval": LAUNCHD_THROTTLE_SECONDS,
+        # Tools the user waits for (builds, tests) must not run throttled as Background.
         "ProcessType": "Interactive",
         "ExitTimeOut": STOP_TIMEOUT_SECONDS,
+        "Umask": 0o077,  # plists have no octal: written as 63
         "StandardOutPath": f"{mc_home}/launchd.log",
         "StandardErrorPath": f"{mc_home}/launchd.log",
     }
-    return plistlib.dumps(plist, fmt=plistlib.FMT_XML, sort_keys=False).decode("utf-8")
+    text = plistlib.dumps(plist, fmt=plistlib.FMT_XML, sort_keys=False).decode("utf-8")
+    head, sep, body = text.partition("<plist ")
+    return f"{head}<!-- {UNIT_MARKER} -->\n{sep}{body}"

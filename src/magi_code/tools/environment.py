@@ -2,9 +2,10 @@
 
 Children run model-chosen commands as our own user, so anything that lets them find and
 drive the service is removed: the daemon socket and runtime directory overrides, the
-service's own switches, ``MC_HOME`` (the runtime home a daemon is keyed on), and every
-credential variable the service reads. What a developer's tools need (``PATH``, ``HOME``,
-``LANG``, toolchain variables) is kept.
+service's own switches, ``MC_HOME`` (the runtime home a daemon is keyed on), a service
+manager's ``NOTIFY_SOCKET`` and ``JOURNAL_STREAM``, and every credential variable the
+service reads. What a developer's tools need (``PATH``, ``HOME``, ``LANG``, toolchain
+variables) is kept.
 
 Stripping ``MC_HOME`` means a ``magi-code`` started by a tool falls back to the default
 home: it does not inherit a non-default daemon. A daemon refuses connections from its own
@@ -15,10 +16,10 @@ about not handing children the keys, not a sandbox.
 
 The daemon's *own* environment is the opposite rule, an allow-list
 (:func:`daemon_environment`): what the process needs to run Python, find its runtime
-files and read its ``MC_DAEMON_*`` settings. Every request uses its connection's launch
-environment, so nothing a starter brought along (API keys, tokens, proxy credentials) has
-any use in the daemon, and keeping it would expose it for the daemon's whole life
-(``/proc/<pid>/environ``).
+files, read its ``MC_DAEMON_*`` settings and talk to the service manager that started it.
+Every request uses its connection's launch environment, so nothing a starter brought
+along (API keys, tokens, proxy credentials) has any use in the daemon, and keeping it
+would expose it for the daemon's whole life (``/proc/<pid>/environ``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ STRIPPED_NAMES: Final = frozenset(
         "ANTHROPIC_API_KEY",
         "ANTHROPIC_AUTH_TOKEN",
         "OPENAI_API_KEY",
+        # A service manager's channels to the service it started: never a tool's.
+        "NOTIFY_SOCKET",
+        "JOURNAL_STREAM",
     }
 )
 STRIPPED_PREFIXES: Final = ("MC_DAEMON_", "MC_SERVICE_", "MC_CODEX_")
@@ -87,6 +91,9 @@ DAEMON_NAMES: Final = frozenset(
         "LD_LIBRARY_PATH",
         "DYLD_LIBRARY_PATH",
         "DYLD_FALLBACK_LIBRARY_PATH",
+        # systemd's readiness socket and journal stream, kept across the re-exec.
+        "NOTIFY_SOCKET",
+        "JOURNAL_STREAM",
     }
 )
 DAEMON_PREFIXES: Final = ("LC_", "MC_DAEMON_")

@@ -218,11 +218,13 @@ def test_status_json_reports_a_stopped_daemon_with_exit_zero(home: Path) -> None
 def test_install_prints_or_writes_the_user_unit(home: Path, tmp_path: Path) -> None:
     user_home = tmp_path / "installer-home"
     user_home.mkdir()
-    printed = cli(home, "daemon", "install", "--print", extra={"HOME": str(user_home)})
+    # Never the runner's own XDG_CONFIG_HOME: install would write there.
+    extra = {"HOME": str(user_home), "XDG_CONFIG_HOME": ""}
+    printed = cli(home, "daemon", "install", "--print", extra=extra)
     assert printed.returncode == 0, printed.stderr
     assert "daemon run" in printed.stdout and str(home) in printed.stdout
     assert not any(user_home.rglob("*.service"))
-    written = cli(home, "daemon", "install", extra={"HOME": str(user_home)})
+    written = cli(home, "daemon", "install", extra=extra)
     assert written.returncode == 0, written.stderr
     (unit,) = user_home.rglob("magi-code*.service")
     text = unit.read_text()
