@@ -50,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ready-fd", dest="ready_fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
-        "command", nargs="*", help="subcommand: daemon start|stop|status|run|install|uninstall"
+        "command",
+        nargs="*",
+        help="subcommand: daemon start|stop|restart|status|run|install|uninstall",
     )
     return parser
 

@@ -24,6 +24,7 @@ from magi_code.daemon.server import DaemonServer
 from magi_code.protocol.v2 import Role
 from magi_code.shim.bridge import Bridge
 from magi_code.storage.launch import LaunchContext
+from magi_code.version import build_id
 
 from .service import STEP_TIMEOUT, service_env
 
@@ -45,13 +46,17 @@ class InMemoryDaemon:
             mc_home=home,
             socket_path=home / "in-memory",
             version="test",
+            build_id=build_id(),
             idle_seconds=None,
             mode="foreground",
         )
         return cls(server, ctx)
 
     async def channel(
-        self, role: Role = "persistent", options: Mapping[str, Any] | None = None
+        self,
+        role: Role = "persistent",
+        options: Mapping[str, Any] | None = None,
+        build: str | None = None,
     ) -> Channel:
         reader, writer = memory.connect(self.server)
         launch = None if role == "control" else self.ctx
@@ -61,6 +66,7 @@ class InMemoryDaemon:
             role,
             launch,
             options=options,
+            build=build,
         )
 
     async def client(self, role: Role = "persistent") -> Client:

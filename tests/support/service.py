@@ -93,7 +93,8 @@ def service_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str,
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("MC_", "ANTHROPIC_", "OPENAI_", "XDG_RUNTIME_DIR"))
+        if not k.startswith(("MC_", "ANTHROPIC_", "OPENAI_", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"))
+        and k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")
         and not k.upper().endswith("_PROXY")
         and not k.upper().startswith("SSL_CERT_")
     }

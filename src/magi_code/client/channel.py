@@ -30,7 +30,9 @@ from magi_code.version import package_version
 
 from .errors import DaemonDraining, DaemonError, DaemonTimeout, DaemonUnavailable, ForeignDaemon
 
-CONNECT_TIMEOUT = 10.0
+# A daemon that accepted the connection answers hello in milliseconds; one that does not
+# within this bound is stopped (SIGSTOP) or wedged.
+CONNECT_TIMEOUT = 3.0
 READ_CHUNK = 65536
 
 
@@ -73,10 +75,14 @@ class Channel:
         client_name: str = "magi_code.client",
         timeout: float = CONNECT_TIMEOUT,
         options: Mapping[str, Any] | None = None,
+        build: str | None = None,
     ) -> Channel:
         """Connect, check the daemon's UID before writing a byte, and do the handshake.
 
         ``options`` go into ``hello`` (RFC-0002 §3), e.g. ``{"delta_interval_ms": 50}``.
+        ``build`` (this client's ``build_id``) asks a daemon of another build to make way
+        (RFC-0002 §3): an idle one refuses as ``draining`` and stops, a busy one serves
+        and stops once idle.
         """
         try:
             verify_private_dir(socket_path.parent)
@@ -106,7 +112,14 @@ class Channel:
             writer.close()
             raise ForeignDaemon("the socket is served by another user; refusing to use it")
         return await cls.handshake(
-            reader, writer, role, launch, client_name=client_name, timeout=timeout, options=options
+            reader,
+            writer,
+            role,
+            launch,
+            client_name=client_name,
+            timeout=timeout,
+            options=options,
+            build=build,
         )
 
     @classmethod
@@ -120,6 +133,7 @@ class Channel:
         client_name: str = "magi_code.client",
         timeout: float = CONNECT_TIMEOUT,
         options: Mapping[str, Any] | None = None,
+        build: str | None = None,
     ) -> Channel:
         """Say hello on an already connected stream and wait for ``welcome``.
 
@@ -128,7 +142,7 @@ class Channel:
         """
         channel = cls(reader, writer, {})
         launch_frame = None if launch is None else launch_of(launch)
-        frame = hello(role, launch_frame, client_name, package_version(), options)
+        frame = hello(role, launch_frame, client_name, package_version(), options, build)
 
         async def exchange() -> dict[str, Any] | None:
             await channel.send(frame)

@@ -28,6 +28,7 @@ from magi_code.protocol import envelope
 from magi_code.protocol.frames import FrameError
 from magi_code.protocol.v2 import MAX_FILTER_TURN_IDS, MESSAGES, SERVER_FRAMES, Code, Role
 from magi_code.storage.launch import LaunchContext
+from magi_code.version import build_id
 
 from .buffer import EventBuffer
 from .channel import Channel, socket_for
@@ -260,7 +261,7 @@ class Client:
     # -- v2 operations --------------------------------------------------------------------
 
     async def control(self, op: str) -> dict[str, Any]:
-        """``status`` or ``stop``; returns the result map (see also :meth:`status`)."""
+        """``status``, ``stop`` or ``restart``; the result map (see also :meth:`status`)."""
         frame = await self._call_id({"t": "control", "op": op})
         result = frame.get("result")
         if not isinstance(result, dict):
@@ -628,18 +629,25 @@ async def connect_channel(
     """Connect to the daemon for ``ctx``; with ``autostart`` start it when none answers."""
     launch = ctx  # a control hello sends only mc_home (RFC-0002 §3)
 
-    async def attempt() -> Channel:
+    async def attempt(build: str | None) -> Channel:
         return await Channel.open(
-            socket_for(ctx), role, launch, client_name=client_name, options=options
+            socket_for(ctx),
+            role,
+            launch,
+            client_name=client_name,
+            options=options,
+            build=build,
         )
 
     try:
-        return await attempt()
+        # Only a client that will use this daemon asks one of another build to make way.
+        return await attempt(None if role == "control" else build_id())
     except DaemonUnavailable:
         if not autostart:
             raise
     for _ in range(3):  # a daemon may go idle between its start and our connect
         await ensure_daemon(ctx)
         with contextlib.suppress(DaemonUnavailable):
-            return await attempt()
+            # The daemon ensure_daemon found or started: never ask it to make way again.
+            return await attempt(None)
     raise DaemonUnavailable("the daemon stopped while connecting")

@@ -30,14 +30,16 @@ from magi_code.endpoint.lock import StartLockTimeout, is_held, start_lock
 from magi_code.endpoint.paths import ensure_private_dir, runtime_paths
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.environment import daemon_environment
+from magi_code.version import build_id
 
 from .channel import Channel, socket_for
 from .errors import DaemonError, DaemonTimeout, DaemonUnavailable
 
 START_TIMEOUT_SECONDS: Final = 30.0
 # A daemon that accepted the connection answers hello in milliseconds.
-ANSWER_TIMEOUT_SECONDS: Final = 10.0
+ANSWER_TIMEOUT_SECONDS: Final = 3.0
 NO_SCOPE_ENV: Final = "MC_DAEMON_NO_SCOPE"
+MANAGER_NAMES: Final = frozenset({"NOTIFY_SOCKET", "JOURNAL_STREAM"})
 
 
 class DaemonStartError(Exception):
@@ -51,7 +53,7 @@ async def ensure_daemon(
 
     Raises :class:`DaemonStartError` (one operator line) or ``UnsafeRuntimeDir``.
     """
-    welcome = await _answers(ctx)
+    welcome = await _answers(ctx, build_id())
     if welcome is not None:
         return welcome
     paths = runtime_paths(ctx)
@@ -90,7 +92,9 @@ async def _start_locked(ctx: LaunchContext, deadline: float) -> dict[str, Any]:
     paths = runtime_paths(ctx)
     attempts = 0
     while time.monotonic() < deadline:
-        welcome = await _answers(ctx)
+        # Once we spawned a daemon it runs the files installed now, which may be a newer
+        # build than this process loaded: accept it rather than replace it again.
+        welcome = await _answers(ctx, None if attempts else build_id())
         if welcome is not None:
             return welcome
         if await asyncio.to_thread(is_held, paths.lock):
@@ -101,8 +105,9 @@ async def _start_locked(ctx: LaunchContext, deadline: float) -> dict[str, Any]:
         use_scope = attempts == 0 and _scope_available(ctx)
         attempts += 1
         reply = await asyncio.to_thread(_spawn_and_wait, ctx, use_scope, deadline)
-        if reply.startswith("ERR "):
+        if reply.startswith("ERR ") and not await asyncio.to_thread(is_held, paths.lock):
             raise DaemonStartError(reply[4:])
+        # Else another daemon took the lock first (a service manager restarting it): wait.
     if await asyncio.to_thread(is_held, paths.lock):
         raise DaemonStartError(
             "a daemon holds the lock for this MC_HOME but does not answer; "
@@ -111,15 +116,17 @@ async def _start_locked(ctx: LaunchContext, deadline: float) -> dict[str, Any]:
     raise DaemonStartError(f"the daemon did not start; see its log at {paths.log}")
 
 
-async def _answers(ctx: LaunchContext) -> dict[str, Any] | None:
+async def _answers(ctx: LaunchContext, build: str | None) -> dict[str, Any] | None:
     """The welcome of this home's daemon, or None when none listens (or it is draining).
+
+    With ``build``, a daemon of another build that is idle stops for us (None).
 
     Raises :class:`DaemonStartError` for a daemon that listens but does not answer in
     time, and for one that cannot serve us (another user's, another home's).
     """
     try:
         channel = await Channel.open(
-            socket_for(ctx), "control", ctx, timeout=ANSWER_TIMEOUT_SECONDS
+            socket_for(ctx), "control", ctx, timeout=ANSWER_TIMEOUT_SECONDS, build=build
         )
     except DaemonUnavailable:
         return None
@@ -164,8 +171,13 @@ def _spawn_and_wait(ctx: LaunchContext, use_scope: bool, deadline: float) -> str
             pass_fds=(write_fd,),
             start_new_session=True,
             cwd="/",
-            # Only what the daemon keeps: no provider keys ever reach its environment.
-            env=daemon_environment(ctx.env),
+            # Only what the daemon keeps: no provider keys ever reach its environment,
+            # and no service manager's channels (this daemon is not the manager's).
+            env={
+                name: value
+                for name, value in daemon_environment(ctx.env).items()
+                if name not in MANAGER_NAMES
+            },
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -112,12 +112,19 @@ class ControlStatus(TypedDict, total=False):
     running: bool
     pid: int
     version: str
+    build_id: str
+    upgrade_pending: bool
+    restart_pending: bool
     instance_id: str
     protocol_versions: list[int]
     socket: str
+    mc_home: str
+    accepting: bool
     started_at: float
     clients: int
     active_turns: int
     detached_turns: int
+    max_active_turns_per_client: int
+    max_active_turns: int
     idle_stop_seconds: float | None
     mode: str

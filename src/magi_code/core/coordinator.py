@@ -51,12 +51,16 @@ class Connection:
         ctx: LaunchContext,
         conn_id: int,
         transports: Sequence[str],
+        server_version: str | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.ctx = ctx
         self.conn_id = conn_id
         # Advertised per connection: a v1 shim of the daemon still speaks only "stdio".
         self.transports = tuple(transports)
+        # ``initialize.server_version``: the client's installed package (a daemon client
+        # sends its own), else this process's.
+        self.server_version = server_version
         self.output = Output()
         self.initialized = False
         self.reserved: set[str] = set()
@@ -134,9 +138,14 @@ class ServiceCoordinator:
     # -- connections -------------------------------------------------------------------
 
     def open_connection(
-        self, ctx: LaunchContext, transports: Sequence[str] | None = None
+        self,
+        ctx: LaunchContext,
+        transports: Sequence[str] | None = None,
+        server_version: str | None = None,
     ) -> Connection:
-        conn = Connection(self, ctx, next(self._conn_ids), transports or self.transports)
+        conn = Connection(
+            self, ctx, next(self._conn_ids), transports or self.transports, server_version
+        )
         self.connections[conn.conn_id] = conn
         return conn
 

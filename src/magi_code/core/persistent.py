@@ -68,10 +68,20 @@ class PersistentCoordinator:
 
     # -- connections -----------------------------------------------------------------------
 
-    def open(self, role: str, launch: LaunchContext, end: Callable[[], None]) -> Connection:
-        """Register a ``v1_shim`` or ``persistent`` connection; ``end`` stops its input."""
+    def open(
+        self,
+        role: str,
+        launch: LaunchContext,
+        end: Callable[[], None],
+        client_version: str | None = None,
+    ) -> Connection:
+        """Register a ``v1_shim`` or ``persistent`` connection; ``end`` stops its input.
+
+        ``client_version`` (the client's installed package) is what its ``initialize``
+        reports as ``server_version``.
+        """
         transports = ("stdio",) if role == "v1_shim" else ("unix",)
-        conn = self.coordinator.open_connection(launch, transports)
+        conn = self.coordinator.open_connection(launch, transports, client_version)
         self._clients[conn.conn_id] = Registration(conn, role, end)
         return conn
 

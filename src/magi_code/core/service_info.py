@@ -115,7 +115,7 @@ class ServiceInfo:
             {
                 "protocol_version": PROTOCOL_VERSION,
                 "server_name": SERVER_NAME,
-                "server_version": self._version,
+                "server_version": conn.server_version or self._version,
                 "limits": dict(ADVERTISED_LIMITS),
                 "capabilities": self.capabilities(conn),
             }

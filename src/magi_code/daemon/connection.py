@@ -273,6 +273,8 @@ class PeerConnection:
             refusal = None if hello.launch is None else server.home_refusal(hello.launch.mc_home)
             if refusal is not None:
                 raise Fatal(refusal)
+            if hello.build_id is not None and server.supersede(hello.build_id):
+                raise Fatal(Code.DRAINING)  # stopping for this client's build
         except Fatal as exc:
             log.info("refused hello code=%s", exc.code.value)
             self.send(v2.refused(exc.code))
@@ -289,7 +291,7 @@ class PeerConnection:
         ctx = LaunchContext(
             Path(launch.mc_home), Path(launch.project_dir), launch.env, umask=launch.umask
         )
-        conn = self.server.core.open(hello.role, ctx, self.end_input)
+        conn = self.server.core.open(hello.role, ctx, self.end_input, hello.client_version)
         if hello.role == "v1_shim":
             return V1Role(self, conn)
         return PersistentRole(self, conn, hello.delta_interval_ms)

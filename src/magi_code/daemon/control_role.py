@@ -1,4 +1,4 @@
-"""The ``control`` role (RFC-0002 §4): ``status`` and ``stop``, nothing else.
+"""The ``control`` role (RFC-0002 §4): ``status``, ``stop`` and ``restart``, nothing else.
 
 A control connection is never registered with the persistent coordinator, so it never
 counts as a client for idle stop. Persistent connections may send ``control`` too.
@@ -6,13 +6,16 @@ counts as a client for idle stop. Persistent connections may send ``control`` to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from magi_code.protocol import v2
 from magi_code.protocol.v2 import Code
 
 if TYPE_CHECKING:
     from .connection import PeerConnection
+
+# ``restart`` lets running turns finish for this long before the usual owner drop.
+RESTART_TURN_WAIT_SECONDS: Final = 300.0
 
 
 class ControlRole:
@@ -33,5 +36,15 @@ def answer_control(peer: PeerConnection, frame: v2.Control) -> None:
     elif frame.op == "stop":
         peer.send({"t": "control_result", "id": frame.id, "result": {"stopping": True}})
         server.request_stop("control")
+    elif frame.op == "restart":
+        turns = server.core.counts()["active_turns"]
+        peer.send(
+            {
+                "t": "control_result",
+                "id": frame.id,
+                "result": {"restarting": True, "waiting_for_turns": turns},
+            }
+        )
+        server.request_restart(RESTART_TURN_WAIT_SECONDS)
     else:
         peer.send(v2.frame_error("control_error", frame.id, Code.UNKNOWN_OPERATION))

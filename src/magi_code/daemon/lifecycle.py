@@ -55,13 +55,17 @@ from magi_code.protocol.v2 import SUPPORTED_VERSIONS
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.environment import daemon_environment
-from magi_code.version import package_version
+from magi_code.version import build_id, package_version
 
 from .notify import NOTIFY_ENV, Notifier, stderr_is_journal
 from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
 
 EXIT_ALREADY_RUNNING: Final = 3
 EXIT_UNSAFE: Final = 2
+# EX_TEMPFAIL: stopped to be replaced (another build's client, ``daemon restart``); a
+# service manager starts it again, an on-demand daemon is started by the next client.
+EXIT_RESTART: Final = 75
+RESTART_REASONS: Final = frozenset({"upgrade", "restart"})
 IDLE_ENV: Final = "MC_DAEMON_IDLE_SECONDS"
 OUTBOUND_ENV: Final = "MC_DAEMON_OUTBOUND_BYTES"
 CLIENT_TIMEOUT_ENV: Final = "MC_DAEMON_CLIENT_TIMEOUT_SECONDS"
@@ -227,9 +231,19 @@ def _serve(
 
     from magi_code.composition import build_coordinator
 
+    from .preload import import_product_modules
     from .supervised import SupervisedServer
 
-    async def main() -> None:
+    build = build_id()  # of the files as they are now, before anything else is loaded
+    try:
+        import_product_modules()
+    except (ImportError, SyntaxError, OSError, AttributeError, NameError) as exc:
+        # A broken or half-replaced install: nothing to serve with.
+        log.error("cannot load the installed package (%s)", type(exc).__name__)
+        ready.fail(f"cannot load the installed magi-code package ({type(exc).__name__})")
+        return EXIT_UNSAFE
+
+    async def main() -> str | None:
         coordinator = await build_coordinator(ctx, ("unix",))
         sock = keeper.bind()
         server = SupervisedServer(
@@ -237,6 +251,7 @@ def _serve(
             mc_home=ctx.mc_home,
             socket_path=keeper.paths.socket,
             version=package_version(),
+            build_id=build,
             idle_seconds=idle_seconds(ctx, on_demand),
             mode="on_demand" if on_demand else "foreground",
             endpoint=keeper,
@@ -254,9 +269,10 @@ def _serve(
             notifier.ready(f"serving (version {package_version()})")
 
         await server.serve(sock, on_ready)
+        return server.stop_reason
 
-    uvloop.run(main())
-    return 0
+    reason = uvloop.run(main())
+    return EXIT_RESTART if reason in RESTART_REASONS else 0
 
 
 def _scrub_environment(ctx: LaunchContext, ready_fd: int | None) -> LaunchContext:
@@ -301,6 +317,7 @@ def _write_info(paths: RuntimePaths, mc_home: Path, started_at: int) -> None:
     info = {
         "pid": os.getpid(),
         "version": package_version(),
+        "build_id": build_id(),
         "socket": str(paths.socket),
         "mc_home": str(mc_home),
         "protocol_versions": list(SUPPORTED_VERSIONS),

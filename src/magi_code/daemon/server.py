@@ -3,7 +3,8 @@
 Theory of operation:
 
 - ``connection_made`` checks the peer UID before any byte is read and aborts foreign
-  peers; each accepted connection becomes a :class:`~.connection.PeerConnection`, whose
+  peers, and refuses the daemon's own tool processes (``tool_process``, by the peer's
+  process ancestry); each accepted connection becomes a :class:`~.connection.PeerConnection`, whose
   ``hello`` picks its role object (``v1_role``, ``persistent_role``, ``control_role``).
 - What outlives connections (registrations, detached turns, grants, the turn journal,
   idle accounting, owner drop) is the transport-neutral
@@ -51,6 +52,7 @@ STOP_GRACE_SECONDS: Final = 90.0
 MAX_CONNECTIONS: Final = 256
 CONTROL_SLOTS: Final = 16
 ENDPOINT_CHECK_SECONDS: Final = 1.0
+REFUSAL_LINGER_SECONDS: Final = 2.0
 CAPABILITIES: Final = (
     "v1_bridge",
     "control.status",
@@ -94,6 +96,7 @@ class DaemonServer:
         mc_home: Path,
         socket_path: Path,
         version: str,
+        build_id: str,
         idle_seconds: float | None,
         mode: str,
         endpoint: Endpoint | None = None,
@@ -108,6 +111,12 @@ class DaemonServer:
         self.mc_home = mc_home.resolve()
         self.socket_path = socket_path
         self.version = version
+        self.build_id = build_id
+        # Set by a client of another build while this daemon is busy: stop once idle.
+        self.upgrade_pending = False
+        # ``daemon restart`` while turns run: stop when they end, or at this deadline.
+        self.restart_deadline: float | None = None
+        self.stop_reason: str | None = None
         self.idle_seconds = idle_seconds
         self.mode = mode
         self.outbound_limit = outbound_limit
@@ -141,6 +150,7 @@ class DaemonServer:
         """Stop accepting now (same step as the decision) and start the owner drop."""
         if not self.core.draining:
             log.info("stopping reason=%s", reason)
+            self.stop_reason = reason
         self.core.draining = True
         if self._listener is not None:
             self._listener.close()
@@ -158,9 +168,18 @@ class DaemonServer:
                 await self._check_endpoint(self._endpoint)
                 if self._stop.is_set():
                     return
+            # Each decision and its request_stop happen in one step (no await between).
+            if self.upgrade_pending and not self.core.busy():
+                self.request_stop("upgrade")
+                return
+            if self.restart_deadline is not None and (
+                not self.core.counts()["active_turns"] or now >= self.restart_deadline
+            ):
+                self.request_stop("restart")
+                return
             idle = self.core.idle_for()
             if self.idle_seconds is not None and idle >= self.idle_seconds:
-                self.request_stop("idle")  # no await between the check and the close
+                self.request_stop("idle")
                 return
 
     async def _check_endpoint(self, endpoint: Endpoint) -> None:
@@ -217,6 +236,28 @@ class DaemonServer:
             peer.transport.close()
         log.info("drained")
 
+    def supersede(self, build: str) -> bool:
+        """A client of build ``build`` said hello; True when this daemon stops for it.
+
+        Idle (no clients, no turns): stop now, and the client starts its own build.
+        Busy: serve it, and stop as soon as idle (``upgrade_pending``).
+        """
+        if build == self.build_id or self.core.draining:
+            return False
+        if not self.core.busy():
+            self.request_stop("upgrade")
+            return True
+        if not self.upgrade_pending:
+            log.info("upgrade pending: a client of another build connected")
+        self.upgrade_pending = True
+        return False
+
+    def request_restart(self, wait: float) -> None:
+        """Stop once no turn runs (at the latest after ``wait`` s) to be started again."""
+        deadline = asyncio.get_running_loop().time() + wait
+        if self.restart_deadline is None or deadline < self.restart_deadline:
+            self.restart_deadline = deadline
+
     def clients(self) -> int:
         """Open connections that said hello as a v1 shim or persistent client."""
         return sum(1 for peer in self.peers if peer.role not in (None, "control"))
@@ -229,6 +270,7 @@ class DaemonServer:
             "protocol_version": PROTOCOL_VERSION,
             "server_name": "magi-code",
             "server_version": self.version,
+            "build_id": self.build_id,
             "instance_id": self.instance_id,
             "pid": os.getpid(),
             "role": role,
@@ -242,6 +284,9 @@ class DaemonServer:
             "running": True,
             "pid": os.getpid(),
             "version": self.version,
+            "build_id": self.build_id,
+            "upgrade_pending": self.upgrade_pending,
+            "restart_pending": self.restart_deadline is not None,
             "instance_id": self.instance_id,
             "protocol_versions": list(SUPPORTED_VERSIONS),
             "socket": str(self.socket_path),
@@ -287,13 +332,7 @@ class SocketProtocol(asyncio.Protocol):
             pid = peer_pid(sock)
             if is_tool_process(pid, os.getpid()):
                 log.warning("refused a connection code=%s pid=%s", Code.TOOL_PROCESS.value, pid)
-                tool = cast(asyncio.Transport, transport)
-                tool.write(encode_frame(refused(Code.TOOL_PROCESS)))
-                # Half-close and linger (its bytes are discarded: ``self.peer`` stays
-                # None): closing at once would fail the client's hello write before it
-                # reads the refusal. Closed when the client closes, or after 2 s.
-                tool.write_eof()
-                asyncio.get_running_loop().call_later(2.0, tool.close)
+                _refuse(cast(asyncio.Transport, transport), Code.TOOL_PROCESS)
                 return
         # uvloop's transports implement asyncio.Transport without subclassing it.
         connection = cast(Transport, transport)
@@ -301,8 +340,7 @@ class SocketProtocol(asyncio.Protocol):
         if len(server.peers) >= server.max_connections + CONTROL_SLOTS:
             # Refused before reading a byte: nothing of this connection is kept.
             log.warning("refused a connection code=%s", Code.TOO_MANY_CONNECTIONS.value)
-            connection.write(encode_frame(refused(Code.TOO_MANY_CONNECTIONS)))
-            connection.close()
+            _refuse(cast(asyncio.Transport, transport), Code.TOO_MANY_CONNECTIONS)
             return
         self.peer = PeerConnection(server, connection)
 
@@ -326,3 +364,15 @@ class SocketProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.peer is not None:
             self.peer.writable.set()
+
+
+def _refuse(transport: asyncio.Transport, code: Code) -> None:
+    """Answer ``refused`` before reading a byte, then half-close and linger.
+
+    Its bytes are discarded (the protocol's ``peer`` stays None). Closing at once would
+    fail the client's hello write before it reads the refusal; the transport closes when
+    the client closes, or after :data:`REFUSAL_LINGER_SECONDS`.
+    """
+    transport.write(encode_frame(refused(code)))
+    transport.write_eof()
+    asyncio.get_running_loop().call_later(REFUSAL_LINGER_SECONDS, transport.close)

@@ -1,11 +1,15 @@
-"""``magi-code daemon start|stop|status|run|install|uninstall``: operator commands.
+"""``magi-code daemon start|stop|restart|status|run|install|uninstall``: operator commands.
 
 Messages here are for the operator's terminal and may name files; they never contain
 secrets. Every failure is one ``magi-code: ...`` line on stderr, never a traceback.
 Exit codes: 0 success; 1 failure (including a daemon that does not answer, and ``status``
 of a socket served by another user); 2 unsafe or unusable runtime directory (a read-only
-``MC_HOME``); 3 ``status`` of a daemon that is not running (and ``run`` when another
-daemon holds the lock).
+``MC_HOME``, an installed package that cannot be imported); 3 ``status`` of a daemon that
+is not running (and ``run`` when another daemon holds the lock); 4 ``status`` of a daemon
+that runs but does not answer; 75 ``run`` that stopped to be replaced (another build's
+client, ``restart``): a service manager starts it again. ``install`` refuses to replace
+a different unit and ``uninstall`` to remove one it did not write (exit 1, unless
+``--force``).
 
 Bounds: connecting, ``hello`` and each control answer get :data:`ANSWER_TIMEOUT_SECONDS`
 each, so ``stop`` and ``status`` report a daemon that accepts but does not answer (stopped
@@ -33,12 +37,14 @@ from magi_code.client.errors import (
     DaemonUnavailable,
     ForeignDaemon,
 )
+from magi_code.daemon.control_role import RESTART_TURN_WAIT_SECONDS
 from magi_code.daemon.lifecycle import run_daemon
 from magi_code.endpoint.lock import StartLockTimeout, is_held
 from magi_code.endpoint.paths import RuntimePaths, UnsafeRuntimeDir, read_info, runtime_paths
 from magi_code.protocol.v2 import SUPPORTED_VERSIONS
 from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
+from magi_code.version import build_id
 
 from .units import (
     LAUNCHD_LABEL,
@@ -54,6 +60,10 @@ from .units import (
 ANSWER_TIMEOUT_SECONDS: Final = 3.0
 STARTING_WAIT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 150.0
+# The daemon lets its turns run for a while, then drains as on ``stop``.
+RESTART_TIMEOUT_SECONDS: Final = RESTART_TURN_WAIT_SECONDS + STOP_TIMEOUT_SECONDS
+MANAGER_RESTART_SECONDS: Final = 10.0  # systemd's RestartSec is 2 s
+OTHER_BUILD: Final = "it runs another build than this magi-code"
 EXIT_FAILURE: Final = 1
 EXIT_UNSAFE: Final = 2
 EXIT_NOT_RUNNING: Final = 3
@@ -69,6 +79,8 @@ def main(
             return _run(_start(ctx))
         if action == "stop":
             return _run(_stop(ctx))
+        if action == "restart":
+            return _run(_restart(ctx))
         if action == "status":
             return _run(_status(ctx, json))
         if action == "install":
@@ -82,7 +94,8 @@ def main(
     except OSError as exc:
         return _fail(_os_reason(exc))
     return _fail(
-        f"unknown daemon command {action!r}; use start, stop, status, run, install or uninstall"
+        f"unknown daemon command {action!r}; "
+        "use start, stop, restart, status, run, install or uninstall"
     )
 
 
@@ -121,6 +134,8 @@ async def _start(ctx: LaunchContext) -> int:
     except DaemonStartError as exc:
         return _fail(f"cannot start the daemon: {exc}")
     sys.stdout.write(f"magi-code daemon running (pid {welcome.get('pid')})\n")
+    if welcome.get("build_id") != build_id():
+        sys.stdout.write(f"  {OTHER_BUILD}; it is replaced once idle\n")
     return 0
 
 
@@ -162,6 +177,7 @@ def _recorded(paths: RuntimePaths) -> dict[str, Any]:
         "pid": info.get("pid"),
         "socket": info.get("socket", str(paths.socket)),
         "version": info.get("version"),
+        "build_id": info.get("build_id"),
         "protocol_versions": info.get("protocol_versions"),
     }
 
@@ -193,6 +209,7 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
             "pid": None,
             "socket": str(paths.socket),
             "version": None,
+            "build_id": None,
             "protocol_versions": list(SUPPORTED_VERSIONS),
         }
         if blocked:
@@ -203,6 +220,7 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
     elif status["running"]:
         sys.stdout.write(
             f"magi-code daemon running: pid {status['pid']}, version {status['version']}\n"
+            f"  build:   {status.get('build_id')}\n"
             f"  socket:  {status['socket']}\n"
             f"  log:     {_log_where(status['log'])}\n"
             f"  clients: {status.get('clients', '?')}, "
@@ -211,6 +229,17 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
         )
         if status.get("responding") is False:
             sys.stdout.write(f"  not answering: {status.get('error')}\n")
+        if status.get("upgrade_pending"):
+            sys.stdout.write(
+                "  upgrade pending: a client of another build connected; it stops once idle\n"
+            )
+        elif status.get("restart_pending"):
+            sys.stdout.write("  restart pending: it restarts once its turns end\n")
+        elif status.get("build_id") not in (None, build_id()):
+            sys.stdout.write(
+                f"  {OTHER_BUILD}: the next client replaces it when it is idle "
+                "(or run `magi-code daemon restart`)\n"
+            )
     elif blocked:
         sys.stdout.write(f"magi-code daemon not running: {error} ({status['socket']})\n")
     else:
@@ -274,10 +303,61 @@ async def _stop(ctx: LaunchContext) -> int:
     return 0
 
 
-def _not_answering(paths: RuntimePaths, exc: DaemonError) -> int:
+async def _restart(ctx: LaunchContext) -> int:
+    """Stop the daemon once its turns end (at once when idle), then start one again.
+
+    A daemon run by a service manager (``mode`` ``foreground``) is given
+    :data:`MANAGER_RESTART_SECONDS` to be started again by it before one is started here.
+    """
+    from magi_code.client.starter import DaemonStartError, ensure_daemon
+
+    paths = runtime_paths(ctx)
+    loop = asyncio.get_running_loop()
+    old_pid: object = None
+    managed = False
+    try:
+        client = await _connect(ctx)
+    except DaemonUnavailable:
+        client = None  # not running, or already stopping: wait for its lock below
+    except DaemonTimeout as exc:
+        return _not_answering(paths, exc, "restart")
+    if client is not None:
+        try:
+            status = await _control(client, "status")
+            old_pid, managed = status.get("pid"), status.get("mode") == "foreground"
+            result = await _control(client, "restart")
+            turns = result.get("waiting_for_turns") or 0
+            if turns:
+                sys.stdout.write(f"waiting for {turns} running turn(s) to end\n")
+                sys.stdout.flush()
+            await asyncio.wait_for(_until_closed(client), RESTART_TIMEOUT_SECONDS)
+        except DaemonTimeout as exc:
+            return _not_answering(paths, exc, "restart")
+        except (DaemonUnavailable, DaemonError, TimeoutError):
+            pass  # closed before or while answering: it is stopping
+        finally:
+            await client.close()
+    deadline = loop.time() + STOP_TIMEOUT_SECONDS
+    while is_held(paths.lock) and _recorded(paths)["pid"] in (old_pid, None):
+        if loop.time() > deadline:
+            return _fail(f"the daemon (pid {old_pid}) did not stop in time; nothing was started")
+        await asyncio.sleep(0.05)
+    if managed:
+        manager_deadline = loop.time() + MANAGER_RESTART_SECONDS
+        while loop.time() < manager_deadline and not is_held(paths.lock):
+            await asyncio.sleep(0.1)
+    try:
+        welcome = await ensure_daemon(ctx)
+    except DaemonStartError as exc:
+        return _fail(f"the daemon stopped but did not start again: {exc}")
+    sys.stdout.write(f"magi-code daemon restarted (pid {welcome.get('pid')})\n")
+    return 0
+
+
+def _not_answering(paths: RuntimePaths, exc: DaemonError, action: str = "stop") -> int:
     return _fail(
-        f"cannot stop the daemon (pid {_recorded(paths)['pid']}): {exc}; it may be stopped "
-        "(SIGSTOP) or wedged. Nothing was stopped; resume it (kill -CONT) or end that pid"
+        f"cannot {action} the daemon (pid {_recorded(paths)['pid']}): {exc}; it may be "
+        "stopped (SIGSTOP) or wedged. Nothing was stopped; resume it (kill -CONT) or end that pid"
     )
 
 

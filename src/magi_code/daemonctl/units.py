@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from magi_code.daemon.lifecycle import EXIT_ALREADY_RUNNING, EXIT_UNSAFE
+from magi_code.daemon.lifecycle import EXIT_ALREADY_RUNNING, EXIT_RESTART, EXIT_UNSAFE
 
 SYSTEMD_UNIT_NAME: Final = "magi-code.service"
 LAUNCHD_LABEL: Final = "com.magi-code.daemon"
@@ -37,9 +37,6 @@ SYSTEMD_ENABLE_COMMAND: Final = (
 )
 STOP_TIMEOUT_SECONDS: Final = 120  # SIGTERM drains turns and persists terminal records
 RESTART_SECONDS: Final = 2
-# lifecycle.EXIT_RESTART (EX_TEMPFAIL): the daemon stopped to be replaced by a newer
-# build or by ``daemon restart``; the service manager starts it again.
-EXIT_RESTART: Final = 75
 # launchd respawns a job at most this often (and one that ran shorter only this long
 # after it started): a daemon that exits 2 or 3 at once is retried twice a minute.
 LAUNCHD_THROTTLE_SECONDS: Final = 30

@@ -24,6 +24,8 @@ MAX_FILTER_TURN_IDS: Final = 256
 MAX_CURSOR_BYTES: Final = 128
 MAX_PATH_BYTES: Final = 4096
 MAX_IDEMPOTENCY_KEY_CHARS: Final = 64
+MAX_BUILD_ID_CHARS: Final = 128
+MAX_CLIENT_VERSION_CHARS: Final = 64
 _KEY_RE: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
 
 Role = Literal["v1_shim", "persistent", "control"]
@@ -158,6 +160,9 @@ class Hello:
     launch: Launch | None
     client_name: str
     delta_interval_ms: int = 0
+    # The client's installed package version and build (``magi_code.version``), if sent.
+    client_version: str | None = None
+    build_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,11 +269,21 @@ def parse_hello(frame: Mapping[str, Any]) -> Hello:
     interval = options.get("delta_interval_ms", 0)
     if not _is_int(interval) or not 0 <= interval <= MAX_DELTA_INTERVAL_MS:
         raise Fatal(Code.INVALID_HELLO)
+    client_version = _optional_text(frame.get("client_version"), MAX_CLIENT_VERSION_CHARS)
+    build_id = _optional_text(frame.get("build_id"), MAX_BUILD_ID_CHARS)
     if role == "control":
         launch = _parse_control_launch(frame.get("launch"))
     else:
         launch = _parse_launch(frame.get("launch"))
-    return Hello(cast(Role, role), max(common), launch, name, interval)
+    return Hello(cast(Role, role), max(common), launch, name, interval, client_version, build_id)
+
+
+def _optional_text(value: object, limit: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise Fatal(Code.INVALID_HELLO)
+    return value
 
 
 def _parse_control_launch(value: object) -> Launch | None:
@@ -432,15 +447,18 @@ def hello(
     client_name: str,
     version: str,
     options: Mapping[str, Any] | None = None,
+    build_id: str | None = None,
 ) -> dict[str, Any]:
     frame: dict[str, Any] = {
         "t": "hello",
         "protocol_versions": list(SUPPORTED_VERSIONS),
         "client_name": client_name[:MAX_CLIENT_NAME],
-        "client_version": version,
+        "client_version": version[:MAX_CLIENT_VERSION_CHARS],
         "role": role,
         "options": dict(options or {}),
     }
+    if build_id is not None:
+        frame["build_id"] = build_id
     if launch is not None and role == "control":
         frame["launch"] = {"mc_home": launch.mc_home}  # a control hello names its home only
     elif launch is not None:

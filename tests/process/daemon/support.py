@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 
 from magi_code.client import Client
 from magi_code.endpoint.paths import RuntimePaths, runtime_paths
@@ -60,6 +61,19 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def exited(pid: int, timeout: float = 20.0) -> None:
+    """Wait until ``pid`` has exited: gone, or a zombie nobody reaps (daemons are not our
+    children, and a container's init may not reap them)."""
+
+    def gone() -> bool:
+        try:
+            return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return True
+
+    await wait_for(gone, timeout, f"pid {pid} to exit")
 
 
 async def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
