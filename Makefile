@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: service test check benchmark stress
+.PHONY: service test test-fast check benchmark stress
 
 # Set-up output goes to stderr: `make service` keeps stdout for protocol JSONL only.
 $(STAMP): pyproject.toml
@@ -24,6 +24,11 @@ check: $(STAMP)
 
 test: check
 	$(BIN)/python -m pytest -n 4 -q tests
+
+# The edit-test loop (under a minute): unit tests and the conformance scenarios through
+# the daemon's in-memory transport; no lint, no process tests. CI runs `make test`.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 4 -q tests/unit tests/contract/test_fixtures_in_memory.py
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
