@@ -155,16 +155,23 @@ async def status_figures(service: ServiceProcess, warmup: int, count: int, piped
     )
 
 
-async def spawn_to_initialize(ws: Workspace, env: Mapping[str, str]) -> float:
-    """Seconds from process creation to the first ``initialize`` response; the process is
-    stopped afterwards (in daemon mode the last shim of ``ws`` also stops the daemon)."""
+async def spawn_to_initialize(ws: Workspace, env: Mapping[str, str]) -> tuple[float, float]:
+    """Seconds from process creation to the first ``initialize`` response, and from then
+    closing stdin to the process's exit; the process is stopped afterwards (in daemon
+    mode the last shim of ``ws`` also stops the daemon)."""
     start = time.perf_counter()
     async with running_service(ws, env, initialize=False) as service:
         await service.initialize()
         elapsed = time.perf_counter() - start
         if service.mode == "daemon":
             daemon_process(ws)
-    return elapsed
+        closed = time.perf_counter()
+        await service.close_stdin()
+        code = await service.wait(STEP_TIMEOUT)
+        exited = time.perf_counter() - closed
+    if code != 0:
+        raise RuntimeError(f"the service exited {code} at EOF")
+    return elapsed, exited
 
 
 # -- persistent v2 clients ------------------------------------------------------------------
@@ -269,16 +276,26 @@ async def concurrent_turns(
 # -- phases ---------------------------------------------------------------------------------
 
 
-async def embedded_phase(args: argparse.Namespace) -> float:
-    """Embedded figures; returns the median spawn -> initialize for the start-up lines."""
+async def embedded_phase(args: argparse.Namespace) -> list[tuple[float, float]]:
+    """Embedded figures; returns the spawn -> initialize / EOF -> exit samples."""
     with workspace() as ws:
         async with running_service(ws, EMBEDDED_ENV) as service:
             await status_figures(service, *counts(args))
-        samples = [await spawn_to_initialize(ws, EMBEDDED_ENV) for _ in range(spawns(args))]
-    return median(samples)
+        return [await spawn_to_initialize(ws, EMBEDDED_ENV) for _ in range(spawns(args))]
 
 
-async def daemon_phase(args: argparse.Namespace, embedded_start: float) -> None:
+def start_and_exit_figures(kind: str, samples: list[tuple[float, float]], reference: bool) -> None:
+    n = len(samples)
+    figure(
+        f"spawn -> initialize, {kind}, median of {n}",
+        median([start for start, _ in samples]) * 1e3,
+        "ms",
+        "codex app-server ~56 ms" if reference else None,
+    )
+    figure(f"EOF -> exit, {kind}, median of {n}", median([end for _, end in samples]) * 1e3, "ms")
+
+
+async def daemon_phase(args: argparse.Namespace, embedded: list[tuple[float, float]]) -> None:
     async with FakeProvider.running() as fake:
         with daemon_workspace() as ws:
             write_provider_settings(ws.home, fake.base_url)
@@ -297,20 +314,9 @@ async def daemon_phase(args: argparse.Namespace, embedded_start: float) -> None:
             async with running_service(ws, DAEMON_ENV) as keeper:
                 warm = [await spawn_to_initialize(ws, DAEMON_ENV) for _ in range(spawns(args))]
                 await status_figures(keeper, *counts(args))
-    n = spawns(args)
-    figure(f"spawn -> initialize, embedded, median of {n}", embedded_start * 1e3, "ms")
-    figure(
-        f"spawn -> initialize, shim, cold daemon, median of {n}",
-        median(cold) * 1e3,
-        "ms",
-        "codex app-server ~56 ms",
-    )
-    figure(
-        f"spawn -> initialize, shim, warm daemon, median of {n}",
-        median(warm) * 1e3,
-        "ms",
-        "codex app-server ~56 ms",
-    )
+    start_and_exit_figures("embedded", embedded, reference=False)
+    start_and_exit_figures("shim, cold daemon", cold, reference=True)
+    start_and_exit_figures("shim, warm daemon", warm, reference=True)
     figure("daemon RSS after that work, no clients", after, "MiB")
 
 
@@ -333,8 +339,8 @@ async def main(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, task.cancel)
     heading("bench_daemon: shim and daemon vs embedded", args.quick)
     try:
-        embedded_start = await embedded_phase(args)
-        await daemon_phase(args, embedded_start)
+        embedded = await embedded_phase(args)
+        await daemon_phase(args, embedded)
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
 
