@@ -1,0 +1,360 @@
+"""Start-up, the first turn of a new process, exit, and idle memory (issue 14).
+
+Every sample is a new process, so the figures include interpreter start and imports:
+
+- spawn -> ``initialize`` response: embedded; the shim with a warm daemon (started by
+  ``magi-code daemon start`` beforehand); the shim with no daemon running (cold: the
+  shim's ``initialize`` starts one).
+- the first turn of a new process, ``turn.start`` written -> first
+  ``turn.assistant_delta`` read: embedded (sent right after ``initialize``, and once more
+  after 1 s of idle time); through a shim to a warm daemon that has not run a turn yet;
+  and right after a cold start (the daemon the shim's ``initialize`` started). The
+  second turn of the same process is printed beside it for comparison.
+- stdin EOF -> process exit, after a turn: embedded and shim.
+- idle RSS 0.5 s after a turn without MCP servers: the embedded service; the shim plus the
+  daemon; the daemon alone before its first turn and after it (no client connected).
+  ``python -c pass`` and ``python -c "import msgpack, orjson"`` (each blocked on stdin)
+  are printed for scale.
+
+Medians of 7 samples (2 with ``--quick``). The loopback fake provider streams 50 deltas
+per turn. Every daemon runs for a temporary MC_HOME with ``MC_DAEMON_NO_SCOPE=1`` and is
+stopped (``daemon stop`` over the control protocol, then killed) when the script ends,
+also on errors and SIGTERM.
+
+    .venv/bin/python benchmarks/bench_startup.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+from benchlib import (
+    FakeProvider,
+    ServiceProcess,
+    Workspace,
+    figure,
+    heading,
+    median,
+    run,
+    workspace,
+    write_provider_settings,
+)
+from tests.support.service import service_env, stop_daemon
+
+from magi_code.endpoint.paths import read_info, runtime_paths
+from magi_code.storage.launch import LaunchContext
+
+MIB = 2**20
+STEP_TIMEOUT = 60.0
+SETTLE_SECONDS = 0.5
+IDLE_BEFORE_TURN_SECONDS = 1.0
+TURN_DELTAS = 50
+DAEMON_ENV = {
+    "MC_SERVICE_MODE": "daemon",
+    "MC_DAEMON_NO_SCOPE": "1",
+    "MC_DAEMON_IDLE_SECONDS": "60",
+}
+EMBEDDED_ENV = {"MC_SERVICE_MODE": "embedded"}
+
+# Every daemon process seen, so the last-resort sweep at exit can kill it (psutil.Process
+# remembers the create time: a reused pid is never killed).
+_daemons: list[psutil.Process] = []
+
+
+@dataclass
+class Samples:
+    """Seconds (or bytes) per figure, over all samples of a phase."""
+
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, value: float) -> None:
+        self.values.setdefault(name, []).append(value)
+
+    def ms(self, name: str, label: str, reference: str | None = None) -> None:
+        figure(label, median(self.values[name]) * 1e3, "ms", reference)
+
+    def mib(self, name: str, label: str, reference: str | None = None) -> None:
+        figure(label, median(self.values[name]) / MIB, "MiB", reference)
+
+
+def samples_count(args: argparse.Namespace) -> int:
+    return 2 if args.quick else 7
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def daemon_process(ws: Workspace) -> psutil.Process:
+    """The running daemon of ``ws`` (from ``daemon.json``), remembered for the exit sweep."""
+    ctx = LaunchContext(ws.home, ws.project, service_env(ws.home, DAEMON_ENV))
+    info = read_info(runtime_paths(ctx)) or {}
+    pid = info.get("pid")
+    if not isinstance(pid, int):
+        raise RuntimeError("no daemon.json with a pid: the daemon is not running")
+    proc = psutil.Process(pid)
+    if proc not in _daemons:
+        _daemons.append(proc)
+    return proc
+
+
+def kill_seen_daemons() -> None:
+    for proc in _daemons:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+@contextlib.contextmanager
+def daemon_workspace() -> Iterator[Workspace]:
+    """A workspace whose daemon (if one was started) is stopped before it is removed."""
+    with workspace() as ws:
+        try:
+            yield ws
+        finally:
+            stop_daemon(ws.home)
+
+
+async def daemon_start(ws: Workspace) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "magi_code",
+        "daemon",
+        "start",
+        env=service_env(ws.home, DAEMON_ENV),
+        cwd=ws.project,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), STEP_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"daemon start failed: {err.decode(errors='replace')}")
+
+
+def rss(proc: psutil.Process | int) -> int:
+    process = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+    return int(process.memory_info().rss)
+
+
+async def spawn(ws: Workspace, env: Mapping[str, str]) -> tuple[ServiceProcess, float]:
+    """A new service process and the seconds from its creation to its ``initialize``
+    response."""
+    start = time.perf_counter()
+    service = await ServiceProcess.start(ws.home, ws.project, env)
+    try:
+        await service.initialize()
+    except BaseException:
+        await stop(service)
+        raise
+    return service, time.perf_counter() - start
+
+
+async def stop(service: ServiceProcess) -> None:
+    try:
+        await service.stop()
+    finally:
+        if service.proc.returncode is None:
+            service.proc.kill()
+            await service.proc.wait()
+
+
+async def eof_to_exit(service: ServiceProcess) -> float:
+    start = time.perf_counter()
+    await service.close_stdin()
+    await asyncio.wait_for(service.proc.wait(), STEP_TIMEOUT)
+    return time.perf_counter() - start
+
+
+async def first_delta(service: ServiceProcess, fake: FakeProvider) -> float:
+    """Seconds from writing ``turn.start`` to reading its first assistant delta; reads on
+    to the terminal."""
+    await fake.enqueue({"kind": "fast", "count": TURN_DELTAS})
+    request_id = service.next_id("turn")
+    record = {
+        "protocol_version": 1,
+        "kind": "request",
+        "request_id": request_id,
+        "method": "turn.start",
+        "payload": {"prompt": "Say something.", "options": {}},
+    }
+    start = time.perf_counter()
+    await service.send(record)
+    delta: float | None = None
+    while True:
+        message = await service.recv(STEP_TIMEOUT)
+        if message.get("request_id") != request_id:
+            continue
+        if message["kind"] == "response":
+            if message["error"] is not None:
+                raise RuntimeError(f"turn.start failed: {message['error']}")
+        elif message["event"] == "turn.assistant_delta" and delta is None:
+            delta = time.perf_counter() - start
+        elif message["event"] == "turn.terminal":
+            if message["payload"]["status"] != "completed":
+                raise RuntimeError(f"turn ended {message['payload']['status']}")
+            break
+    if delta is None:
+        raise RuntimeError("the turn produced no delta")
+    return delta
+
+
+# -- scale -----------------------------------------------------------------------------------
+
+
+async def python_scale(n: int) -> None:
+    times: list[float] = []
+    for _ in range(n):
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+        await proc.wait()
+        times.append(time.perf_counter() - start)
+    figure("python -c pass, spawn -> exit", median(times) * 1e3, "ms")
+    for label, code in (
+        ("python -c pass", "import sys; sys.stdin.buffer.read()"),
+        ('python -c "import msgpack, orjson"', "import sys, msgpack, orjson; sys.stdin.read()"),
+    ):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE
+        )
+        try:
+            await asyncio.sleep(SETTLE_SECONDS)
+            figure(f"RSS, {label}", rss(proc.pid) / MIB, "MiB")
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            await proc.wait()
+
+
+# -- phases ----------------------------------------------------------------------------------
+
+
+async def embedded_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
+    samples = Samples()
+    with workspace() as ws:
+        write_provider_settings(ws.home, fake.base_url)
+        for _ in range(samples_count(args)):
+            service, took = await spawn(ws, EMBEDDED_ENV)
+            try:
+                samples.add("init", took)
+                samples.add("turn1", await first_delta(service, fake))
+                samples.add("turn2", await first_delta(service, fake))
+                await asyncio.sleep(SETTLE_SECONDS)
+                samples.add("rss", rss(service.proc.pid))
+                samples.add("exit", await eof_to_exit(service))
+            finally:
+                await stop(service)
+            service, _ = await spawn(ws, EMBEDDED_ENV)
+            try:
+                await asyncio.sleep(IDLE_BEFORE_TURN_SECONDS)
+                samples.add("turn1_idle", await first_delta(service, fake))
+            finally:
+                await stop(service)
+    n = samples_count(args)
+    samples.ms("init", f"spawn -> initialize, embedded, median of {n}", "codex app-server ~56 ms")
+    samples.ms("turn1", "turn 1 start -> first delta, embedded, at once")
+    samples.ms(
+        "turn1_idle",
+        f"turn 1 start -> first delta, embedded, {IDLE_BEFORE_TURN_SECONDS:.0f} s idle",
+    )
+    samples.ms("turn2", "turn 2 start -> first delta, embedded")
+    samples.ms("exit", "EOF -> exit after a turn, embedded")
+    samples.mib("rss", "idle RSS after a turn, embedded service")
+
+
+async def warm_daemon_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
+    samples = Samples()
+    with daemon_workspace() as ws:
+        write_provider_settings(ws.home, fake.base_url)
+        for _ in range(samples_count(args)):
+            # A new daemon per sample, so each measured turn is the daemon's first.
+            await daemon_start(ws)
+            daemon = daemon_process(ws)
+            await asyncio.sleep(SETTLE_SECONDS)
+            samples.add("daemon_before", rss(daemon))
+            service, took = await spawn(ws, DAEMON_ENV)
+            try:
+                samples.add("init", took)
+                samples.add("turn1", await first_delta(service, fake))
+                samples.add("turn2", await first_delta(service, fake))
+                await asyncio.sleep(SETTLE_SECONDS)
+                samples.add("rss_total", rss(service.proc.pid) + rss(daemon))
+                samples.add("rss_shim", rss(service.proc.pid))
+                samples.add("exit", await eof_to_exit(service))
+                await asyncio.sleep(SETTLE_SECONDS)
+                samples.add("daemon_after", rss(daemon))
+            finally:
+                # The last shim of this home: stopping it also stops the daemon.
+                await stop(service)
+    n = samples_count(args)
+    samples.ms("init", f"spawn -> initialize, shim, warm daemon, median of {n}")
+    samples.ms("turn1", "turn 1 start -> first delta, warm daemon (its first)")
+    samples.ms("turn2", "turn 2 start -> first delta, warm daemon")
+    samples.ms("exit", "EOF -> exit after a turn, shim")
+    samples.mib("rss_total", "idle RSS after a turn, shim + daemon")
+    samples.mib("rss_shim", "  of which the shim")
+    samples.mib("daemon_before", "daemon idle RSS before its first turn")
+    samples.mib("daemon_after", "daemon idle RSS after it (no client)")
+    before = samples.values["daemon_before"]
+    after = samples.values["daemon_after"]
+    figure(
+        "  difference, median of per-daemon differences",
+        median([a - b for a, b in zip(after, before, strict=True)]) / MIB,
+        "MiB",
+    )
+
+
+async def cold_daemon_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
+    samples = Samples()
+    with daemon_workspace() as ws:
+        write_provider_settings(ws.home, fake.base_url)
+        for _ in range(samples_count(args)):
+            service, took = await spawn(ws, DAEMON_ENV)
+            try:
+                daemon_process(ws)
+                samples.add("init", took)
+                samples.add("turn1", await first_delta(service, fake))
+                samples.add("exit", await eof_to_exit(service))
+            finally:
+                await stop(service)  # and the daemon: the next sample is cold again
+    n = samples_count(args)
+    samples.ms("init", f"spawn -> initialize, shim, cold daemon, median of {n}")
+    samples.ms("turn1", "turn 1 start -> first delta, after a cold start")
+    samples.ms("exit", "EOF -> exit after a turn, shim (cold start)")
+
+
+async def main(args: argparse.Namespace) -> None:
+    # SIGTERM/SIGINT cancel this task, so every await unwinds through the cleanups.
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    heading("bench_startup: start-up, first turn, exit, idle memory", args.quick)
+    try:
+        await python_scale(samples_count(args))
+        async with FakeProvider.running() as fake:
+            await embedded_phase(args, fake)
+            await warm_daemon_phase(args, fake)
+            await cold_daemon_phase(args, fake)
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+
+
+if __name__ == "__main__":
+    try:
+        run(main, __doc__ or "")
+    finally:
+        kill_seen_daemons()
