@@ -10,15 +10,23 @@ network, no writes. Mapping (documented in ``docs/authentication.md``):
   (record without a usable key) or ``missing``.
 - custom with ``api_key_env``: ``api_key``/``environment``, ``ready`` or ``missing``.
 - custom without it: ``none``/``none``/``ready``.
+
+:class:`ReadinessMemo` lets ``status`` answer without re-reading unchanged files: it keeps
+each launch context's last answer while the settings files and the auth store show the
+same stamps (:mod:`magi_code.storage.stamps`), the environment is equal, and the clock
+has not reached an access token's expiry.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
-from magi_code.auth.store import AuthSnapshot
+from magi_code.auth.store import AuthSnapshot, AuthStore
 from magi_code.auth.tokens import (
     ANTHROPIC_PROVIDER_ID,
     BUILTIN_PROVIDER_IDS,
@@ -27,7 +35,9 @@ from magi_code.auth.tokens import (
     api_key,
     oauth_fields,
 )
+from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext
+from magi_code.storage.stamps import RACY_WINDOW_NS, Stamp, stamp, trusted
 
 
 class ProviderLike(Protocol):
@@ -115,3 +125,138 @@ def is_ready(
     if isinstance(provider, str):
         return False
     return bool(_custom(ctx.env, provider)["ready"])
+
+
+def time_bound(snapshot: AuthSnapshot, now: float) -> float | None:
+    """The first instant after ``now`` at which a readiness answer from ``snapshot`` can
+    change with the clock alone, or ``None`` when none can.
+
+    Only an OAuth record without a refresh token depends on the clock: its access token
+    is usable until ``expires_at`` (see :func:`access_usable`), then it needs a login.
+    """
+    bound: float | None = None
+    for record in snapshot.records.values():
+        access, refresh, expires = oauth_fields(record)
+        if refresh is None and access is not None and expires is not None and expires > now:
+            bound = expires if bound is None else min(bound, expires)
+    return bound
+
+
+# The ``status.provider_auth_ready`` check (``ServiceError`` when settings or auth cannot
+# be read). Contract for memoizing it: its answer is a function of the global and project
+# settings files, the shared auth store, ``ctx.env`` and the clock, and the clock counts
+# only through the access tokens' expiries (:func:`time_bound`); it writes nothing.
+ReadinessCheck = Callable[[LaunchContext], bool]
+
+# Launch contexts (home and project) remembered, and environments per context.
+MAX_MEMO_CONTEXTS: Final = 32
+MAX_MEMO_ENVIRONMENTS: Final = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    env: dict[str, str]
+    stamps: tuple[Stamp, ...]
+    ready: bool
+    # The answer holds for a clock in [since, until); ``until`` None: no expiry involved.
+    since: float
+    until: float | None
+
+
+class ReadinessMemo:
+    """A :data:`ReadinessCheck` that re-reads files only when their stamps changed.
+
+    :meth:`cached` is the fast path (a dictionary lookup, an environment comparison and
+    three ``stat`` calls, cheap enough for the event loop): the remembered answer, or
+    ``None`` when it must be computed. :meth:`compute` runs the check (blocking: call it
+    off the event loop) and remembers the answer unless a file changed within the
+    stamps' racy window, so a file written in place twice within one timestamp tick is
+    read again. Errors are never remembered. Safe to use from several threads.
+    """
+
+    def __init__(
+        self,
+        check: ReadinessCheck,
+        *,
+        clock: Callable[[], float] = time.time,
+        clock_ns: Callable[[], int] = time.time_ns,
+        racy_window_ns: int = RACY_WINDOW_NS,
+    ) -> None:
+        self._check = check
+        self._clock = clock
+        self._clock_ns = clock_ns
+        self._window = racy_window_ns
+        self._lock = threading.Lock()
+        self._answers: OrderedDict[tuple[str, str], list[_Answer]] = OrderedDict()
+
+    @staticmethod
+    def _key(ctx: LaunchContext) -> tuple[str, str]:
+        return (str(ctx.mc_home), str(ctx.project_dir))
+
+    @staticmethod
+    def _stamps(key: tuple[str, str]) -> tuple[Stamp, ...]:
+        home, project = key
+        return (
+            # Settings are read through a symlink; the auth store refuses one.
+            stamp(f"{home}/settings.json"),
+            stamp(f"{project}/.magi-code/settings.json"),
+            stamp(f"{home}/auth.json", follow_symlinks=False),
+        )
+
+    def cached(self, ctx: LaunchContext) -> bool | None:
+        """The remembered answer if nothing it depends on changed, else ``None``."""
+        key = self._key(ctx)
+        with self._lock:
+            answers = self._answers.get(key)
+            if answers is None:
+                return None
+            answer = next((a for a in answers if a.env == ctx.env), None)
+            if answer is None:
+                return None
+            self._answers.move_to_end(key)
+        now = self._clock()
+        if now < answer.since or (answer.until is not None and now >= answer.until):
+            return None
+        try:
+            if self._stamps(key) != answer.stamps:
+                return None
+        except OSError:
+            return None
+        return answer.ready
+
+    def compute(self, ctx: LaunchContext) -> bool:
+        """Run the check and remember its answer when the stamps can vouch for it.
+
+        Raises:
+            ServiceError: whatever the check raises (nothing is remembered).
+        """
+        key = self._key(ctx)
+        env = dict(ctx.env)
+        start = self._clock()
+        taken = self._clock_ns()
+        # Stamps come before the reads: a change during the check leaves a stamp that no
+        # longer matches, so the next request computes again.
+        try:
+            stamps: tuple[Stamp, ...] | None = self._stamps(key)
+        except OSError:
+            stamps = None
+        ready = self._check(ctx)
+        if stamps is None or not trusted(stamps, taken, self._window):
+            return ready
+        try:
+            until = time_bound(AuthStore(ctx.auth_path).read(), start)
+        except ServiceError:  # an unreadable store: the check decides, nothing is kept
+            return ready
+        answer = _Answer(env, stamps, ready, self._clock(), until)
+        with self._lock:
+            answers = self._answers.pop(key, [])
+            answers = [answer, *(a for a in answers if a.env != env)][:MAX_MEMO_ENVIRONMENTS]
+            self._answers[key] = answers
+            while len(self._answers) > MAX_MEMO_CONTEXTS:
+                self._answers.popitem(last=False)
+        return ready
+
+    def __call__(self, ctx: LaunchContext) -> bool:
+        """Blocking: the remembered answer, else a computed one."""
+        ready = self.cached(ctx)
+        return self.compute(ctx) if ready is None else ready

@@ -107,6 +107,8 @@ class ServiceCoordinator:
         self.transports = tuple(transports)
         self._routes: dict[str, Route] = {}
         self._events: list[str] = []
+        # Bumped whenever the route table changes (caches of advertised names key on it).
+        self.routes_version = 0
         self._services: list[DomainService] = []
         self._event_ids = itertools.count(1)
         self._conn_ids = itertools.count(1)
@@ -119,6 +121,7 @@ class ServiceCoordinator:
         for route in service.routes():
             self._routes[route.name] = route
         self._events.extend(e for e in service.events() if e not in self._events)
+        self.routes_version += 1
 
     @property
     def services(self) -> tuple[DomainService, ...]:

@@ -1,11 +1,19 @@
-"""``initialize``, ``status`` and ``capabilities``: negotiation and service discovery."""
+"""``initialize``, ``status`` and ``capabilities``: negotiation and service discovery.
+
+Cheap requests stay cheap: the capabilities payload is built once per transport set (and
+again only if the route table changes), and ``status`` answers from a
+:class:`ReadinessMemo` on the event loop (three ``stat`` calls) unless a settings file,
+the auth store, the environment or an access token's expiry says it must read again, which
+it then does in a worker thread.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
+from magi_code.auth.readiness import ReadinessCheck, ReadinessMemo
 from magi_code.protocol.bounds import string_fits
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
@@ -16,7 +24,6 @@ from magi_code.protocol.limits import (
     MAX_SUMMARY_BYTES,
     PROTOCOL_VERSION,
 )
-from magi_code.storage.launch import LaunchContext
 from magi_code.version import package_version
 
 from .coordinator import Connection, ServiceCoordinator
@@ -38,9 +45,10 @@ ACTIVITY_CAPABILITIES: Final[dict[str, Any]] = {
 
 _INIT_FIELDS: Final = frozenset({"supported_protocol_versions", "requested_capabilities"})
 
-# Reads settings, shared auth and the context's environment; never refreshes or uses the
-# network. Raises ServiceError when settings or auth cannot be read.
-ReadinessCheck = Callable[[LaunchContext], bool]
+# Shared, never mutated: the two possible ``status`` payloads.
+_STATUS: Final[dict[bool, dict[str, Any]]] = {
+    ready: {"service": "ready", "provider_auth_ready": ready} for ready in (False, True)
+}
 
 
 def _negotiation_list(value: object) -> list[Any]:
@@ -79,8 +87,10 @@ class ServiceInfo:
 
     def __init__(self, coordinator: ServiceCoordinator, readiness: ReadinessCheck) -> None:
         self._coordinator = coordinator
-        self._readiness = readiness
+        self._readiness = ReadinessMemo(readiness)
         self._version = package_version()
+        # (transports, route table version) -> the capabilities payload (never mutated).
+        self._advertised: dict[tuple[tuple[str, ...], int], dict[str, Any]] = {}
 
     def routes(self) -> Sequence[Route]:
         return (
@@ -96,14 +106,20 @@ class ServiceInfo:
         return None
 
     def capabilities(self, conn: Connection) -> dict[str, Any]:
-        return {
-            "protocol_versions": [PROTOCOL_VERSION],
-            "operations": self._coordinator.operations,
-            "events": self._coordinator.events,
-            "transports": list(conn.transports),
-            "limits": dict(ADVERTISED_LIMITS),
-            "activity": dict(ACTIVITY_CAPABILITIES),
-        }
+        """The capabilities payload for ``conn`` (shared between answers: never mutate)."""
+        key = (conn.transports, self._coordinator.routes_version)
+        payload = self._advertised.get(key)
+        if payload is None:
+            payload = {
+                "protocol_versions": [PROTOCOL_VERSION],
+                "operations": self._coordinator.operations,
+                "events": self._coordinator.events,
+                "transports": list(conn.transports),
+                "limits": dict(ADVERTISED_LIMITS),
+                "activity": dict(ACTIVITY_CAPABILITIES),
+            }
+            self._advertised[key] = payload
+        return payload
 
     async def _initialize(self, conn: Connection, request: Request, _: None) -> Reply:
         operations = set(self._coordinator.operations)
@@ -122,11 +138,13 @@ class ServiceInfo:
         )
 
     async def _status(self, conn: Connection, request: Request, _: None) -> Reply:
-        try:
-            ready = await asyncio.to_thread(self._readiness, conn.ctx)
-        except ServiceError as exc:
-            raise ServiceError(ErrorCode.INTERNAL_ERROR) from exc
-        return Reply({"service": "ready", "provider_auth_ready": ready})
+        ready = self._readiness.cached(conn.ctx)
+        if ready is None:
+            try:
+                ready = await asyncio.to_thread(self._readiness.compute, conn.ctx)
+            except ServiceError as exc:
+                raise ServiceError(ErrorCode.INTERNAL_ERROR) from exc
+        return Reply(_STATUS[ready])
 
     async def _capabilities(self, conn: Connection, request: Request, _: None) -> Reply:
         return Reply(self.capabilities(conn))
