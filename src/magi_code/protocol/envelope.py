@@ -13,6 +13,10 @@ Theory of operation (inbound), in the order the spec makes observable:
 
 A rejected record with a fresh safe request ID keeps that ID reserved until its error
 response is written, exactly like an accepted synchronous request.
+
+Short lines skip the structural walk (inbound and outbound alike) when the line itself
+proves every bound holds (:func:`_within_bounds`): most records and answers are a few
+hundred bytes, and the walk would cost more than parsing them.
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ import orjson
 from .bounds import check_bounds, string_fits
 from .errors import ErrorCode, ServiceError
 from .limits import (
+    MAX_ARRAY_ITEMS,
     MAX_ID_BYTES,
+    MAX_JSON_DEPTH,
     MAX_NAME_BYTES,
+    MAX_OBJECT_FIELDS,
     MAX_PAYLOAD_BYTES,
     MAX_RECORD_BYTES,
+    MAX_STRING_BYTES,
     PROTOCOL_VERSION,
 )
 
@@ -38,6 +46,27 @@ ENVELOPE_FIELDS: Final = frozenset(
     {"protocol_version", "kind", "request_id", "session_id", "method", "payload"}
 )
 _METHOD_RE: Final = re.compile(r"[a-z][a-z0-9_.]*\Z")
+# A line with fewer commas than this has no array or object with too many members.
+_MAX_COMMAS: Final = min(MAX_ARRAY_ITEMS, MAX_OBJECT_FIELDS)
+# No string in a line this short can be over the string limit.
+_SHORT_LINE: Final = MAX_STRING_BYTES
+
+
+def _within_bounds(line: bytes) -> bool:
+    """Whether the JSON text ``line`` provably meets every structural bound and the payload
+    limit, from counts alone. No string or key decodes to more UTF-8 bytes than the line
+    has (an escape is never shorter than what it stands for); a container of n members
+    needs n - 1 commas; nesting d containers deep needs d opening brackets. Brackets and
+    commas inside strings only make the counts larger, so ``True`` is always right and
+    ``False`` means "walk the value" (:func:`check_bounds`). The compact payload is at most
+    the line plus what its numbers gain when re-encoded: strings never grow, and each of at
+    most 64 + 32 numbers grows by at most 23 bytes (``1e15`` -> ``1000000000000000.0``),
+    far below the 16 KiB between the short-line and the payload limits."""
+    return (
+        len(line) <= _SHORT_LINE
+        and line.count(b",") < _MAX_COMMAS
+        and line.count(b"{") + line.count(b"[") <= MAX_JSON_DEPTH
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +126,17 @@ def decode_record(line: bytes, is_reserved: Any) -> Request | Rejected:
         if "depth limit" in str(exc):
             return Rejected(ErrorCode.LIMIT_EXCEEDED, Identity())
         return Rejected(ErrorCode.INVALID_JSON, Identity())
-    return decode_object(record, is_reserved, measured=True)
+    return decode_object(record, is_reserved, measured=True, bounded=_within_bounds(line))
 
 
 def decode_object(
-    record: object, is_reserved: Any, *, measured: bool = False
+    record: object, is_reserved: Any, *, measured: bool = False, bounded: bool = False
 ) -> Request | Rejected:
     """Validate a record a transport already decoded (a v2 ``request`` message).
 
     Unless ``measured`` (it came from a bounded line), its encoded size is checked against
-    the record bound first, and a value JSON cannot carry is ``invalid_json``.
+    the record bound first, and a value JSON cannot carry is ``invalid_json``. ``bounded``
+    (its line was shown to meet every structural bound) skips the structural walk.
     """
     if not isinstance(record, dict):
         return Rejected(ErrorCode.INVALID_REQUEST, Identity())
@@ -121,7 +151,7 @@ def decode_object(
     if identity.request_id is not None and is_reserved(identity.request_id):
         return Rejected(ErrorCode.DUPLICATE_REQUEST_ID, identity, duplicate=True)
     try:
-        return _validate_envelope(record, identity)
+        return _validate_envelope(record, identity, bounded)
     except ServiceError as exc:
         return Rejected(exc.code, identity)
 
@@ -138,8 +168,9 @@ def _id_field(value: object, *, required: bool) -> str | None:
     return value
 
 
-def _validate_envelope(record: dict[str, Any], identity: Identity) -> Request:
-    check_bounds(record)
+def _validate_envelope(record: dict[str, Any], identity: Identity, bounded: bool) -> Request:
+    if not bounded:
+        check_bounds(record)
     version = record.get("protocol_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise ServiceError(ErrorCode.INVALID_REQUEST)
@@ -149,22 +180,24 @@ def _validate_envelope(record: dict[str, Any], identity: Identity) -> Request:
         raise ServiceError(ErrorCode.INVALID_REQUEST)
     if record.get("kind") != "request":
         raise ServiceError(ErrorCode.INVALID_REQUEST)
-    request_id = _id_field(record.get("request_id"), required=True)
+    # A field the identity already found safe passes its own checks unchanged.
+    request_id = identity.request_id or _id_field(record.get("request_id"), required=True)
     assert request_id is not None
-    method = record.get("method")
+    method = identity.method or record.get("method")
     if not isinstance(method, str):
         raise ServiceError(ErrorCode.INVALID_REQUEST)
-    if not string_fits(method, MAX_NAME_BYTES):
-        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-    if not is_safe_name(method):
-        raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
-    session_id = _id_field(record.get("session_id"), required=False)
+    if identity.method is None:
+        if not string_fits(method, MAX_NAME_BYTES):
+            raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+        if not is_safe_name(method):
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+    session_id = identity.session_id or _id_field(record.get("session_id"), required=False)
     if "payload" not in record:
         raise ServiceError(ErrorCode.INVALID_REQUEST)
     payload = record["payload"]
     if not isinstance(payload, dict):
         raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
+    if payload and not bounded and len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
         raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE)
     return Request(request_id, session_id, method, payload)
 
@@ -229,11 +262,18 @@ class OutboundError(Exception):
 def encode_message(message: dict[str, Any]) -> bytes:
     """One validated JSONL line (with its newline)."""
     try:
+        line = orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:
+        line = None  # checked below, bounds first, as for any other message
+    if line is not None and _within_bounds(line):
+        return line  # the payload is part of the line: within its limit too
+    try:
         check_bounds(message)
         payload = message.get("payload")
         if payload is not None and len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
             raise OutboundError("outbound payload exceeds the payload limit")
-        line = orjson.dumps(message) + b"\n"
+        if line is None:
+            line = orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
     except ServiceError as exc:
         raise OutboundError("outbound message exceeds a structural limit") from exc
     except TypeError as exc:
