@@ -4,7 +4,8 @@ The coordinator enqueues *batches*; the adapter encodes a whole batch, writes it
 calls ``Batch.written()`` so reservations tied to that batch are released only after the
 write attempt, as the spec requires. FIFO order is the per-connection ordering guarantee:
 a turn's acceptance response and ``turn.started`` share one batch, and everything the
-turn emits later is enqueued after it.
+turn emits later is enqueued after it. An adapter may take several queued batches at once
+(:meth:`Output.get_batches`) and write them together, settling each after that write.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Output:
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Batch | None] = asyncio.Queue()
         self._closed = False
+        self._ended = False  # get_batches took the end marker
 
     @property
     def closed(self) -> bool:
@@ -87,6 +89,28 @@ class Output:
         if self._closed and self._queue.empty():
             return None
         return await self._queue.get()
+
+    async def get_batches(self, limit: int) -> list[Batch]:
+        """The next batch and up to ``limit - 1`` more already queued behind it, in order;
+        an empty list once the channel is closed or finished and drained.
+
+        Whoever takes batches owns settling them (``written()``), even those it never
+        writes: :meth:`close` settles only what is still queued.
+        """
+        if self._ended:
+            return []
+        first = await self.get()
+        if first is None:
+            self._ended = True
+            return []
+        batches = [first]
+        while len(batches) < limit and not self._queue.empty():
+            batch = self._queue.get_nowait()
+            if batch is None:
+                self._ended = True
+                break
+            batches.append(batch)
+        return batches
 
     def close(self) -> None:
         """Stop accepting output; queued batches are settled without being written."""

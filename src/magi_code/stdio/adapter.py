@@ -1,10 +1,20 @@
 """The v1 stdio adapter: JSONL in on stdin, JSONL out on stdout, diagnostics on stderr.
 
-The adapter owns framing and writing only. It answers each input record and waits until
-that record's batch has been written and flushed before it reads the next one; turn and
-login events are written between responses as workers produce them. On EOF (or SIGTERM)
-it asks the coordinator to cancel and drain the connection's work, writes the remaining
-batches while stdout is open, and returns.
+The adapter owns framing and writing only. It hands every input record to the
+coordinator as it is framed, without waiting for earlier answers to be written, but never
+holds more than :data:`MAX_UNWRITTEN_ANSWERS` answers that are not yet written: then it
+waits for the oldest before it handles the next record (and so stops reading stdin while
+stdout is blocked). The writer takes every batch already queued (up to
+:data:`MAX_WRITE_BATCHES`), encodes each whole, writes them with one ``write`` and only
+then settles each batch in order, which releases its request IDs; pipelined answers thus
+leave in few writes, in order. Turn and login events are queued between responses as
+workers produce them. On EOF (or SIGTERM) it asks the coordinator to cancel and drain the
+connection's work, writes the remaining batches while stdout is open, and returns.
+
+Output failures stop the writer: a batch that cannot be encoded is never written (the
+batches before it in the same write are), and a failed write settles every batch it
+carried; either prints one diagnostic, closes the output (settling what is still queued)
+and makes the exit status 1.
 
 Protocol output goes to a private duplicate of fd 1; fd 1 itself is pointed at stderr so
 that nothing else in the process (or a child that inherits it) can corrupt the stream.
@@ -22,6 +32,7 @@ import os
 import signal
 import stat
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, Protocol
@@ -34,6 +45,10 @@ from magi_code.protocol.framing import TOO_LARGE, LineFramer
 from magi_code.storage.launch import LaunchContext
 
 READ_CHUNK = 65536
+# Answers handed to the writer and not yet written before input handling waits.
+MAX_UNWRITTEN_ANSWERS: Final = 64
+# Batches the writer puts into one write at most.
+MAX_WRITE_BATCHES: Final = 256
 # How long an exiting service waits for a frontend to read its last output.
 FLUSH_SECONDS = 10.0
 EXIT_UNSAFE_HOME: Final = 1
@@ -138,25 +153,72 @@ def diagnostic(message: str) -> None:
         os.write(2, f"magi-code: {message}\n".encode())
 
 
+def _settle(batches: list[Batch]) -> None:
+    for batch in batches:
+        batch.written()
+
+
 async def write_loop(output: Output, writer: ByteWriter) -> bool:
     """Write batches until the channel ends. False after an output failure."""
-    while (batch := await output.get()) is not None:
-        try:
-            data = encode_batch(batch.messages)
-        except OutboundError as exc:
-            diagnostic(f"output error: {exc}; stopping")
-            batch.written()
+    while batches := await output.get_batches(MAX_WRITE_BATCHES):
+        encoded: list[bytes] = []
+        failure: OutboundError | None = None
+        for batch in batches:
+            try:
+                encoded.append(encode_batch(batch.messages))
+            except OutboundError as exc:
+                failure = exc
+                break
+        sent = batches[: len(encoded)]
+        if sent:
+            try:
+                await writer.write(encoded[0] if len(encoded) == 1 else b"".join(encoded))
+            except (OSError, ConnectionError, RuntimeError):
+                diagnostic("output error: stdout closed; stopping")
+                _settle(batches)
+                output.close()
+                return False
+            _settle(sent)
+        if failure is not None:
+            diagnostic(f"output error: {failure}; stopping")
+            _settle(batches[len(encoded) :])
             output.close()
             return False
-        try:
-            await writer.write(data)
-        except (OSError, ConnectionError, RuntimeError):
-            diagnostic("output error: stdout closed; stopping")
-            batch.written()
-            output.close()
-            return False
-        batch.written()
     return True
+
+
+class StopSignal:
+    """SIGTERM/SIGINT for the input pump: a read in progress ends as at EOF, and no
+    further read starts. Costs nothing per read (no extra task or future)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._reading: asyncio.Task[object] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        if self._reading is not None:
+            self._reading.cancel()
+
+    async def read(self, reader: ByteReader) -> bytes:
+        """The next chunk of input, or ``b\"\"`` (as at EOF) once stopped."""
+        if self._set:
+            return b""
+        task = asyncio.current_task()
+        assert task is not None
+        self._reading = task
+        try:
+            return await reader.read(READ_CHUNK)
+        except asyncio.CancelledError:
+            # Ours only if stopped and nobody else cancelled the task too.
+            if not self.is_set() or task.uncancel() > 0:
+                raise
+            return b""
+        finally:
+            self._reading = None
 
 
 async def pump_input(
@@ -164,11 +226,13 @@ async def pump_input(
     conn: Connection,
     reader: ByteReader,
     writer_task: asyncio.Task[bool],
-    stop: asyncio.Event,
+    stop: StopSignal,
 ) -> None:
     framer = LineFramer()
+    # Answers not yet written, oldest first (only the oldest is ever waited for).
+    unwritten: deque[Batch] = deque()
     while not stop.is_set():
-        chunk = await read_or_stop(reader, stop)
+        chunk = await stop.read(reader)
         frames = framer.feed(chunk) if chunk else framer.eof()
         for frame in frames:
             if writer_task.done() or conn.output.closed:
@@ -179,24 +243,15 @@ async def pump_input(
             else:
                 assert isinstance(frame, bytes)
                 batch = await coordinator.handle_record(conn, frame)
-            if batch is not None:
-                await _wait_written(batch.done, writer_task)
+            if batch is None:
+                continue
+            unwritten.append(batch)
+            while unwritten and unwritten[0].done.is_set():
+                unwritten.popleft()
+            if len(unwritten) >= MAX_UNWRITTEN_ANSWERS:
+                await _wait_written(unwritten[0].done, writer_task)
         if not chunk:
             return
-
-
-async def read_or_stop(reader: ByteReader, stop: asyncio.Event) -> bytes:
-    """The next chunk of input, or ``b\"\"`` (as at EOF) once ``stop`` is set."""
-    read = asyncio.ensure_future(reader.read(READ_CHUNK))
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if read.done():
-        return read.result()
-    read.cancel()
-    return b""
 
 
 async def _wait_written(done: asyncio.Event, writer_task: asyncio.Task[bool]) -> None:
@@ -282,7 +337,7 @@ async def serve_stdio(
     reader = await open_reader(0)
     writer = await open_writer(proto_fd)
     writer_task = asyncio.create_task(write_loop(conn.output, writer))
-    stop = asyncio.Event()
+    stop = StopSignal()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
