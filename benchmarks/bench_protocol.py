@@ -1,8 +1,9 @@
 """Protocol overhead through the real stdio process (issue 2).
 
 Figures: sequential ``status`` round-trip latency (median, p99) and rate; pipelined
-``status`` throughput; process spawn -> first ``initialize`` response; and the in-process
-cost of decoding/validating a maximum-size request record (``decode_record``).
+``status`` throughput; sequential ``capabilities`` and ``session.list`` rates (the other
+cheap requests); process spawn -> first ``initialize`` response; and the in-process cost
+of decoding/validating a maximum-size request record (``decode_record``).
 
     .venv/bin/python benchmarks/bench_protocol.py [--quick]
 """
@@ -53,6 +54,19 @@ async def sequential(service: ServiceProcess, warmup: int, count: int) -> None:
     figure("status round trip, median", median(samples) * 1e3, "ms")
     figure("status round trip, p99", percentile(samples, 99) * 1e3, "ms")
     figure("sequential status rate", count / total, "req/s", "codex app-server ~7,200 req/s")
+
+
+async def cheap_requests(service: ServiceProcess, warmup: int, count: int) -> None:
+    """Sequential rates of the other cheap requests (``session.list`` of an empty home)."""
+    for method in ("capabilities", "session.list"):
+        for _ in range(warmup):
+            await service.request(method)
+        began = time.perf_counter()
+        for _ in range(count):
+            response = await service.request(method)
+            if response["error"] is not None:
+                raise RuntimeError(f"{method} failed: {response['error']}")
+        figure(f"sequential {method} rate", count / (time.perf_counter() - began), "req/s")
 
 
 async def pipelined(service: ServiceProcess, count: int) -> None:
@@ -154,6 +168,7 @@ async def main(args: argparse.Namespace) -> None:
         async with running_service(ws) as service:
             await sequential(service, 50 if args.quick else 300, 200 if args.quick else 2000)
             await pipelined(service, 500 if args.quick else 10000)
+            await cheap_requests(service, 20 if args.quick else 100, 100 if args.quick else 1000)
     await spawn_to_initialize(2 if args.quick else 10)
     decode_cost(20 if args.quick else 300)
 

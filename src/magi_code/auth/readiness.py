@@ -255,8 +255,3 @@ class ReadinessMemo:
             while len(self._answers) > MAX_MEMO_CONTEXTS:
                 self._answers.popitem(last=False)
         return ready
-
-    def __call__(self, ctx: LaunchContext) -> bool:
-        """Blocking: the remembered answer, else a computed one."""
-        ready = self.cached(ctx)
-        return self.compute(ctx) if ready is None else ready

@@ -351,6 +351,7 @@ class Client:
             turn_id=turn_id,
             status=cast(AttachStatus, answer["status"]),
             events=cast(list[EventEnvelope], answer["events"]),
+            failure=_text_or_none(answer.get("failure")),
         )
 
     async def take_control(self, session_id: str) -> ControlGranted:
@@ -651,3 +652,7 @@ async def connect_channel(
             # The daemon ensure_daemon found or started: never ask it to make way again.
             return await attempt(None)
     raise DaemonUnavailable("the daemon stopped while connecting")
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -70,6 +70,7 @@ class SnapshotItem(TypedDict):
     assistant_text: str  # accepted so far, or the terminal's
     sequence: int  # the last sequence emitted
     terminal: dict[str, Any] | None  # the terminal payload without assistant_text
+    failure: str | None  # a failed turn's label (docs/turns.md), else None
 
 
 class SnapshotPage(TypedDict):
@@ -92,6 +93,7 @@ class AttachResult(TypedDict):
     turn_id: str
     status: AttachStatus
     events: list[EventEnvelope]
+    failure: str | None  # a failed turn's label when known, else None
 
 
 class GrantedTurn(TypedDict):

@@ -12,6 +12,7 @@ callers run them off the event loop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -27,6 +28,11 @@ from magi_code.providers.http import NetworkSettings
 from magi_code.providers.types import ApiKind
 from magi_code.storage.files import atomic_write, locked, read_regular
 from magi_code.storage.launch import LaunchContext
+
+log = logging.getLogger(__name__)
+# The last problem logged per settings file (a daemon reads many projects' files).
+_reported: dict[Path, str | None] = {}
+MAX_REPORTED_FILES: Final = 1024
 
 MAX_SETTINGS_BYTES: Final = 1 << 20
 # Settings may carry MCP server environments (tokens), so they are private to the user.
@@ -112,26 +118,62 @@ def read_document(path: Path, scope: Scope) -> dict[str, Any]:
 
     Raises:
         ServiceError: ``configuration_unavailable`` when the file is unreadable, too large,
-            not a regular file, not a JSON object, or has an invalid known field.
+            not a regular file, not a JSON object, or has an invalid known field. What is
+            wrong (scope, line and column, or the field) goes to the log, never the wire.
     """
+    document, problem = _parse_document(path, scope)
+    if _reported.get(path) != problem:  # once per change, not on every request
+        if len(_reported) >= MAX_REPORTED_FILES:
+            _reported.clear()
+        _reported[path] = problem
+        if problem is not None:
+            log.warning("the %s settings file is unusable: %s", scope.value, problem)
+    if problem is not None:
+        raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE)
+    return document
+
+
+def settings_problem(path: Path, scope: Scope) -> str | None:
+    """What makes the settings file at ``path`` unusable (no path in it), or None."""
+    return _parse_document(path, scope)[1]
+
+
+def _parse_document(path: Path, scope: Scope) -> tuple[dict[str, Any], str | None]:
     try:
         # A symlinked settings file is read through (writes replace the link); a FIFO or
         # other special file at the path is refused without blocking.
         data = read_regular(path, MAX_SETTINGS_BYTES, follow_symlinks=True)
     except FileNotFoundError:
-        return {}
-    except OSError:
-        raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE) from None
+        return {}, None
+    except OSError as exc:
+        return {}, f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if len(data) > MAX_SETTINGS_BYTES:
+        return {}, f"is larger than {MAX_SETTINGS_BYTES} bytes"
     try:
         document = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE) from None
+    except orjson.JSONDecodeError as exc:
+        return {}, f"is not valid JSON (line {exc.lineno}, column {exc.colno})"
     schema = SETTINGS_SCHEMA if scope is Scope.GLOBAL else project_schema()
-    if len(data) > MAX_SETTINGS_BYTES or not is_valid(document, schema):
-        raise ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE)
+    if not isinstance(document, dict):
+        return {}, "is not a JSON object"
+    if not is_valid(document, schema):
+        return {}, _invalid_field(document, schema)
     # The schema's root type is object, so this is a dict.
     result: dict[str, Any] = document
-    return result
+    return result, None
+
+
+def _invalid_field(document: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    extra = schema.get("additionalProperties", True)
+    for key, value in document.items():
+        if not is_valid(value, properties.get(key, extra)):
+            return (
+                f"field {key!r} has an invalid value"
+                if key in properties
+                else "has an unknown field"
+            )
+    return "does not match the settings schema"
 
 
 def encode_document(document: Mapping[str, Any]) -> bytes:

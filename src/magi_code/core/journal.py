@@ -54,6 +54,7 @@ class TurnLog:
     last_sequence: int = -1
     evicted_upto: int = -1  # highest sequence no longer buffered
     terminal: dict[str, Any] | None = None
+    failure: str | None = None  # the failed terminal's label (not in the v1 payload)
     finished_at: float | None = None
     followers: list[Deliver] = field(default_factory=list)
 
@@ -93,6 +94,7 @@ class TurnLog:
             "assistant_text": text,
             "sequence": self.last_sequence,
             "terminal": rest,
+            "failure": self.failure,
         }
 
 
@@ -116,6 +118,7 @@ class TurnJournal:
             log.text.append(payload["text"])
         elif event.name == "turn.terminal":
             log.terminal = payload
+            log.failure = event.failure
             log.finished_at = self._clock()
             # The terminal carries the authoritative text: drop the per-delta pieces.
             log.text.clear()
@@ -165,6 +168,11 @@ class TurnJournal:
             return ("resync" if after < log.evicted_upto else "finished"), events
         log.followers.append(deliver)
         return ("resync" if after < log.evicted_upto else "attached"), events
+
+    def failure(self, turn_id: str) -> str | None:
+        """The failure label of a journaled failed turn, else None."""
+        log = self._turns.get(turn_id)
+        return None if log is None else log.failure
 
     def unfollow(self, turn_id: str, deliver: Deliver) -> None:
         log = self._turns.get(turn_id)

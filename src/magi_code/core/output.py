@@ -36,6 +36,9 @@ class TurnEvent:
     name: str
     sequence: int
     envelope: dict[str, Any]
+    # On a failed turn's terminal: the fixed failure label (``turns/failures.py``), which
+    # the v1 payload does not carry.
+    failure: str | None = None
 
     @property
     def turn_id(self) -> str:

@@ -28,6 +28,7 @@ from magi_code.protocol import envelope
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.sessions.ids import validate_session_id
 from magi_code.storage.launch import LaunchContext
+from magi_code.turns import failures
 
 from .coordinator import Connection, ServiceCoordinator
 from .journal import SnapshotQuery, TurnJournal
@@ -157,8 +158,9 @@ class PersistentCoordinator:
         after: int,
         session_id: str | None,
         deliver: Callable[[TurnEvent], None],
-    ) -> tuple[str, list[dict[str, Any]]]:
-        """``(status, event envelopes)``; raises ServiceError ``unknown_turn``/``session_busy``.
+    ) -> tuple[str, list[dict[str, Any]], str | None]:
+        """``(status, event envelopes, failure label)``; raises ServiceError
+        ``unknown_turn``/``session_busy``.
 
         A turn in the journal is answered (and followed) before any await, so the caller
         can send the answer before any later live event of that turn.
@@ -166,24 +168,28 @@ class PersistentCoordinator:
         answer = self.journal.attach(turn_id, after, deliver)
         if answer is not None:
             status, events = answer
-            return status, [event.envelope for event in events]
+            return status, [event.envelope for event in events], self.journal.failure(turn_id)
         if session_id is None or self.sessions is None:
             raise ServiceError(ErrorCode.UNKNOWN_TURN)
         session_id = validate_session_id(session_id)
         if self.turns is not None and turn_id in self.turns.active:
             # Running here but not journaled (a v1 shim's turn): it cannot be followed.
             raise ServiceError(ErrorCode.SESSION_BUSY)
-        terminal = await self._durable_terminal(session_id, turn_id)
-        return "finished", [terminal]
+        terminal, failure = await self._durable_terminal(session_id, turn_id)
+        return "finished", [terminal], failure
 
-    async def _durable_terminal(self, session_id: str, turn_id: str) -> dict[str, Any]:
+    async def _durable_terminal(
+        self, session_id: str, turn_id: str
+    ) -> tuple[dict[str, Any], str | None]:
         assert self.sessions is not None
         store = self.sessions.store
         outcome = await asyncio.to_thread(store.turn_outcome, session_id, turn_id)
         if outcome is None:
             raise ServiceError(ErrorCode.UNKNOWN_TURN)
+        failure = None
         if outcome.status is None:
             # Its service died mid-turn: record the turn as failed (repairing the tail).
+            failure = failures.INTERRUPTED
             outcome = await asyncio.to_thread(store.close_interrupted_turn, session_id, turn_id)
             if outcome is None or outcome.status is None:
                 raise ServiceError(ErrorCode.UNKNOWN_TURN)
@@ -199,7 +205,7 @@ class PersistentCoordinator:
             "replay_required": True,
         }
         event_id = self.coordinator.next_event_id()
-        return envelope.event(event_id, None, session_id, "turn.terminal", payload)
+        return envelope.event(event_id, None, session_id, "turn.terminal", payload), failure
 
     # -- control grants --------------------------------------------------------------------
 

@@ -30,13 +30,16 @@ from typing import Any, Final
 
 import orjson
 
+from magi_code.auth.credentials import CredentialsError
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
 from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.ids import validate_session_id
-from magi_code.turns.agent import OutputLimitExceeded
-from magi_code.turns.runtime import TurnRequest, TurnRuntime, prepare_settings
+from magi_code.providers.errors import ProviderFailure
+from magi_code.turns import failures
+from magi_code.turns.agent import IterationLimitExceeded, OutputLimitExceeded
+from magi_code.turns.runtime import TurnRequest, TurnRuntime, TurnSetupError, prepare_settings
 
 from .coordinator import Connection
 from .idempotency import RETAIN_SECONDS, StartKeys, repeated
@@ -70,6 +73,26 @@ _TERMINAL_OVERHEAD: Final = len(
         }
     )
 )
+
+
+def failure_label(exc: BaseException) -> str:
+    """The fixed label (``turns/failures.py``) for what ended a turn; never exception text."""
+    label: str
+    if isinstance(exc, ProviderFailure):
+        label = exc.label.value
+    elif isinstance(exc, ServiceError):
+        label = exc.code.value
+    elif isinstance(exc, CredentialsError | TurnSetupError):
+        label = exc.label
+    elif isinstance(exc, OutputLimitExceeded):
+        label = failures.OUTPUT_LIMIT
+    elif isinstance(exc, IterationLimitExceeded):
+        label = failures.REQUEST_LIMIT
+    elif isinstance(exc, OSError):
+        label = failures.STORAGE
+    else:
+        label = failures.INTERNAL
+    return label if label in failures.REMEDIES else failures.INTERNAL
 
 
 def _validate_start(request: Request) -> str:
@@ -125,6 +148,7 @@ class TurnRun:
         self.task: asyncio.Task[None] | None = None
         self._settle_text: Callable[[], Awaitable[None]] | None = None
         self._cancel_requested = False
+        self.failure: str | None = None  # the label, once the turn failed
 
     # -- the sink the agent writes to ----------------------------------------------------
 
@@ -186,7 +210,8 @@ class TurnRun:
 
     def event(self, name: str, payload: dict[str, Any]) -> TurnEvent:
         envelope = self.conn.event(self.request_id, self.session_id, name, payload)
-        return TurnEvent(self.info, name, payload["sequence"], envelope)
+        failure = self.failure if name == "turn.terminal" else None
+        return TurnEvent(self.info, name, payload["sequence"], envelope, failure)
 
     async def _pump(self) -> None:
         while (item := await self._queue.get()) is not None:
@@ -208,7 +233,8 @@ class TurnRun:
             status = "cancelled"
         except Exception as exc:  # noqa: BLE001 - the turn's failure boundary
             status = "failed"
-            log.warning("turn failed (%s)", getattr(exc, "label", type(exc).__name__))
+            self.failure = failure_label(exc)
+            log.warning("turn failed (%s)", self.failure)
         self._admission_open = False
         # Nothing stamps a sequence after admission closed: the terminal's is known now.
         sequence = self._stamp()

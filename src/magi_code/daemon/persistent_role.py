@@ -116,7 +116,7 @@ class PersistentRole:
 
     async def _attach(self, frame: v2.Attach) -> None:
         try:
-            status, events = await self.core.attach(
+            status, events, failure = await self.core.attach(
                 frame.turn_id, frame.after_sequence, frame.session_id, self._deliver
             )
         except ServiceError as exc:
@@ -131,7 +131,7 @@ class PersistentRole:
         for index, part in enumerate(parts):
             more = index < len(parts) - 1
             if index == 0:
-                self.peer.send(v2.attach_result(frame.id, status, part, more))
+                self.peer.send(v2.attach_result(frame.id, status, part, more, failure))
             else:
                 self.peer.send(v2.attach_more(frame.id, part, more))
 

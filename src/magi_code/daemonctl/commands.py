@@ -110,10 +110,14 @@ def run(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None) -> int:
 
 
 def _run(coro: Any) -> int:
+    result: int = _run_value(coro)
+    return result
+
+
+def _run_value(coro: Any) -> Any:
     import uvloop
 
-    result: int = uvloop.run(coro)
-    return result
+    return uvloop.run(coro)
 
 
 def _fail(message: str, code: int = EXIT_FAILURE, stream: TextIO | None = None) -> int:
@@ -182,7 +186,14 @@ def _recorded(paths: RuntimePaths) -> dict[str, Any]:
     }
 
 
-async def _status(ctx: LaunchContext, as_json: bool) -> int:
+def query_daemon(ctx: LaunchContext) -> dict[str, Any]:
+    """``daemon status --json``'s document (bounded waits, touches nothing)."""
+    state: tuple[dict[str, Any], bool] = _run_value(_daemon_state(ctx))
+    return state[0]
+
+
+async def _daemon_state(ctx: LaunchContext) -> tuple[dict[str, Any], bool]:
+    """The status document, and whether the socket path is served by something else."""
     paths = runtime_paths(ctx)
     status: dict[str, Any] | None = None
     error = "it does not answer"
@@ -215,6 +226,12 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
         if blocked:
             status["error"] = error
     status.setdefault("log", str(paths.log))
+    return status, blocked
+
+
+async def _status(ctx: LaunchContext, as_json: bool) -> int:
+    status, blocked = await _daemon_state(ctx)
+    error = status.get("error")
     if as_json:
         sys.stdout.write(orjson.dumps(status).decode() + "\n")
     elif status["running"]:

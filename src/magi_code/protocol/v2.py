@@ -506,14 +506,20 @@ def snapshot_result(
 
 
 def attach_result(
-    frame_id: object, status: str, events: Sequence[Mapping[str, Any]], more: bool
+    frame_id: object,
+    status: str,
+    events: Sequence[Mapping[str, Any]],
+    more: bool,
+    failure: str | None = None,
 ) -> dict[str, Any]:
+    """``failure``: a failed turn's label, when known (the v1 terminal carries none)."""
     return {
         "t": "attach_result",
         "id": frame_id,
         "status": status,
         "events": list(events),
         "more": more,
+        "failure": failure,
     }
 
 

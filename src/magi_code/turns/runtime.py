@@ -24,6 +24,7 @@ from magi_code.storage.files import locked
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.base import Tool, ToolContext
 from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
+from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED
 
 from . import activity
 from .agent import Agent, AgentEnv, AgentPlan, TurnSink
@@ -127,7 +128,7 @@ class TurnRuntime:
         settings, effective = turn.prepared.settings, turn.prepared.effective
         provider = effective.provider
         if provider is None:
-            raise TurnSetupError("provider_unavailable")
+            raise TurnSetupError(PROVIDER_NOT_CONFIGURED)
         store = AuthStore(ctx.auth_path)
         # The launch context's proxy/CA environment and the captured ``network`` settings.
         http = self.clients.bound(transport_options(ctx.env, settings.network))

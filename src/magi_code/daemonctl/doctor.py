@@ -1,0 +1,308 @@
+"""``magi-code doctor [--json] [--network]``: can a turn run here, and if not, why.
+
+Each check is one :class:`Finding` (``ok``, ``warn`` or ``fail``) with a remedy for
+anything that is not ``ok``. Nothing here changes a file or starts a daemon; without
+``--network`` nothing leaves the machine. Messages are for the operator's terminal: they
+may name files, never secrets (credential values are never read into a message, only
+whether they are present). Exit status 0 only when no check failed, i.e. a turn could
+run with this environment, in this directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Final, Literal
+
+import orjson
+
+from magi_code.auth.readiness import provider_status
+from magi_code.auth.store import AuthStore
+from magi_code.auth.tokens import ANTHROPIC_PROVIDER_ID, CODEX_PROVIDER_ID
+from magi_code.config.effective import resolve_effective
+from magi_code.config.settings import (
+    ProviderDefinition,
+    Scope,
+    Settings,
+    all_providers,
+    load_settings,
+    settings_path,
+    settings_problem,
+)
+from magi_code.endpoint.paths import UnsafeRuntimeDir, runtime_paths, verify_private_dir
+from magi_code.protocol.errors import ServiceError
+from magi_code.storage.launch import LaunchContext
+from magi_code.version import build_id, package_version
+
+Status = Literal["ok", "warn", "fail"]
+NETWORK_TIMEOUT_SECONDS: Final = 5.0
+SUPPORTED_PLATFORMS: Final = ("linux", "darwin")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    check: str
+    status: Status
+    detail: str
+    remedy: str = ""
+
+
+def main(ctx: LaunchContext, *, as_json: bool, network: bool) -> int:
+    findings = run_checks(ctx, network=network)
+    ready = all(f.status != "fail" for f in findings)
+    if as_json:
+        document = {"turn_ready": ready, "checks": [asdict(f) for f in findings]}
+        sys.stdout.write(orjson.dumps(document).decode() + "\n")
+    else:
+        for f in findings:
+            line = f"{f.status:<5} {f.check:<12} {f.detail}"
+            sys.stdout.write(line + (f"\n      {'':<12} → {f.remedy}" if f.remedy else "") + "\n")
+        verdict = "a turn can run here" if ready else "a turn cannot run here yet"
+        sys.stdout.write(f"magi-code doctor: {verdict}\n")
+    return 0 if ready else 1
+
+
+def run_checks(ctx: LaunchContext, *, network: bool) -> list[Finding]:
+    findings = [_platform(), *_home(ctx), _daemon(ctx)]
+    settings_findings = _settings_files(ctx)
+    findings.extend(settings_findings)
+    if any(f.status == "fail" for f in settings_findings):
+        return findings  # nothing below can be judged from unusable settings
+    settings = load_settings(ctx)
+    selection, provider = _selection(ctx, settings)
+    findings.append(selection)
+    findings.extend(_credentials(ctx, settings, provider))
+    findings.extend(_mcp_servers(ctx, settings))
+    if network and provider is not None:
+        findings.append(_reachable(ctx, settings, provider))
+    return findings
+
+
+def _platform() -> Finding:
+    version = ".".join(map(str, sys.version_info[:3]))
+    detail = f"Python {version} on {sys.platform}, magi-code {package_version()}"
+    if not sys.platform.startswith(SUPPORTED_PLATFORMS):
+        return Finding("platform", "fail", detail, "magi-code runs on Linux and macOS only")
+    return Finding("platform", "ok", detail)
+
+
+def _home(ctx: LaunchContext) -> list[Finding]:
+    home = ctx.mc_home
+    try:
+        info = os.stat(home)
+    except FileNotFoundError:
+        return [Finding("mc_home", "ok", f"{home} (created on first use)")]
+    except OSError as exc:
+        return [Finding("mc_home", "fail", f"{home}: {exc.strerror}", "fix MC_HOME or its parent")]
+    if not stat.S_ISDIR(info.st_mode):
+        return [Finding("mc_home", "fail", f"{home} is not a directory", "point MC_HOME elsewhere")]
+    if not os.access(home, os.W_OK | os.X_OK):
+        return [
+            Finding(
+                "mc_home",
+                "fail",
+                f"{home} is not writable",
+                f"make it writable: chmod u+rwx {home}",
+            )
+        ]
+    findings = [Finding("mc_home", "ok", str(home))]
+    if info.st_mode & 0o077:
+        findings.append(
+            Finding(
+                "mc_home",
+                "warn",
+                f"{home} is readable by other users (mode {stat.S_IMODE(info.st_mode):o})",
+                f"chmod 700 {home}",
+            )
+        )
+    try:
+        paths = runtime_paths(ctx)
+    except UnsafeRuntimeDir as exc:
+        return [
+            *findings,
+            Finding(
+                "runtime_dir", "fail", str(exc), "set MC_RUNTIME_DIR to a short private directory"
+            ),
+        ]
+    for directory in (paths.state_dir, paths.socket_dir):
+        if not directory.exists():
+            continue
+        try:
+            verify_private_dir(directory)
+        except UnsafeRuntimeDir as exc:
+            findings.append(
+                Finding("runtime_dir", "fail", str(exc), "fix the mode as the message says")
+            )
+    return findings
+
+
+def _daemon(ctx: LaunchContext) -> Finding:
+    if ctx.env.get("MC_SERVICE_MODE") == "embedded":
+        return Finding("daemon", "ok", "embedded mode (MC_SERVICE_MODE=embedded): no daemon used")
+    from .commands import query_daemon
+
+    status = query_daemon(ctx)
+    if not status["running"]:
+        if status.get("error"):
+            return Finding(
+                "daemon", "fail", f"not running: {status['error']}", "see `magi-code daemon status`"
+            )
+        return Finding("daemon", "ok", "not running (the first frontend starts it)")
+    pid = status.get("pid")
+    if status.get("responding") is False:
+        return Finding(
+            "daemon",
+            "fail",
+            f"pid {pid} holds the lock but does not answer ({status.get('error')})",
+            f"resume it (kill -CONT {pid}) or end it; then `magi-code daemon status`",
+        )
+    detail = f"running: pid {pid}, version {status.get('version')}"
+    if status.get("build_id") != build_id():
+        return Finding(
+            "daemon",
+            "warn",
+            f"{detail}, another build than this magi-code",
+            "it is replaced once idle; `magi-code daemon restart` replaces it now",
+        )
+    return Finding("daemon", "ok", detail)
+
+
+def _settings_files(ctx: LaunchContext) -> list[Finding]:
+    findings = []
+    for scope in (Scope.GLOBAL, Scope.PROJECT):
+        path = settings_path(ctx, scope)
+        problem = settings_problem(path, scope)
+        name = f"{scope.value} settings"
+        if problem is not None:
+            findings.append(
+                Finding("settings", "fail", f"{name} {path} {problem}", "fix or move the file away")
+            )
+        elif path.exists():
+            findings.append(Finding("settings", "ok", f"{name} {path}"))
+    if not findings:
+        findings.append(Finding("settings", "ok", "no settings files (defaults apply)"))
+    return findings
+
+
+def _selection(ctx: LaunchContext, settings: Settings) -> tuple[Finding, ProviderDefinition | None]:
+    try:
+        effective = resolve_effective(ctx, settings)
+    except ServiceError:
+        return (
+            Finding(
+                "selection",
+                "fail",
+                "MC_PROVIDER or MC_MODEL is not a valid ID",
+                "unset them or use IDs made of letters, digits, '.', '_', '-'",
+            ),
+            None,
+        )
+    detail = f"provider {effective.provider_id}, model {effective.model_id}"
+    if effective.provider is None:
+        known = ", ".join(sorted(all_providers(ctx, settings)))
+        return (
+            Finding(
+                "selection",
+                "fail",
+                f"{detail}: the provider is not defined",
+                f"choose one of: {known}",
+            ),
+            None,
+        )
+    return Finding("selection", "ok", detail), effective.provider
+
+
+def _remedy(provider: ProviderDefinition) -> str:
+    if provider.provider_id == ANTHROPIC_PROVIDER_ID:
+        return "set ANTHROPIC_API_KEY, or run `magi-code login --provider anthropic`"
+    if provider.provider_id == CODEX_PROVIDER_ID:
+        return "run `magi-code login --provider openai-codex`"
+    return f"set {provider.api_key_env} in the frontend's environment"
+
+
+def _credentials(
+    ctx: LaunchContext, settings: Settings, selected: ProviderDefinition | None
+) -> list[Finding]:
+    try:
+        snapshot = AuthStore(ctx.auth_path).read()
+    except ServiceError:
+        return [
+            Finding(
+                "credentials",
+                "fail",
+                "the credential store cannot be read",
+                f"check {ctx.auth_path}",
+            )
+        ]
+    providers = all_providers(ctx, settings)
+    findings = []
+    for entry in provider_status(ctx, providers.values(), snapshot, time.time()):
+        provider = providers.get(entry["provider_id"])
+        chosen = selected is not None and entry["provider_id"] == selected.provider_id
+        detail = f"{entry['provider_id']}: {entry['readiness']} ({entry['source']})"
+        if entry["ready"] or provider is None:
+            findings.append(Finding("credentials", "ok" if entry["ready"] else "warn", detail))
+        else:
+            findings.append(
+                Finding("credentials", "fail" if chosen else "warn", detail, _remedy(provider))
+            )
+    return findings
+
+
+def _mcp_servers(ctx: LaunchContext, settings: Settings) -> list[Finding]:
+    findings = []
+    search = ctx.env.get("PATH", os.defpath)
+    for name, server in sorted(settings.mcp_servers.items()):
+        found = (
+            shutil.which(server.command, path=search)
+            if "/" not in server.command
+            else (server.command if os.access(server.command, os.X_OK) else None)
+        )
+        if found is None:
+            findings.append(
+                Finding(
+                    "mcp",
+                    "warn",
+                    f"server {name!r}: command {server.command!r} not found",
+                    "install it or fix `mcp_servers` in settings (turns run without it)",
+                )
+            )
+        else:
+            findings.append(Finding("mcp", "ok", f"server {name!r}: {found}"))
+    return findings
+
+
+def _reachable(ctx: LaunchContext, settings: Settings, provider: ProviderDefinition) -> Finding:
+    """One request to the provider's base URL through the frontend's proxy/CA set-up."""
+    import asyncio
+
+    from magi_code.providers.errors import ProviderFailure
+    from magi_code.providers.http import build_client, transport_options
+
+    async def probe() -> int:
+        client = build_client(transport_options(ctx.env, settings.network))
+        async with client:
+            response = await client.get(provider.base_url, timeout=NETWORK_TIMEOUT_SECONDS)
+            return response.status_code
+
+    try:
+        code = asyncio.run(probe())
+    except ProviderFailure:
+        return Finding(
+            "network",
+            "fail",
+            "the proxy or CA settings are unusable",
+            "check HTTPS_PROXY, SSL_CERT_FILE and `network` in settings",
+        )
+    except Exception as exc:  # noqa: BLE001 - any transport failure is the finding
+        return Finding(
+            "network",
+            "fail",
+            f"{provider.provider_id}: cannot reach its endpoint ({type(exc).__name__})",
+            "check the network, proxy variables and the provider's base_url",
+        )
+    return Finding("network", "ok", f"{provider.provider_id}: endpoint answered HTTP {code}")
