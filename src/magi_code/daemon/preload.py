@@ -1,10 +1,18 @@
-"""Import every product module before the daemon reports ready.
+"""Import every product module, and warm what every turn uses, before the daemon is ready.
 
 A daemon lives for days, and an upgrade replaces its files on disk underneath it: a
 module first imported after the upgrade would be new code on top of old modules. So the
 daemon loads all of ``magi_code`` at start-up, and nothing of the product is imported
-later. Third-party SDKs that a product module imports only on use (none today) are the
-documented exception (``docs/unix-daemon.md``, "Upgrades").
+later. Third-party SDKs that a product module imports only on use are the documented
+exception (``docs/unix-daemon.md``, "Upgrades"): today the MCP SDK, which
+``magi_code.tools.mcp`` imports only when a turn's settings configure an MCP server (it
+costs ~0.5 s and ~35 MiB, so a daemon whose turns use none never loads it).
+
+The first turn of a daemon would otherwise also import the parts of the HTTP stack that
+``httpx`` loads only on the first request (``httpcore``'s connection pool, ``h11``,
+``anyio``'s asyncio backend, ``certifi``'s bundle path): those
+(``turns.runtime.TURN_MODULES``) are imported here too, so a ready daemon's first turn
+costs what its later turns cost.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ SKIPPED: Final = frozenset({"magi_code.__main__"})
 
 
 def import_product_modules() -> list[str]:
-    """Import every module of the installed package; returns their names, sorted."""
+    """Import every module of the installed package, then the third-party modules every
+    turn uses; returns the product modules' names, sorted."""
     names = [
         info.name
         for info in pkgutil.walk_packages(magi_code.__path__, "magi_code.")
@@ -28,4 +37,7 @@ def import_product_modules() -> list[str]:
     ]
     for name in names:
         importlib.import_module(name)
+    from magi_code.turns.runtime import warm_turn_modules
+
+    warm_turn_modules()
     return sorted(names)

@@ -15,12 +15,19 @@ is left of the server's process group (children of a server that exited on EOF).
 
 Server names are configuration: they are used for tool names sent to the model but must
 reach no frontend wire unhashed (``server_name``/``tool_name`` exist for hashing).
+
+The SDK (and what it brings: anyio, pydantic, starlette, uvicorn, cryptography, ~0.5 s of
+imports and ~35 MiB) is imported only when a toolset starts at least one server
+(:func:`load_sdk`); importing this module, or a toolset with no servers, loads none of it.
+The daemon imports this module before it reports ready but not the SDK, which is the
+documented exception to its preload (``docs/unix-daemon.md``, "Upgrades").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -31,14 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Protocol, Self, TextIO
-
-import anyio
-import mcp.client.stdio
-from mcp import types
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.shared.exceptions import MCPError
+from typing import TYPE_CHECKING, Final, Protocol, Self, TextIO
 
 from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, shielded
 from magi_code.tools.environment import child_environment
@@ -49,6 +49,11 @@ from magi_code.tools.processes import (
     terminate_process_group,
     under_umask,
 )
+
+if TYPE_CHECKING:
+    from mcp import types
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +75,18 @@ def _nothing_inherited() -> dict[str, str]:
     return {}
 
 
-# The SDK puts the env it is given over HOME, LOGNAME, PATH, SHELL, TERM and USER of *this*
-# process (in the daemon, the daemon's own environment). A server's environment is its
-# client's launch environment only (tests/unit/tools: nothing of the service process).
-mcp.client.stdio.get_default_environment = _nothing_inherited
+@functools.cache
+def load_sdk() -> None:
+    """Import the MCP SDK (once) and make its stdio client inherit nothing.
+
+    The SDK puts the env it is given over HOME, LOGNAME, PATH, SHELL, TERM and USER of
+    *this* process (in the daemon, the daemon's own environment). A server's environment
+    is its client's launch environment only (tests/unit/tools: nothing of the service
+    process), so the SDK's default is replaced before any server starts.
+    """
+    import mcp.client.stdio
+
+    mcp.client.stdio.get_default_environment = _nothing_inherited
 
 
 class McpServerLike(Protocol):
@@ -153,6 +166,10 @@ class _ServerConnection:
         await self._ready.wait()
 
     async def _serve(self) -> None:
+        import anyio
+        from mcp.client.session import ClientSession
+        from mcp.client.stdio import stdio_client
+
         try:
             async with (
                 stdio_client(self._params, errlog=self._errlog) as (read, write),
@@ -195,6 +212,8 @@ class _ServerConnection:
 
 
 async def _list_tools(session: ClientSession) -> list[types.Tool]:
+    from mcp import types
+
     tools: list[types.Tool] = []
     cursor: str | None = None
     seen: set[str] = set()
@@ -231,6 +250,9 @@ class McpTool:
         self._call_timeout = call_timeout
 
     async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        from mcp import types
+        from mcp.shared.exceptions import MCPError
+
         session = self._connection.session
         if session is None:
             return ToolOutcome.error("The MCP server for this tool is not running.")
@@ -261,6 +283,8 @@ def _timed_out() -> ToolOutcome:
 
 def result_text(result: types.CallToolResult) -> str:
     """Text parts joined; other content summarized (the model cannot see binary data)."""
+    from mcp import types
+
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
@@ -336,7 +360,11 @@ class McpToolset:
 
     async def _start(self) -> None:
         if not self._servers:
-            return
+            return  # nothing of the SDK is imported for a turn without MCP servers
+        # The first import takes ~0.5 s: off the event loop, so other turns keep streaming.
+        await asyncio.to_thread(load_sdk)
+        from mcp.client.stdio import StdioServerParameters
+
         try:
             cwd: Path | None = await asyncio.to_thread(project_root, self._ctx.project_dir)
         except ToolInputError:

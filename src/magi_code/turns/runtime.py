@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
@@ -47,6 +48,32 @@ DEFAULT_CONTEXT_WINDOWS: Final = {
 }
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 8192
 ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME}
+
+# Third-party modules that a turn's first provider request imports (``httpx`` loads its
+# transports, ``anyio``'s asyncio backend and ``certifi`` only then): warmed by the daemon
+# before it is ready and by the embedded service after ``initialize``. The MCP SDK is
+# deliberately not among them (``tools.mcp`` imports it only for configured servers).
+TURN_MODULES: Final = (
+    "certifi",
+    "h11",
+    "httpcore",
+    "httpcore._backends.anyio",
+    "anyio",
+    "anyio._backends._asyncio",
+    "anyio.streams.tls",
+)
+
+
+def warm_turn_modules() -> None:
+    """Import :data:`TURN_MODULES`, best effort: a module that a dependency's version
+    does not have is skipped (the first turn then imports what it needs itself)."""
+    for name in TURN_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    with contextlib.suppress(ImportError, OSError):
+        import certifi
+
+        certifi.where()  # resolves (and caches) the bundle's path via importlib.resources
 
 
 class TurnSetupError(Exception):
@@ -161,7 +188,7 @@ class TurnRuntime:
             if summary is not None:
                 history = []
         plan = dataclasses.replace(plan, system=system_with_summary(plan.system, summary))
-        # The MCP SDK is imported only when a turn needs it: it doubles start-up time.
+        # The toolset imports the MCP SDK only when the settings configure a server.
         from magi_code.tools.mcp import McpToolset
 
         async with (

@@ -1,0 +1,115 @@
+"""Start-up imports only what it needs: each check runs in a fresh interpreter.
+
+``import magi_code.cli`` (every command's first step) loads no heavy third-party module;
+``magi_code.tools.mcp`` and a toolset without servers load nothing of the MCP SDK; the
+daemon's preload imports every product module but not the SDK, and warms the HTTP stack
+every turn uses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+# Top-level packages that must not be loaded by importing the CLI module.
+HEAVY_FOR_CLI = (
+    "httpx",
+    "httpcore",
+    "h11",
+    "mcp",
+    "mcp_types",
+    "anyio",
+    "pydantic",
+    "pydantic_core",
+    "starlette",
+    "uvicorn",
+    "cryptography",
+    "filelock",
+    "uvloop",
+    "orjson",
+    "msgpack",
+    "psutil",
+    "importlib.metadata",
+)
+# What the MCP SDK brings (none of it is needed by a turn without MCP servers).
+MCP_SDK = ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette", "uvicorn", "cryptography")
+
+
+def loaded_after(code: str, cwd: Path) -> set[str]:
+    """The names in ``sys.modules`` after running ``code`` in a new interpreter."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=cwd,
+    )
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def present(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    """``names`` (top-level packages or exact module names) found among ``modules``."""
+    return sorted(
+        name for name in names if name in modules or any(m.startswith(f"{name}.") for m in modules)
+    )
+
+
+def test_importing_the_cli_loads_no_heavy_module(tmp_path: Path) -> None:
+    modules = loaded_after("import magi_code.cli", tmp_path)
+    assert "magi_code.cli" in modules
+    assert present(modules, HEAVY_FOR_CLI) == []
+    assert present(modules, ("asyncio", "magi_code.composition", "magi_code.core")) == []
+
+
+def test_the_mcp_module_and_a_toolset_without_servers_load_no_sdk(tmp_path: Path) -> None:
+    code = (
+        "import asyncio\n"
+        "from pathlib import Path\n"
+        "from magi_code.tools.base import ToolContext\n"
+        "from magi_code.tools.mcp import McpToolset, mcp_tool_name\n"
+        "async def main():\n"
+        f"    ctx = ToolContext(project_dir=Path({str(tmp_path)!r}), env={{}})\n"
+        "    async with McpToolset([], ctx) as toolset:\n"
+        "        assert toolset.tools() == [] and toolset.failed_servers == ()\n"
+        "asyncio.run(main())\n"
+        "assert mcp_tool_name('s', 't') == 'mcp__s__t'\n"
+    )
+    modules = loaded_after(code, tmp_path)
+    assert "magi_code.tools.mcp" in modules
+    assert present(modules, (*MCP_SDK, "anyio")) == []
+
+
+def test_a_toolset_with_a_server_loads_the_sdk(tmp_path: Path) -> None:
+    # The other side of the check above: the SDK does load where it is needed.
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from magi_code.tools.base import ToolContext\n"
+        "from magi_code.tools.mcp import McpServerSpec, McpToolset\n"
+        "async def main():\n"
+        f"    ctx = ToolContext(project_dir=Path({str(tmp_path)!r}), env={{}})\n"
+        "    server = McpServerSpec('gone', '/nonexistent/mcp-server')\n"
+        "    async with McpToolset([server], ctx, startup_timeout=5) as toolset:\n"
+        "        assert toolset.failed_servers == ('gone',)\n"
+        "asyncio.run(main())\n"
+    )
+    assert present(loaded_after(code, tmp_path), ("mcp",)) == ["mcp"]
+
+
+def test_the_daemon_preload_loads_the_product_and_the_http_stack_but_no_sdk(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "from magi_code.daemon.preload import import_product_modules\n"
+        "names = import_product_modules()\n"
+        "assert 'magi_code.tools.mcp' in names and 'magi_code.composition' in names\n"
+    )
+    modules = loaded_after(code, tmp_path)
+    assert "magi_code.tools.mcp" in modules and "magi_code.turns.runtime" in modules
+    assert present(modules, MCP_SDK) == []
+    for warmed in ("httpcore", "h11", "anyio._backends._asyncio", "certifi"):
+        assert warmed in modules, warmed
