@@ -37,7 +37,7 @@ from magi_code.auth.tokens import (
 )
 from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext
-from magi_code.storage.stamps import RACY_WINDOW_NS, Stamp, stamp, trusted
+from magi_code.storage.stamps import RACY_WINDOW_NS, Probe, probe, trusted
 
 
 class ProviderLike(Protocol):
@@ -156,7 +156,7 @@ MAX_MEMO_ENVIRONMENTS: Final = 4
 @dataclass(frozen=True, slots=True)
 class _Answer:
     env: dict[str, str]
-    stamps: tuple[Stamp, ...]
+    probes: tuple[Probe, ...]
     ready: bool
     # The answer holds for a clock in [since, until); ``until`` None: no expiry involved.
     since: float
@@ -167,7 +167,7 @@ class ReadinessMemo:
     """A :data:`ReadinessCheck` that re-reads files only when their stamps changed.
 
     :meth:`cached` is the fast path (a dictionary lookup, an environment comparison and
-    three ``stat`` calls, cheap enough for the event loop): the remembered answer, or
+    a few ``stat`` calls, cheap enough for the event loop): the remembered answer, or
     ``None`` when it must be computed. :meth:`compute` runs the check (blocking: call it
     off the event loop) and remembers the answer unless a file changed within the
     stamps' racy window, so a file written in place twice within one timestamp tick is
@@ -194,13 +194,13 @@ class ReadinessMemo:
         return (str(ctx.mc_home), str(ctx.project_dir))
 
     @staticmethod
-    def _stamps(key: tuple[str, str]) -> tuple[Stamp, ...]:
+    def _probes(key: tuple[str, str]) -> tuple[Probe, ...]:
         home, project = key
         return (
             # Settings are read through a symlink; the auth store refuses one.
-            stamp(f"{home}/settings.json"),
-            stamp(f"{project}/.magi-code/settings.json"),
-            stamp(f"{home}/auth.json", follow_symlinks=False),
+            probe(f"{home}/settings.json"),
+            probe(f"{project}/.magi-code/settings.json"),
+            probe(f"{home}/auth.json", follow_symlinks=False),
         )
 
     def cached(self, ctx: LaunchContext) -> bool | None:
@@ -217,11 +217,9 @@ class ReadinessMemo:
         now = self._clock()
         if now < answer.since or (answer.until is not None and now >= answer.until):
             return None
-        try:
-            if self._stamps(key) != answer.stamps:
+        for item in answer.probes:
+            if not item.unchanged():
                 return None
-        except OSError:
-            return None
         return answer.ready
 
     def compute(self, ctx: LaunchContext) -> bool:
@@ -234,20 +232,20 @@ class ReadinessMemo:
         env = dict(ctx.env)
         start = self._clock()
         taken = self._clock_ns()
-        # Stamps come before the reads: a change during the check leaves a stamp that no
+        # Probes come before the reads: a change during the check leaves a stamp that no
         # longer matches, so the next request computes again.
         try:
-            stamps: tuple[Stamp, ...] | None = self._stamps(key)
+            probes: tuple[Probe, ...] | None = self._probes(key)
         except OSError:
-            stamps = None
+            probes = None
         ready = self._check(ctx)
-        if stamps is None or not trusted(stamps, taken, self._window):
+        if probes is None or not trusted(probes, taken, self._window):
             return ready
         try:
             until = time_bound(AuthStore(ctx.auth_path).read(), start)
         except ServiceError:  # an unreadable store: the check decides, nothing is kept
             return ready
-        answer = _Answer(env, stamps, ready, self._clock(), until)
+        answer = _Answer(env, probes, ready, self._clock(), until)
         with self._lock:
             answers = self._answers.pop(key, [])
             answers = [answer, *(a for a in answers if a.env != env)][:MAX_MEMO_ENVIRONMENTS]

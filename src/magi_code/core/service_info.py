@@ -2,7 +2,7 @@
 
 Cheap requests stay cheap: the capabilities payload is built once per transport set (and
 again only if the route table changes), and ``status`` answers from a
-:class:`ReadinessMemo` on the event loop (three ``stat`` calls) unless a settings file,
+:class:`ReadinessMemo` on the event loop (a few ``stat`` calls) unless a settings file,
 the auth store, the environment or an access token's expiry says it must read again, which
 it then does in a worker thread.
 """

@@ -249,3 +249,46 @@ def test_an_unstattable_path_disables_the_memo(ctx: LaunchContext) -> None:
     with pytest.raises(ServiceError):
         memo.compute(ctx)
     assert memo.cached(ctx) is None
+
+
+def test_a_file_that_appears_and_vanishes_during_the_check_is_not_remembered(
+    ctx: LaunchContext,
+) -> None:
+    # Another process writes the project's settings while the check runs and removes them
+    # right after: the answer it produced must not outlive the file.
+    ctx.project_settings_path.parent.mkdir()
+    _write_settings(ctx, READY)
+    project_file = ctx.project_settings_path
+
+    class Transient(Counting):
+        def __call__(self, ctx: LaunchContext) -> bool:
+            if self.runs == 0:
+                _tick()
+                project_file.write_text(json.dumps({"provider": "pb"}))  # not ready
+                try:
+                    return super().__call__(ctx)
+                finally:
+                    project_file.unlink()
+            return super().__call__(ctx)
+
+    check = Transient()
+    memo = _memo(check)
+    assert memo.compute(ctx) is False  # what the check saw, the file present
+    assert memo.cached(ctx) is None  # the directory moved on: compute again
+    assert _answer(memo, ctx) is True
+    assert memo.cached(ctx) is True
+
+
+def test_a_dangling_symlink_is_never_remembered_and_its_target_is_seen(
+    ctx: LaunchContext, tmp_path: Path
+) -> None:
+    target = tmp_path / "elsewhere" / "settings.json"
+    target.parent.mkdir()
+    ctx.global_settings_path.symlink_to(target)
+    check = Counting()
+    memo = _memo(check)
+    assert _answer(memo, ctx) is False  # read through the link: no file, the default
+    assert memo.cached(ctx) is None
+    target.write_text(json.dumps(READY))
+    assert _answer(memo, ctx) is True
+    assert memo.cached(ctx) is True  # now a regular target: remembered
