@@ -91,10 +91,11 @@ def _run_service() -> int:
     ctx = LaunchContext.from_process()
     mode = ctx.env.get(_MODE_ENV) or "daemon"
     if mode == "embedded":
-        from magi_code.composition import build_coordinator
+        # ``initialize`` is answered before the domain services are loaded (composition).
+        from magi_code.composition import build_embedded_coordinator
         from magi_code.stdio.adapter import serve_stdio
 
-        return uvloop.run(serve_stdio(build_coordinator, ctx))
+        return uvloop.run(serve_stdio(build_embedded_coordinator, ctx))
     if mode == "daemon":
         from magi_code.shim.bridge import serve_shim
 

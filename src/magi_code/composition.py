@@ -1,60 +1,351 @@
 """Composition root: builds one coordinator with every domain service.
 
 Both adapters (embedded stdio and the daemon) call this, so v1 and v2 share one core.
+
+:func:`build_coordinator` builds every service before it returns (the daemon, which
+imports the whole product before it is ready anyway, and ``--prompt``, which needs a turn
+at once). :func:`build_embedded_coordinator` is for the embedded stdio service, whose
+first request is ``initialize``: it builds only ``initialize``/``status``/
+``capabilities`` and puts stand-ins for the other services in their place, with the
+same routes (names, session rules, initialization gate) and events in the same order,
+so ``initialize`` advertises exactly what a full build does. The real services, the
+modules behind them (settings, sessions, providers, the turn runtime: ``httpx`` and its
+transports) and the generated settings schema are then loaded in the background, on the
+event loop, a module at a time, once the first response has been written; a request for
+a stand-in's route before that load has finished completes it first, synchronously, so
+every request sees the same services, validation and errors as with a full build.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
 
-from magi_code.auth.readiness import is_ready
-from magi_code.auth.store import AuthStore
-from magi_code.config.effective import resolve_effective
-from magi_code.config.schema import write_settings_schema
-from magi_code.config.settings import load_settings
-from magi_code.core.auth import AuthService
-from magi_code.core.configuration import ConfigurationService
-from magi_code.core.coordinator import ServiceCoordinator
+from magi_code.core.coordinator import Connection, DomainService, ServiceCoordinator
+from magi_code.core.routes import Reply, Route, SessionRule
 from magi_code.core.service_info import ServiceInfo
-from magi_code.core.sessions import SessionService
-from magi_code.core.settings_gate import SettingsGate
-from magi_code.core.turns import TurnService
-from magi_code.providers.http import HttpClients
-from magi_code.sessions.store import SessionStore
+from magi_code.protocol.envelope import Request
 from magi_code.storage.launch import LaunchContext
-from magi_code.turns.runtime import TurnRuntime
 
 log = logging.getLogger(__name__)
+
+FORBIDDEN: Final = SessionRule.FORBIDDEN
+OPTIONAL: Final = SessionRule.OPTIONAL
+REQUIRED: Final = SessionRule.REQUIRED
 
 
 def provider_auth_ready(ctx: LaunchContext) -> bool:
     """Readiness of the current effective selection; no refresh, no network."""
+    from magi_code.auth.readiness import is_ready
+    from magi_code.auth.store import AuthStore
+    from magi_code.config.effective import resolve_effective
+    from magi_code.config.settings import load_settings
+
     settings = load_settings(ctx)
     effective = resolve_effective(ctx, settings)
     snapshot = AuthStore(ctx.auth_path).read()
     return is_ready(ctx, effective.provider or effective.provider_id, snapshot)
 
 
-async def build_coordinator(
-    ctx: LaunchContext, transports: Sequence[str] = ("stdio",)
-) -> ServiceCoordinator:
+async def _write_settings_schema(ctx: LaunchContext) -> None:
+    from magi_code.config.schema import write_settings_schema
+
     try:
         # Startup may create the runtime home and the generated settings schema.
         await asyncio.to_thread(write_settings_schema, ctx)
     except OSError:
         log.warning("could not write the settings schema")
-    coordinator = ServiceCoordinator(transports)
-    coordinator.add_service(ServiceInfo(coordinator, provider_auth_ready))
+
+
+def _domain_services(ctx: LaunchContext) -> dict[str, DomainService]:
+    """Every service but ``ServiceInfo``, by the keys of :data:`DEFERRED`, in its order."""
+    from magi_code.core.auth import AuthService
+    from magi_code.core.configuration import ConfigurationService
+    from magi_code.core.sessions import SessionService
+    from magi_code.core.settings_gate import SettingsGate
+    from magi_code.core.turns import TurnService
+    from magi_code.providers.http import HttpClients
+    from magi_code.sessions.store import SessionStore
+    from magi_code.turns.runtime import TurnRuntime
+
     sessions = SessionService(SessionStore(ctx.sessions_dir))
-    coordinator.add_service(sessions)
     # One client cache for turns and catalogs: clients per endpoint, credential and the
     # frontend's proxy/CA settings, never one client shared by every frontend.
     clients = HttpClients()
     runtime = TurnRuntime(clients)
     gate = SettingsGate()
-    coordinator.add_service(TurnService(sessions, runtime, gate))
-    coordinator.add_service(AuthService())
-    coordinator.add_service(ConfigurationService(clients, gate))
+    return {
+        "sessions": sessions,
+        "turns": TurnService(sessions, runtime, gate),
+        "auth": AuthService(),
+        "configuration": ConfigurationService(clients, gate),
+    }
+
+
+async def build_coordinator(
+    ctx: LaunchContext, transports: Sequence[str] = ("stdio",)
+) -> ServiceCoordinator:
+    """A coordinator with every domain service built."""
+    await _write_settings_schema(ctx)
+    coordinator = ServiceCoordinator(transports)
+    coordinator.add_service(ServiceInfo(coordinator, provider_auth_ready))
+    for service in _domain_services(ctx).values():
+        coordinator.add_service(service)
+    return coordinator
+
+
+# -- the embedded service's deferred build -----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """What the coordinator needs of a route before its service exists."""
+
+    name: str
+    session: SessionRule = FORBIDDEN
+    gated: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredSpec:
+    key: str
+    routes: tuple[RouteSpec, ...]
+    events: tuple[str, ...] = ()
+
+
+# The services of ``_domain_services`` as the coordinator sees them, in registration order
+# (tests/unit/test_composition.py checks them against the services themselves).
+DEFERRED: Final = (
+    DeferredSpec(
+        "sessions",
+        (
+            RouteSpec("session.list"),
+            RouteSpec("session.create"),
+            RouteSpec("session.open", REQUIRED),
+            RouteSpec("session.replay", REQUIRED),
+            RouteSpec("session.close", REQUIRED),
+        ),
+    ),
+    DeferredSpec(
+        "turns",
+        (RouteSpec("turn.start", OPTIONAL), RouteSpec("turn.cancel", OPTIONAL)),
+        ("turn.started", "turn.assistant_delta", "turn.activity", "turn.terminal"),
+    ),
+    DeferredSpec(
+        "auth",
+        (
+            RouteSpec("auth.status"),
+            RouteSpec("auth.login.start"),
+            RouteSpec("auth.login.callback"),
+            RouteSpec("auth.login.cancel"),
+            RouteSpec("auth.logout"),
+        ),
+        ("auth.login.progress", "auth.login.terminal"),
+    ),
+    DeferredSpec(
+        "configuration",
+        (
+            RouteSpec("catalog.providers"),
+            RouteSpec("catalog.models"),
+            RouteSpec("catalog.refresh"),
+            RouteSpec("config.get"),
+            RouteSpec("config.set"),
+        ),
+    ),
+)
+
+# Imported one at a time by the background load, the event loop running in between; the
+# largest single step (httpx) is a few tens of milliseconds.
+LOAD_STEPS: Final = (
+    "filelock",
+    "httpx",
+    "magi_code.config",
+    "magi_code.auth.store",
+    "magi_code.sessions.store",
+    "magi_code.core.sessions",
+    "magi_code.providers.stream",
+    "magi_code.tools.builtin",
+    "magi_code.turns.runtime",
+    "magi_code.core.turns",
+    "magi_code.auth.login",
+    "magi_code.core.auth",
+    "magi_code.core.configuration",
+)
+
+
+class DeferredDomains:
+    """The domain services of an embedded coordinator, built once, on the event loop.
+
+    ``start()`` begins the background load (after the first response was written);
+    ``load()`` completes it synchronously for a request that needs a service now.
+    """
+
+    def __init__(self, ctx: LaunchContext) -> None:
+        self._ctx = ctx
+        self.services: dict[str, DomainService] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._background())
+
+    async def _background(self) -> None:
+        try:
+            for name in LOAD_STEPS:
+                if self.services is None:
+                    __import__(name)  # not importlib: ``-X importtime`` shows these
+                await asyncio.sleep(0)  # requests that arrived meanwhile are served
+            self.load()
+            await asyncio.sleep(0)
+            from magi_code.turns.runtime import warm_turn_modules
+
+            warm_turn_modules()
+            await _write_settings_schema(self._ctx)
+        # A broken install fails the same way again, and is answered, in load().
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not load the service's modules (%s)", type(exc).__name__)
+
+    def load(self) -> dict[str, DomainService]:
+        """The services, built now if the background load has not built them yet.
+
+        Raises whatever importing or building them raises (the request fails with
+        ``internal_error``; a later one tries again).
+        """
+        if self.services is None:
+            self.services = _domain_services(self._ctx)
+        return self.services
+
+    async def settled(self) -> None:
+        """Wait for a background load in progress (at exit: the schema write is part)."""
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.shield(task)
+
+    async def ready(self) -> None:
+        """Start the load if it has not started, and wait until it is done."""
+        self.start()
+        await self.settled()
+
+
+class _StandIn:
+    """A deferred service: its routes and events now, the service itself on first use."""
+
+    def __init__(self, domains: DeferredDomains, spec: DeferredSpec) -> None:
+        self._domains = domains
+        self._spec = spec
+        self._routes: dict[str, Route] | None = None
+
+    def routes(self) -> Sequence[Route]:
+        return tuple(
+            Route(
+                spec.name,
+                self._validator(spec.name),
+                self._handler(spec.name),
+                spec.session,
+                spec.gated,
+            )
+            for spec in self._spec.routes
+        )
+
+    def events(self) -> Sequence[str]:
+        return self._spec.events
+
+    def _service(self) -> DomainService:
+        return self._domains.load()[self._spec.key]
+
+    def _route(self, name: str) -> Route:
+        if self._routes is None:
+            self._routes = {route.name: route for route in self._service().routes()}
+        return self._routes[name]
+
+    def _validator(self, name: str) -> Callable[[Request], Any]:
+        def validate(request: Request) -> Any:
+            return self._route(name).validate(request)
+
+        return validate
+
+    def _handler(self, name: str) -> Callable[[Connection, Request, Any], Awaitable[Reply | None]]:
+        async def handle(conn: Connection, request: Request, parsed: Any) -> Reply | None:
+            return await self._route(name).handle(conn, request, parsed)
+
+        return handle
+
+    async def connection_closed(self, connection: Connection) -> None:
+        await self._domains.settled()
+        if self._domains.services is not None:
+            await self._service().connection_closed(connection)
+
+    async def connection_detached(self, connection: Connection) -> None:
+        await self._domains.settled()
+        if self._domains.services is None:
+            return
+        service = self._service()
+        detached = getattr(service, "connection_detached", None)
+        if detached is not None:
+            await detached(connection)
+        else:
+            await service.connection_closed(connection)
+
+
+class _StartsLoad:
+    """``ServiceInfo`` whose answers, once written, start the background load."""
+
+    def __init__(self, info: ServiceInfo, domains: DeferredDomains) -> None:
+        self._info = info
+        self._domains = domains
+
+    def routes(self) -> Sequence[Route]:
+        return tuple(
+            Route(route.name, route.validate, self._wrap(route), route.session, route.gated)
+            for route in self._info.routes()
+        )
+
+    def _wrap(self, route: Route) -> Callable[[Connection, Request, Any], Awaitable[Reply | None]]:
+        async def handle(conn: Connection, request: Request, parsed: Any) -> Reply | None:
+            reply = await route.handle(conn, request, parsed)
+            if reply is not None:
+                written = reply.after_write
+
+                def after_write() -> None:
+                    if written is not None:
+                        written()
+                    self._domains.start()
+
+                reply.after_write = after_write
+            return reply
+
+        return handle
+
+    def events(self) -> Sequence[str]:
+        return self._info.events()
+
+    async def connection_closed(self, connection: Connection) -> None:
+        await self._info.connection_closed(connection)
+
+
+def _deferred_readiness(
+    domains: DeferredDomains, loop: asyncio.AbstractEventLoop
+) -> Callable[[LaunchContext], bool]:
+    def ready(ctx: LaunchContext) -> bool:
+        # Runs in a worker thread (``status``): the modules it needs are imported by the
+        # load on the event loop, never by two threads at once.
+        asyncio.run_coroutine_threadsafe(domains.ready(), loop).result()
+        return provider_auth_ready(ctx)
+
+    return ready
+
+
+async def build_embedded_coordinator(
+    ctx: LaunchContext, transports: Sequence[str] = ("stdio",)
+) -> ServiceCoordinator:
+    """A coordinator that answers ``initialize`` before its domain services are loaded."""
+    domains = DeferredDomains(ctx)
+    coordinator = ServiceCoordinator(transports)
+    info = ServiceInfo(coordinator, _deferred_readiness(domains, asyncio.get_running_loop()))
+    coordinator.add_service(_StartsLoad(info, domains))
+    for spec in DEFERRED:
+        coordinator.add_service(_StandIn(domains, spec))
     return coordinator

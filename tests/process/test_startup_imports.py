@@ -1,0 +1,180 @@
+"""What the real service processes import, read from ``python -X importtime``.
+
+``-X importtime`` writes one line per module to stderr as each import finishes. For the
+embedded service, stderr and stdout share one pipe, so the import lines before the
+``initialize`` response in that stream are exactly the imports done before the response
+was written (the adapter writes it in one ``write``). For the daemon, a foreground
+``daemon run`` under ``-X importtime`` serves a turn through a shim, is stopped, and its
+whole stderr is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from magi_code.protocol import envelope
+from tests.process.daemon.support import status, wait_for
+from tests.process.turn_support import write_settings
+from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.service import running_service, service_env
+
+STEP_TIMEOUT = 30.0
+# The MCP SDK and what only it brings; none of it belongs to a turn without MCP servers.
+MCP_SDK = ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette", "uvicorn", "cryptography")
+# Not needed to answer ``initialize``: the HTTP stack, settings, providers, the runtime.
+NOT_FOR_INITIALIZE = (
+    *MCP_SDK,
+    "anyio",
+    "httpx",
+    "httpcore",
+    "h11",
+    "magi_code.providers",
+    "magi_code.turns",
+    "magi_code.tools",
+    "magi_code.config",
+    "magi_code.core.turns",
+    "magi_code.core.configuration",
+    "magi_code.core.auth",
+    "magi_code.sessions",
+)
+
+
+def imported(lines: list[str]) -> list[str]:
+    """Module names of ``-X importtime`` lines (other lines are ignored)."""
+    names = []
+    for line in lines:
+        if line.startswith("import time:") and "imported package" not in line:
+            names.append(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+def among(names: list[str], packages: tuple[str, ...]) -> list[str]:
+    """The ``names`` that are one of ``packages`` or inside one."""
+    return sorted({n for n in names for p in packages if n == p or n.startswith(f"{p}.")})
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviderServer]:
+    with FakeProviderServer() as server:
+        yield server
+
+
+def _request(request_id: str, method: str, payload: dict[str, object] | None = None) -> bytes:
+    return orjson.dumps(envelope.request(request_id, method, payload)) + b"\n"
+
+
+async def test_embedded_initialize_imports_no_sdk_nor_runtime_and_a_turn_never_the_sdk(
+    home: Path, project: Path, fake: FakeProviderServer, service_mode: str
+) -> None:
+    if service_mode != "embedded":
+        pytest.skip("embedded start-up; the daemon's imports are checked below")
+    write_settings(home, fake)
+    fake.enqueue(Reply(text=["Hel", "lo"]))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "magi_code",
+        "--app",
+        "service",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=project,
+        env=service_env(home, {"MC_SERVICE_MODE": "embedded"}),
+        limit=1 << 20,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    stdout = proc.stdout
+    before: list[str] = []
+    after: list[str] = []
+    messages: list[dict[str, Any]] = []
+
+    async def until(predicate: Callable[[dict[str, Any]], bool]) -> None:
+        """Read the shared stream up to the first message ``predicate`` accepts."""
+        while True:
+            line = (await asyncio.wait_for(stdout.readline(), STEP_TIMEOUT)).decode()
+            assert line, "the service closed its output"
+            if line.startswith("{"):
+                messages.append(orjson.loads(line))
+                if predicate(messages[-1]):
+                    return
+            else:
+                (after if messages else before).append(line)
+
+    try:
+        proc.stdin.write(_request("init", "initialize", {"supported_protocol_versions": [1]}))
+        await until(lambda m: m.get("request_id") == "init")
+        assert messages[0]["error"] is None
+        proc.stdin.write(_request("s", "status") + _request("t", "turn.start", {"prompt": "hi"}))
+        await until(lambda m: m.get("event") == "turn.terminal")
+        proc.stdin.close()
+        rest = (await asyncio.wait_for(stdout.read(), STEP_TIMEOUT)).decode()
+        after.extend(rest.splitlines())
+        assert await asyncio.wait_for(proc.wait(), STEP_TIMEOUT) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    terminal = messages[-1]
+    assert terminal["payload"]["status"] == "completed", terminal
+    early = imported(before)
+    assert "magi_code.core.service_info" in early  # the check sees the start-up imports
+    assert among(early, NOT_FOR_INITIALIZE) == []
+    late = imported(after)
+    assert "magi_code.core.turns" in late and "httpcore" in late  # loaded, after the answer
+    assert among(early + late, MCP_SDK) == []
+
+
+async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
+    home: Path, project: Path, fake: FakeProviderServer, service_mode: str
+) -> None:
+    if service_mode != "daemon":
+        pytest.skip("the daemon's imports; the embedded service's are checked above")
+    write_settings(home, fake)
+    fake.enqueue(Reply(text=["Hel", "lo"]))
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "magi_code",
+        "daemon",
+        "run",
+        env=service_env(home, {"MC_DAEMON_IDLE_SECONDS": "0"}),
+        cwd=project,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert daemon.stderr is not None
+    # Read from the start: a full pipe would stop the daemon in its next import line.
+    stderr = asyncio.create_task(daemon.stderr.read())
+    try:
+        await wait_for(lambda: "instance_id" in status(home), 60, "the daemon to answer")
+        async with running_service(home, project) as shim:
+            started = await shim.request("turn.start", {"prompt": "hi"})
+            assert started["error"] is None, started
+            events = await shim.events_until_terminal(started["request_id"])
+            assert events[-1]["payload"]["status"] == "completed", events[-1]
+            assert (await asyncio.to_thread(status, home))["pid"] == daemon.pid
+        # The last shim of this home stopped the daemon on its way out.
+        assert await asyncio.wait_for(daemon.wait(), 60) == 0
+        err = (await asyncio.wait_for(stderr, STEP_TIMEOUT)).decode(errors="replace")
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            await daemon.wait()
+        stderr.cancel()
+    names = imported(err.splitlines())
+    assert "magi_code.tools.mcp" in names and "magi_code.composition" in names  # preload
+    assert "httpcore" in names  # warmed
+    assert among(names, MCP_SDK) == []

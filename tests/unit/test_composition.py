@@ -1,0 +1,219 @@
+"""The embedded coordinator answers like a full build while its services load later.
+
+The stand-ins must advertise exactly the routes (names, session rules, gate, order) and
+events of the services they stand for, answer every request as those services would
+(the same validation errors, in the same order as the gate), load in the background
+once the first answer was written, and leave nothing half-done at connection close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from magi_code import composition
+from magi_code.composition import (
+    DEFERRED,
+    DeferredDomains,
+    build_coordinator,
+    build_embedded_coordinator,
+)
+from magi_code.core.coordinator import Connection, ServiceCoordinator
+from magi_code.core.output import Batch
+from magi_code.protocol import envelope
+from magi_code.storage.launch import LaunchContext
+
+INIT = {"supported_protocol_versions": [1]}
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> LaunchContext:
+    home = tmp_path / "home"
+    home.mkdir()
+    project = tmp_path / "project"
+    project.mkdir()
+    return LaunchContext(home, project, {})
+
+
+@pytest.fixture
+async def embedded(ctx: LaunchContext) -> AsyncIterator[ServiceCoordinator]:
+    coordinator = await build_embedded_coordinator(ctx)
+    yield coordinator
+    for conn in list(coordinator.connections.values()):
+        await coordinator.close_connection(conn)
+
+
+def domains_of(coordinator: ServiceCoordinator) -> DeferredDomains:
+    found = {getattr(s, "_domains", None) for s in coordinator.services} - {None}
+    assert len(found) == 1
+    domains = found.pop()
+    assert isinstance(domains, DeferredDomains)
+    return domains
+
+
+def route_table(coordinator: ServiceCoordinator) -> list[tuple[str, str, bool]]:
+    routes = coordinator._routes
+    return [(name, route.session.value, route.gated) for name, route in routes.items()]
+
+
+async def call(
+    coordinator: ServiceCoordinator,
+    conn: Connection,
+    method: str,
+    payload: dict[str, Any] | None = None,
+    session_id: str | None = None,
+    *,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Send one request and return its response; ``write`` settles its batch (as the
+    adapter does once it wrote it)."""
+    rid = f"r-{method}-{len(conn.reserved)}-{id(payload)}"
+    record = orjson.dumps(envelope.request(rid, method, payload, session_id))
+    batch = await coordinator.handle_record(conn, record)
+    if batch is None:  # answered later, through the output
+        while True:
+            queued = await asyncio.wait_for(conn.output.get(), 10)
+            assert isinstance(queued, Batch)
+            if queued.messages[0].get("request_id") == rid:
+                batch = queued
+                break
+            queued.written()
+    if write:
+        batch.written()
+    response: dict[str, Any] = batch.messages[0]
+    return response
+
+
+async def test_the_stand_ins_advertise_what_the_services_do(ctx: LaunchContext) -> None:
+    full = await build_coordinator(ctx)
+    embedded = await build_embedded_coordinator(ctx)
+    assert route_table(embedded) == route_table(full)
+    assert embedded.operations == full.operations
+    assert embedded.events == full.events
+    # Each spec matches its own service, so a route moved between services shows too.
+    services = composition._domain_services(ctx)
+    assert [spec.key for spec in DEFERRED] == list(services)
+    for spec in DEFERRED:
+        service = services[spec.key]
+        actual = [(r.name, r.session, r.gated) for r in service.routes()]
+        assert actual == [(r.name, r.session, r.gated) for r in spec.routes], spec.key
+        assert tuple(service.events()) == spec.events, spec.key
+
+
+async def test_nothing_loads_before_the_first_answer_is_written(
+    embedded: ServiceCoordinator, ctx: LaunchContext
+) -> None:
+    domains = domains_of(embedded)
+    conn = embedded.open_connection(ctx)
+    response = await call(embedded, conn, "initialize", INIT, write=False)
+    assert response["error"] is None
+    assert response["payload"]["capabilities"]["operations"] == embedded.operations
+    await asyncio.sleep(0.05)
+    assert domains.services is None
+    assert not (ctx.mc_home / "settings.schema.json").exists()
+
+
+async def test_the_written_answer_starts_the_load_in_the_background(
+    embedded: ServiceCoordinator, ctx: LaunchContext
+) -> None:
+    domains = domains_of(embedded)
+    conn = embedded.open_connection(ctx)
+    assert (await call(embedded, conn, "initialize", INIT))["error"] is None
+    await asyncio.wait_for(domains.settled(), 30)
+    assert domains.services is not None
+    assert set(domains.services) == {spec.key for spec in DEFERRED}
+    assert (ctx.mc_home / "settings.schema.json").is_file()
+
+
+async def test_a_request_before_the_load_is_served_by_the_real_service(
+    embedded: ServiceCoordinator, ctx: LaunchContext
+) -> None:
+    domains = domains_of(embedded)
+    conn = embedded.open_connection(ctx)
+    # The initialize answer is never written: no background load was started.
+    await call(embedded, conn, "initialize", INIT, write=False)
+    created = await call(embedded, conn, "session.create")
+    assert created["error"] is None and created["payload"]["session_id"]
+    assert domains.services is not None
+    listed = await call(embedded, conn, "session.list")
+    assert [s["session_id"] for s in listed["payload"]["sessions"]] == [
+        created["payload"]["session_id"]
+    ]
+
+
+# Requests whose errors depend on the order of session rules, validation and the gate.
+EARLY_REQUESTS: list[tuple[str, dict[str, Any] | None, str | None]] = [
+    ("turn.start", {"prompt": ""}, None),
+    ("turn.start", {"prompt": "hi"}, None),
+    ("turn.start", {"prompt": "hi", "options": {"x": 1}}, "not a session id"),
+    ("session.open", None, None),
+    ("session.list", None, "sess"),
+    ("session.list", {"limit": "x"}, None),
+    ("auth.logout", {"provider_id": 7}, None),
+    ("config.set", {"scope": "nowhere"}, None),
+    ("catalog.models", None, None),
+    ("no.such.method", None, None),
+    ("status", None, None),
+]
+
+
+async def test_errors_before_initialize_are_those_of_a_full_build(ctx: LaunchContext) -> None:
+    answers = []
+    for build in (build_coordinator, build_embedded_coordinator):
+        coordinator = await build(ctx)
+        conn = coordinator.open_connection(ctx)
+        try:
+            answers.append(
+                [
+                    (await call(coordinator, conn, method, payload, session))["error"]
+                    for method, payload, session in EARLY_REQUESTS
+                ]
+            )
+        finally:
+            await coordinator.close_connection(conn)
+    full, embedded = answers
+    assert embedded == full
+    assert {error["code"] for error in full if error} >= {"invalid_payload", "not_initialized"}
+
+
+async def test_status_waits_for_the_load_and_answers_as_a_full_build(
+    embedded: ServiceCoordinator, ctx: LaunchContext
+) -> None:
+    conn = embedded.open_connection(ctx)
+    await call(embedded, conn, "initialize", INIT)
+    status = await call(embedded, conn, "status")
+    assert status["error"] is None
+    assert status["payload"] == {"service": "ready", "provider_auth_ready": False}
+    assert domains_of(embedded).services is not None
+
+
+async def test_closing_right_after_initialize_finishes_the_load(ctx: LaunchContext) -> None:
+    coordinator = await build_embedded_coordinator(ctx)
+    domains = domains_of(coordinator)
+    conn = coordinator.open_connection(ctx)
+    await call(coordinator, conn, "initialize", INIT)
+    await coordinator.close_connection(conn)
+    assert domains.services is not None
+    assert (ctx.mc_home / "settings.schema.json").is_file()
+
+
+async def test_a_failing_load_fails_the_request_and_the_next_one_tries_again(
+    embedded: ServiceCoordinator, ctx: LaunchContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = embedded.open_connection(ctx)
+    await call(embedded, conn, "initialize", INIT, write=False)
+    real = composition._domain_services
+
+    def broken(_: LaunchContext) -> Any:
+        raise ImportError("half-replaced install")
+
+    monkeypatch.setattr(composition, "_domain_services", broken)
+    failed = await call(embedded, conn, "session.list")
+    assert failed["error"]["code"] == "internal_error"
+    monkeypatch.setattr(composition, "_domain_services", real)
+    assert (await call(embedded, conn, "session.list"))["error"] is None
