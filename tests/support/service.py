@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from magi_code.protocol import envelope
+from tests.support.wire_checks import LiveChecks
 
 STEP_TIMEOUT = 20.0
 
@@ -116,6 +117,8 @@ class ServiceProcess:
         _live[home] = _live.get(home, 0) + 1
         self._ids = itertools.count(1)
         self.pending: list[dict[str, Any]] = []
+        # The reference consumer and the JSON Schemas check every record written and read.
+        self.checks = LiveChecks()
 
     @classmethod
     async def start(
@@ -141,6 +144,7 @@ class ServiceProcess:
 
     async def send_raw(self, data: bytes) -> None:
         assert self.proc.stdin is not None
+        self.checks.sent(data)
         self.proc.stdin.write(data)
         await self.proc.stdin.drain()
 
@@ -162,8 +166,7 @@ class ServiceProcess:
         if not line:
             raise EOFError("service closed stdout")
         assert line.endswith(b"\n")
-        message: dict[str, Any] = orjson.loads(line)
-        return message
+        return self.checks.received(line)
 
     async def request(
         self,
@@ -219,6 +222,7 @@ class ServiceProcess:
 
     async def close_stdin(self) -> None:
         assert self.proc.stdin is not None
+        self.checks.sent_eof()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.proc.stdin.close()
             await self.proc.stdin.wait_closed()
