@@ -95,7 +95,7 @@ def _run_service() -> int:
         from magi_code.composition import build_embedded_coordinator
         from magi_code.stdio.adapter import serve_stdio
 
-        return uvloop.run(serve_stdio(build_embedded_coordinator, ctx))
+        return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
     if mode == "daemon":
         from magi_code.shim.bridge import serve_shim
 
@@ -126,7 +126,19 @@ def _run_prompt(prompt: str, session: str | None, provider: str | None, model: s
     overrides = {"MC_PROVIDER": provider, "MC_MODEL": model}
     env = {**ctx.env, **{k: v for k, v in overrides.items() if v}}
     ctx = dataclasses.replace(ctx, env=env)
-    return uvloop.run(run_prompt(ctx, prompt, session))
+    return _finished(uvloop.run(run_prompt(ctx, prompt, session)))
+
+
+def _finished(code: int) -> int:
+    """The service's work is written, drained and closed: leave every object alive now
+    out of the interpreter's last garbage collection at exit, which would otherwise walk
+    all loaded modules (~30 ms). Everything else about finalization (threads joined,
+    ``atexit``, streams flushed) is unchanged."""
+    import gc
+
+    gc.freeze()
+    return code
+
 
 
 if __name__ == "__main__":
