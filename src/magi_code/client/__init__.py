@@ -4,42 +4,85 @@
 says hello with the launch context, and then carries v1 requests and events, snapshots,
 attachments and control grants. ``SyncClient`` is the same for code without an event
 loop. Everything a frontend needs is importable from here.
+
+Names are imported on first use, so a light submodule (``client.errors``,
+``client.handshake``: what the stdio shim needs) can be imported without asyncio or the
+HTTP stack behind the rest.
 """
 
-from magi_code.client.channel import Channel, socket_for
-from magi_code.client.connection import (
-    MAX_QUEUED_EVENTS,
-    Client,
-    connect_channel,
-    new_idempotency_key,
-)
-from magi_code.client.errors import (
-    DaemonDraining,
-    DaemonError,
-    DaemonTimeout,
-    DaemonUnavailable,
-    DeadlineExceeded,
-    ForeignDaemon,
-    OutcomeUnknown,
-)
-from magi_code.client.starter import DaemonStartError
-from magi_code.client.sync import SyncClient
-from magi_code.client.types import (
-    AttachResult,
-    AttachStatus,
-    ControlGranted,
-    ControlStatus,
-    ErrorInfo,
-    Event,
-    EventEnvelope,
-    GrantedTurn,
-    Overloaded,
-    ResponseEnvelope,
-    SnapshotItem,
-    SnapshotPage,
-)
-from magi_code.protocol.v2 import Role
-from magi_code.storage.launch import LaunchContext
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from magi_code.client.channel import Channel, socket_for
+    from magi_code.client.connection import (
+        MAX_QUEUED_EVENTS,
+        Client,
+        connect_channel,
+        new_idempotency_key,
+    )
+    from magi_code.client.errors import (
+        DaemonDraining,
+        DaemonError,
+        DaemonTimeout,
+        DaemonUnavailable,
+        DeadlineExceeded,
+        ForeignDaemon,
+        OutcomeUnknown,
+    )
+    from magi_code.client.starter import DaemonStartError
+    from magi_code.client.sync import SyncClient
+    from magi_code.client.types import (
+        AttachResult,
+        AttachStatus,
+        ControlGranted,
+        ControlStatus,
+        ErrorInfo,
+        Event,
+        EventEnvelope,
+        GrantedTurn,
+        Overloaded,
+        ResponseEnvelope,
+        SnapshotItem,
+        SnapshotPage,
+    )
+    from magi_code.protocol.v2 import Role
+    from magi_code.storage.launch import LaunchContext
+
+# Each public name and the module that defines it.
+_HOMES = {
+    "Channel": "magi_code.client.channel",
+    "socket_for": "magi_code.client.channel",
+    "MAX_QUEUED_EVENTS": "magi_code.client.connection",
+    "Client": "magi_code.client.connection",
+    "connect_channel": "magi_code.client.connection",
+    "new_idempotency_key": "magi_code.client.connection",
+    "DaemonDraining": "magi_code.client.errors",
+    "DaemonError": "magi_code.client.errors",
+    "DaemonTimeout": "magi_code.client.errors",
+    "DaemonUnavailable": "magi_code.client.errors",
+    "DeadlineExceeded": "magi_code.client.errors",
+    "ForeignDaemon": "magi_code.client.errors",
+    "OutcomeUnknown": "magi_code.client.errors",
+    "DaemonStartError": "magi_code.client.starter",
+    "SyncClient": "magi_code.client.sync",
+    "AttachResult": "magi_code.client.types",
+    "AttachStatus": "magi_code.client.types",
+    "ControlGranted": "magi_code.client.types",
+    "ControlStatus": "magi_code.client.types",
+    "ErrorInfo": "magi_code.client.types",
+    "Event": "magi_code.client.types",
+    "EventEnvelope": "magi_code.client.types",
+    "GrantedTurn": "magi_code.client.types",
+    "Overloaded": "magi_code.client.types",
+    "ResponseEnvelope": "magi_code.client.types",
+    "SnapshotItem": "magi_code.client.types",
+    "SnapshotPage": "magi_code.client.types",
+    "Role": "magi_code.protocol.v2",
+    "LaunchContext": "magi_code.storage.launch",
+}
 
 __all__ = [
     "MAX_QUEUED_EVENTS",
@@ -72,3 +115,16 @@ __all__ = [
     "new_idempotency_key",
     "socket_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

@@ -1,7 +1,8 @@
 """The raw v2 frame channel: connect, check the daemon's UID, hello/welcome, frames.
 
-The stdio shim uses it directly; :class:`~magi_code.client.connection.Client` adds
-request/response correlation on top.
+:class:`~magi_code.client.connection.Client` adds request/response correlation on top.
+The hello, the connect failures and the meaning of the daemon's answer come from
+:mod:`~magi_code.client.handshake`, which the stdio shim's blocking connect uses too.
 
 Connecting fails with one of: :class:`DaemonUnavailable` (no daemon: nothing listens;
 :class:`DaemonDraining` when it is stopping), :class:`DaemonTimeout` (something listens
@@ -15,41 +16,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from magi_code.endpoint.paths import read_info, runtime_paths, verify_private_dir
 from magi_code.endpoint.peer import check_peer
 from magi_code.protocol.frames import FrameDecoder, FrameError, encode_frame
-from magi_code.protocol.v2 import Launch, Role, hello
+from magi_code.protocol.v2 import Role
 from magi_code.storage.launch import LaunchContext
-from magi_code.version import package_version
 
-from .errors import DaemonDraining, DaemonError, DaemonTimeout, DaemonUnavailable, ForeignDaemon
+from .errors import DaemonError, DaemonUnavailable
+from .handshake import (
+    CONNECT_TIMEOUT,
+    check_socket_dir,
+    closed_early,
+    connect_failure,
+    foreign_peer,
+    hello_frame,
+    invalid_frames,
+    launch_of,
+    no_answer,
+    socket_for,
+    welcome_of,
+)
 
-# A daemon that accepted the connection answers hello in milliseconds; one that does not
-# within this bound is stopped (SIGSTOP) or wedged.
-CONNECT_TIMEOUT = 3.0
+__all__ = ["CONNECT_TIMEOUT", "Channel", "launch_of", "socket_for"]
+
 READ_CHUNK = 65536
-
-
-def launch_of(ctx: LaunchContext) -> Launch:
-    return Launch(str(ctx.mc_home), str(ctx.project_dir), dict(ctx.env), ctx.umask)
-
-
-def _seconds(value: float) -> str:
-    return f"{value:g} s"
-
-
-def socket_for(ctx: LaunchContext) -> Path:
-    """The socket the daemon of ``ctx.mc_home`` bound (from ``daemon.json``), or the default."""
-    paths = runtime_paths(ctx)
-    info = read_info(paths)
-    recorded = info.get("socket") if info else None
-    return Path(recorded) if isinstance(recorded, str) else paths.socket
 
 
 class Channel:
@@ -84,33 +78,17 @@ class Channel:
         (RFC-0002 §3): an idle one refuses as ``draining`` and stops, a busy one serves
         and stops once idle.
         """
-        try:
-            verify_private_dir(socket_path.parent)
-        except FileNotFoundError:
-            raise DaemonUnavailable("no daemon is running") from None
+        check_socket_dir(socket_path)
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_unix_connection(str(socket_path), limit=READ_CHUNK * 2), timeout
             )
-        # TimeoutError and BlockingIOError are OSErrors: they must come first.
-        except TimeoutError:
-            raise DaemonTimeout(
-                f"the daemon did not accept the connection within {_seconds(timeout)}"
-            ) from None
-        except BlockingIOError:  # a full backlog: a listener that does not accept
-            raise DaemonTimeout("the daemon is not accepting connections") from None
-        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
-            raise DaemonUnavailable("no daemon is running") from None
-        except PermissionError:
-            if _owner(socket_path) not in (None, os.geteuid()):
-                raise ForeignDaemon("the socket is served by another user") from None
-            raise DaemonUnavailable("the daemon socket cannot be opened") from None
         except OSError as exc:
-            raise DaemonUnavailable(f"cannot connect to the daemon ({exc.strerror})") from None
+            raise connect_failure(exc, socket_path, timeout) from None
         sock = writer.get_extra_info("socket")
         if sock is None or not check_peer(sock):
             writer.close()
-            raise ForeignDaemon("the socket is served by another user; refusing to use it")
+            raise foreign_peer()
         return await cls.handshake(
             reader,
             writer,
@@ -141,8 +119,7 @@ class Channel:
         whose other end you trust already (a ``socketpair`` in tests, a proxy you run).
         """
         channel = cls(reader, writer, {})
-        launch_frame = None if launch is None else launch_of(launch)
-        frame = hello(role, launch_frame, client_name, package_version(), options, build)
+        frame = hello_frame(role, launch, client_name=client_name, options=options, build=build)
 
         async def exchange() -> dict[str, Any] | None:
             await channel.send(frame)
@@ -153,34 +130,18 @@ class Channel:
         # TimeoutError is an OSError: it must come first.
         except TimeoutError:
             channel.abort()
-            raise DaemonTimeout(
-                f"the daemon did not answer the handshake within {_seconds(timeout)}"
-            ) from None
+            raise no_answer(timeout) from None
         except (ConnectionError, OSError):
             await channel.close()
-            raise DaemonUnavailable("the daemon closed the connection") from None
+            raise closed_early() from None
         except DaemonError:
             await channel.close()
             raise
-        if first is None:
+        try:
+            channel.welcome = welcome_of(first)
+        except (DaemonError, DaemonUnavailable):
             await channel.close()
-            raise DaemonUnavailable("the daemon closed the connection")
-        if first.get("t") == "refused":
-            await channel.close()
-            code = first.get("code")
-            if code == "draining":
-                raise DaemonDraining("the daemon is stopping")
-            if code == "tool_process":
-                raise DaemonError(
-                    "the daemon refused the connection (tool_process): commands run by the "
-                    "agent's tools cannot use the daemon",
-                    code,
-                )
-            raise DaemonError(f"the daemon refused the connection ({code})", _code(code))
-        if first.get("t") != "welcome":
-            await channel.close()
-            raise DaemonError("the daemon answered with an unexpected frame", "protocol_error")
-        channel.welcome = first
+            raise
         return channel
 
     async def send(self, frame: Mapping[str, Any]) -> None:
@@ -195,7 +156,7 @@ class Channel:
         """
         while not self._frames:
             if self._broken:
-                raise DaemonError("the daemon sent an invalid frame", "framing_error")
+                raise invalid_frames()
             data = await self._reader.read(READ_CHUNK)
             if not data:
                 with contextlib.suppress(FrameError):
@@ -216,14 +177,3 @@ class Channel:
         self._writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await self._writer.wait_closed()
-
-
-def _code(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _owner(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_uid
-    except OSError:
-        return None

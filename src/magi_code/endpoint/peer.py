@@ -12,8 +12,6 @@ uvloop transports return from ``get_extra_info("socket")`` (both expose ``getsoc
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import socket
 import struct
@@ -125,6 +123,11 @@ def _xucred_peer_uid(sock: SocketLike) -> int:
 
 
 def _getpeereid(fd: int) -> int:
+    # Imported here: ctypes.util pulls in subprocess and tempfile, a cost every stdio
+    # shim start would pay for a fallback only BSD-like systems reach.
+    import ctypes
+    import ctypes.util
+
     name = ctypes.util.find_library("c")
     if name is None:
         raise PeerCredentialsUnavailable("libc not found for getpeereid")
