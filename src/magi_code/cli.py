@@ -84,22 +84,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_service() -> int:
-    import uvloop
-
     from magi_code.storage.launch import LaunchContext
 
     ctx = LaunchContext.from_process()
     mode = ctx.env.get(_MODE_ENV) or "daemon"
     if mode == "embedded":
+        import uvloop
+
         # ``initialize`` is answered before the domain services are loaded (composition).
         from magi_code.composition import build_embedded_coordinator
         from magi_code.stdio.adapter import serve_stdio
 
         return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
     if mode == "daemon":
+        # No event loop: the shim with a warm daemon imports no asyncio (see shim.bridge).
         from magi_code.shim.bridge import serve_shim
 
-        return uvloop.run(serve_shim(ctx))
+        return serve_shim(ctx)
     return _fail(f"{_MODE_ENV} must be 'daemon' or 'embedded'")
 
 
@@ -138,7 +139,6 @@ def _finished(code: int) -> int:
 
     gc.freeze()
     return code
-
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 ``InMemoryDaemon`` runs the real :class:`DaemonServer` (roles, persistent coordinator,
 domains, session files under the test's MC_HOME) without a socket or a process;
 ``client()`` / ``channel()`` connect to it as the socket clients would. ``V1Service`` is
-the v1 stdio service as the shim bridges it (the real shim bridge over in-memory stdio),
-with the methods the contract fixture runner uses.
+the v1 stdio service as the shim bridges it (the shim's own bridging logic over in-memory
+stdio), with the methods the contract fixture runner uses.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any, cast
 
 import orjson
 
-from magi_code.client import Channel, Client
+from magi_code.client import Channel, Client, DaemonError
 from magi_code.composition import build_coordinator
 from magi_code.daemon import memory
 from magi_code.daemon.server import DaemonServer
 from magi_code.protocol.v2 import Role
-from magi_code.shim.bridge import Bridge
+from magi_code.shim.core import ShimCore
 from magi_code.storage.launch import LaunchContext
 from magi_code.version import build_id
 
@@ -95,7 +95,7 @@ class _Stdin:
     def push(self, data: bytes) -> None:
         self._chunks.put_nowait(data)
 
-    async def read(self, n: int) -> bytes:
+    async def read(self) -> bytes:
         return await self._chunks.get()
 
 
@@ -104,25 +104,84 @@ class _Stdout:
         self.buffer = bytearray()
         self.changed = asyncio.Event()
 
-    async def write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         self.buffer += data
         self.changed.set()
 
 
 class V1Service:
-    """A v1 stdio service bridged to the in-memory daemon, as the shim runs it."""
+    """A v1 stdio service bridged to the in-memory daemon, as the shim runs it.
+
+    The shim's own bridging logic (:class:`ShimCore`: framing, the window of records in
+    flight, acknowledgements after each stdout write, EOF and exit status) driven by two
+    tasks over in-memory stdio and the in-memory daemon connection, in place of the
+    shim's ``selectors`` loop.
+    """
 
     def __init__(self, daemon: InMemoryDaemon, channel: Channel) -> None:
         self.daemon = daemon
+        self.channel = channel
+        self.core = ShimCore()
         self.stdin = _Stdin()
         self.stdout = _Stdout()
-        self.bridge = Bridge(channel, self.stdin, self.stdout)
-        self._run = asyncio.create_task(self.bridge.run())
+        self._sending = asyncio.Lock()
+        self._changed = asyncio.Event()  # the core may want stdin again
+        self._run = asyncio.create_task(self._bridge())
         self._eof = False
 
     @classmethod
     async def start(cls, daemon: InMemoryDaemon) -> V1Service:
         return cls(daemon, await daemon.channel("v1_shim"))
+
+    # -- the driver ----------------------------------------------------------------------
+
+    async def _bridge(self) -> int:
+        inbound = asyncio.create_task(self._inbound())
+        pump = asyncio.create_task(self._pump())
+        try:
+            await inbound
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+        assert self.core.exit_code is not None
+        return self.core.exit_code
+
+    async def _inbound(self) -> None:
+        core = self.core
+        while not core.finished:
+            try:
+                frame = await self.channel.recv()
+            except DaemonError:
+                frame = None
+            if frame is None:
+                core.lost()
+            else:
+                core.feed_frames([frame])
+            if core.needs_write:
+                self.stdout.write(core.stdout)
+                core.wrote(True)
+            await self._flush()
+            self._changed.set()
+
+    async def _pump(self) -> None:
+        core = self.core
+        while True:
+            while not core.wants_stdin:
+                self._changed.clear()
+                await self._changed.wait()
+            core.feed_stdin(await self.stdin.read())
+            await self._flush()
+
+    async def _flush(self) -> None:
+        # Frames go out in the order the core queued them, whichever task queued them.
+        async with self._sending:
+            for frame in self.core.take_frames():
+                with contextlib.suppress(ConnectionError, OSError):
+                    await self.channel.send(frame)
+            self.core.take_diagnostics()
+
+    # -- what the contract runner uses ---------------------------------------------------
 
     async def send_raw(self, data: bytes) -> None:
         self.stdin.push(data)
@@ -157,4 +216,4 @@ class V1Service:
         try:
             await asyncio.wait_for(asyncio.shield(self._run), 10)
         finally:
-            await self.bridge.channel.close()
+            await self.channel.close()
