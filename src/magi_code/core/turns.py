@@ -10,6 +10,11 @@ Theory of operation, per turn:
   activity takes the next value of one per-turn sequence counter *before* it is queued;
   deltas wait for queue space, activity never does (a full queue drops it and counts it);
 - streamed text is persisted while it streams, in bounded increments (``turns.streamed``);
+- the turn's records are queued for the session's group commit without waiting for their
+  fsync (``WriterLease.enqueue``); every event is queued with the seq of the last record
+  submitted before it, and the pump releases it only once that record is durable, so
+  whatever the client saw is in the durable history. A record that fails to become
+  durable fails the turn, and no event queued after it is released;
 - at the end admission closes, the rest of the text and the terminal record are
   persisted, the queue is drained, and ``turn.terminal`` takes the next sequence value. Its write
   releases the start request ID; only then is the session attachment settled.
@@ -140,7 +145,8 @@ class TurnRun:
         self.text_parts: list[str] = []
         self._text_bytes = 0
         self._text_encoded = 0
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue(
+        # (event, payload, seq of the last record submitted before it)
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any], int] | None] = asyncio.Queue(
             TURN_QUEUE_CAPACITY
         )
         self._admission_open = True
@@ -166,7 +172,8 @@ class TurnRun:
             self.text_parts.append(piece)
             sequence = self._stamp()
             payload = {"turn_id": self.turn_id, "sequence": sequence, "text": piece}
-            await self._queue.put(("turn.assistant_delta", payload))
+            mark = self.attachment.lease.submitted_seq
+            await self._queue.put(("turn.assistant_delta", payload, mark))
 
     def activity(self, payload: dict[str, Any]) -> None:
         if not self._admission_open:
@@ -174,12 +181,13 @@ class TurnRun:
         sequence = self._stamp()
         event = {"turn_id": self.turn_id, "sequence": sequence, "activity": payload}
         try:
-            self._queue.put_nowait(("turn.activity", event))
+            self._queue.put_nowait(("turn.activity", event, self.attachment.lease.submitted_seq))
         except asyncio.QueueFull:
             self.activity_dropped += 1
 
     async def record(self, record: Mapping[str, Any]) -> int:
-        return await asyncio.to_thread(self.attachment.lease.append, record)
+        # Queued for the group commit; the events queued after it wait for it (``_pump``).
+        return await self.attachment.lease.enqueue(record)
 
     def _stamp(self) -> int:
         sequence = self.next_sequence
@@ -214,8 +222,18 @@ class TurnRun:
         return TurnEvent(self.info, name, payload["sequence"], envelope, failure)
 
     async def _pump(self) -> None:
+        lease = self.attachment.lease
+        held = False  # a record an event depends on failed: release nothing more
         while (item := await self._queue.get()) is not None:
-            event = self.event(*item)
+            name, payload, mark = item
+            if not held:
+                try:
+                    await lease.durable(mark)
+                except ServiceError:
+                    held = True
+            if held:
+                continue
+            event = self.event(name, payload)
             await self.conn.output.put(Batch([event.envelope], turn_events=(event,))).done.wait()
 
     async def _run(self) -> None:
@@ -224,6 +242,8 @@ class TurnRun:
         status = "completed"
         try:
             await asyncio.shield(self.agent_task)
+            # Completed only once everything it recorded is durable.
+            await self.attachment.lease.durable(self.attachment.lease.submitted_seq)
         except asyncio.CancelledError:
             # turn.cancel cancelled the agent, or owner drop cancelled this task.
             if not self.agent_task.done():
@@ -281,7 +301,7 @@ class TurnRun:
             # in order, before the terminal.
             if self._settle_text is not None:
                 await self._settle_text()
-            await self.record(terminal)
+            await self.attachment.lease.append_async(terminal)
         except (OSError, ServiceError, ValueError):
             log.warning("could not persist the end of a turn")
 
@@ -369,7 +389,7 @@ class TurnService:
             user = {"type": "user", "turn_id": turn_id, "text": prompt}
             if request.idempotency_key is not None:
                 user["idempotency_key"] = request.idempotency_key
-            await asyncio.to_thread(attachment.lease.append, user)
+            await attachment.lease.append_async(user)
         except BaseException:
             await self._abandon(attachment)
             raise

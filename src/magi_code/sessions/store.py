@@ -17,15 +17,18 @@ resolves outside its own directory.
 
 Durability: a new session is built under a hidden ``.new-<id>`` directory, fsynced and
 renamed into place (the parent is fsynced), so a listed session always has its header.
-``WriterLease.append`` writes one complete line with one ``write()`` on an ``O_APPEND``
-fd and fsyncs before returning the record's ``seq``. A crash can only leave a torn last
-line; readers skip it (``gap``) and the next lease holder truncates it before appending.
+Appends are group-committed (``commit``): records queued while a batch is being written
+and fsynced go out together as the next batch, one ``write()`` on an ``O_APPEND`` fd and
+one fsync, and each record is reported durable only after the fsync that covers it. A
+crash can only leave a torn last line; readers skip it (``gap``) and the next lease
+holder truncates it before appending.
 
 Turn outcomes (``turn_outcome``, ``find_turn_by_key``) scan the whole history, not only the
 replay window, so a restarted daemon can answer for any turn; ``close_interrupted_turn``
 gives a turn whose process died mid-turn its ``failed`` terminal record.
 
-Every method is blocking file I/O; async callers run it in a worker thread.
+Every method is blocking file I/O; async callers run it in a worker thread (the lease's
+``submit``, ``durable``, ``append_async`` and ``enqueue`` never block).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
@@ -46,6 +50,7 @@ import orjson
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_WINDOW_BYTES
 from magi_code.protocol.v2 import valid_idempotency_key
+from magi_code.sessions.commit import CommitQueue
 from magi_code.sessions.fileio import (
     APPEND_LOCK,
     DIR_FLAGS,
@@ -154,10 +159,20 @@ class SessionContext:
 class WriterLease:
     """The exclusive right to append to one session, held until ``release()``.
 
-    Thread-safe; appends are serialized. After a failed append the lease is unusable
-    (every later append raises ``SESSION_UNAVAILABLE``): release it and acquire a new one,
-    which repairs the tail.
+    Appends are group-committed (``commit.CommitQueue``): ``submit`` queues a record and
+    returns its ``seq`` at once; it is durable once ``durable_seq`` reaches it, which
+    ``wait_durable`` / ``durable`` wait for. ``append`` and ``append_async`` do both.
+    Records are written in ``seq`` order; a record is reported durable only after the
+    fsync that covers it. Thread-safe.
+
+    After a failed batch the lease is unusable (every later submit raises
+    ``SESSION_UNAVAILABLE``): release it and acquire a new one, which repairs the tail.
     """
+
+    # How far a writer that does not wait for each record (``enqueue``) may run ahead of
+    # durability: a turn's events wait for its records, and its event queue is bounded.
+    MAX_PENDING_RECORDS: Final = 64
+    MAX_PENDING_BYTES: Final = 4 * 1024 * 1024
 
     def __init__(
         self,
@@ -166,62 +181,109 @@ class WriterLease:
         fds: tuple[int, int, int],
         next_seq: int,
         has_title: bool,
+        executor: Executor,
     ) -> None:
         self.session_id = session_id
         self._session_dir = session_dir
-        self._lease_fd, self._lock_fd, self._history_fd = fds
-        self._next_seq = next_seq
+        self._lease_fd, lock_fd, history_fd = fds
+        self._fds = [self._lease_fd, lock_fd, history_fd]
+        self._commit = CommitQueue(history_fd, lock_fd, next_seq - 1, executor, WRITER_LOCK_WAIT)
         self._has_title = has_title
         self._mutex = threading.Lock()
         self._released = False
-        self._broken = False
 
     @property
     def released(self) -> bool:
         return self._released
 
-    def append(self, record: Mapping[str, object]) -> int:
-        """Durably append one record and return its ``seq``.
+    @property
+    def submitted_seq(self) -> int:
+        """The seq of the last record submitted (before any: the last one in the file)."""
+        return self._commit.submitted
+
+    @property
+    def durable_seq(self) -> int:
+        """Every record up to this seq is durable."""
+        return self._commit.durable
+
+    @property
+    def batches(self) -> int:
+        """How many batches (write + fsync) this lease has flushed."""
+        return self._commit.batches
+
+    def submit(self, record: Mapping[str, object]) -> int:
+        """Queue one record for the next group commit and return its ``seq`` (no I/O).
 
         ``record`` holds ``type`` and that type's fields (``v``/``seq``/``ts`` are
-        assigned here). The line is fsynced before this returns.
+        assigned here). It is not durable yet: see ``wait_durable`` / ``durable``.
 
         Raises:
             ValueError: a header, an unknown type or invalid fields (a caller bug).
             ServiceError: ``LIMIT_EXCEEDED`` for a record over ``MAX_APPEND_RECORD_BYTES``;
-                ``SESSION_BUSY`` if the append lock stays contended; ``SESSION_UNAVAILABLE``
-                after release or when the write/fsync fails.
+                ``SESSION_UNAVAILABLE`` after release or after a failed batch.
         """
         if record.get("type") == "header":
             raise ValueError("the header is written by create()")
-        with self._mutex:
-            if self._released or self._broken:
-                raise unavailable()
-            line = encode_record(record, self._next_seq, now_rfc3339())
+        if self._released:
+            raise unavailable()
+
+        def encode(seq: int) -> bytes:
+            line = encode_record(record, seq, now_rfc3339())
             if len(line) > MAX_APPEND_RECORD_BYTES:
                 raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-            with holding(self._lock_fd, fcntl.LOCK_EX, WRITER_LOCK_WAIT):
-                try:
-                    size = os.fstat(self._history_fd).st_size
-                except OSError:
-                    raise unavailable() from None
-                try:
-                    write_all(self._history_fd, line)
-                    os.fsync(self._history_fd)
-                except OSError:
-                    # After a failed write or fsync the file state is unknown: drop any
-                    # partial line if possible and stop appending through this lease.
-                    self._broken = True
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(self._history_fd, size)
-                    raise unavailable() from None
-            seq = self._next_seq
-            self._next_seq += 1
-            if not self._has_title and record.get("type") == "user":
-                self._write_title(str(record.get("text", "")))
-            return seq
+            return line
+
+        hook = None
+        if not self._has_title and record.get("type") == "user":
+            text = str(record.get("text", ""))
+            hook = lambda: self._write_title(text)  # noqa: E731 - runs after the fsync
+        return self._commit.submit(encode, hook)
+
+    def wait_durable(self, seq: int) -> None:
+        """Block until record ``seq`` is durable (at once if it already is).
+
+        Raises:
+            ServiceError: ``SESSION_BUSY`` if its batch could not take the append lock
+                within 5 s; ``SESSION_UNAVAILABLE`` if its batch's write or fsync failed,
+                or an earlier batch failed.
+        """
+        self._commit.wait(seq)
+
+    async def durable(self, seq: int) -> None:
+        """``wait_durable`` without blocking the event loop."""
+        await self._commit.wait_async(seq)
+
+    def append(self, record: Mapping[str, object]) -> int:
+        """Durably append one record and return its ``seq`` (blocking; ``submit`` +
+        ``wait_durable``). Raises as those two."""
+        seq = self.submit(record)
+        self.wait_durable(seq)
+        return seq
+
+    async def append_async(self, record: Mapping[str, object]) -> int:
+        """``append`` for an event loop: the record is durable when this returns."""
+        seq = self.submit(record)
+        await self.durable(seq)
+        return seq
+
+    async def enqueue(self, record: Mapping[str, object]) -> int:
+        """``submit``, then wait only while the lease runs too far ahead of durability:
+        until at most ``MAX_PENDING_RECORDS`` records, and at most ``MAX_PENDING_BYTES``
+        (else: all of them), are not durable yet.
+
+        For a writer that waits for durability elsewhere (before it releases what
+        depends on the record). Raises as ``submit`` and, when it waits, as ``durable``.
+        """
+        seq = self.submit(record)
+        if self._commit.pending_bytes > self.MAX_PENDING_BYTES:
+            await self.durable(seq)
+        elif seq - self._commit.durable > self.MAX_PENDING_RECORDS:
+            await self.durable(seq - self.MAX_PENDING_RECORDS)
+        return seq
 
     def _write_title(self, text: str) -> None:
+        if self._has_title:
+            return
         title = title_from_prompt(text)
         if title is None:
             return
@@ -231,12 +293,14 @@ class WriterLease:
             self._has_title = True
 
     def release(self) -> None:
-        """Drop the lease (idempotent). Closing the lease fd releases the flock."""
+        """Drop the lease (idempotent; blocking). Records already submitted are written
+        first; closing the lease fd releases the flock."""
         with self._mutex:
             if self._released:
                 return
             self._released = True
-            close_all([self._lease_fd, self._lock_fd, self._history_fd])
+        self._commit.close()
+        close_all(self._fds)
 
     def __enter__(self) -> WriterLease:
         return self
@@ -248,9 +312,15 @@ class WriterLease:
 class SessionStore:
     """Session histories under ``sessions_dir`` (``$MC_HOME/sessions``)."""
 
+    # Flushes of different sessions run in parallel on these threads (created on demand).
+    COMMIT_THREADS: Final = 16
+
     def __init__(self, sessions_dir: Path) -> None:
         self._root = sessions_dir
         self._cache = _WindowCache()
+        self._committer = ThreadPoolExecutor(
+            self.COMMIT_THREADS, thread_name_prefix="mc-session-commit"
+        )
 
     def create(self) -> str:
         """Create a session with its header durably written and return its new ID.
@@ -365,7 +435,12 @@ class SessionStore:
         finally:
             os.close(dir_fd)
         return WriterLease(
-            name, self._root / name, (lease_fd, lock_fd, history_fd), next_seq, has_title
+            name,
+            self._root / name,
+            (lease_fd, lock_fd, history_fd),
+            next_seq,
+            has_title,
+            self._committer,
         )
 
     def _read_window(self, session_id: str, wait: float) -> ParsedWindow:
