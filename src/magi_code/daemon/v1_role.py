@@ -1,25 +1,39 @@
-"""The ``v1_shim`` role (RFC-0002 §5): one v1 stdio service, bridged record by record.
+"""The ``v1_shim`` role (RFC-0002 §5): one v1 stdio service, bridged through the shim.
 
-The connection *is* a v1 service: its records run through the shared coordinator, and
-its output batches go out one at a time, each released only after the shim wrote and
-acknowledged it, which reproduces the embedded adapter's ordering exactly. Its end (EOF,
-shim death, owner drop) cancels and drains its turns and login; their terminal events
-still reach the shim while it is connected. A shim that leaves a batch unacknowledged for
-the server's ``client_timeout`` (its frontend stopped reading stdout) is an output
-failure: its work is cancelled and drained, so it cannot hold turns or workers that other
-frontends need.
+The connection *is* a v1 service and keeps the embedded adapter's rules exactly:
+
+- records are handled in order as they arrive, without waiting for earlier answers to be
+  written, until :data:`MAX_UNWRITTEN_ANSWERS` answers are unwritten: then the oldest is
+  waited for before the next record is handled;
+- every queued batch goes out as its own ``output`` frame, several at once (at most
+  :data:`MAX_OUTPUTS_IN_FLIGHT` unacknowledged, and the connection's outbound limit in
+  bytes, one always allowed); each batch is settled (``Batch.written()``: its request
+  IDs are released) when the shim acknowledges having written it. Acknowledgements are
+  settled as they are read, before any later frame of the same read is queued, and the
+  shim sends each before any record it reads afterwards, so a frontend that reuses a
+  request ID after reading its answer finds it free, as in embedded mode;
+- a batch that cannot be encoded ends the output after the batches before it
+  (``output_error``), as embedded mode stops writing.
+
+Its end (EOF, shim death, owner drop) cancels and drains its turns and login; their
+terminal events still reach the shim while it is connected. A shim that leaves an
+output unacknowledged for the server's ``client_timeout`` (its frontend stopped reading
+stdout) is an output failure: its work is cancelled and drained, so it cannot hold turns
+or workers that other frontends need.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.core.coordinator import Connection
 from magi_code.core.output import Batch
 from magi_code.protocol import v2
 from magi_code.protocol.envelope import OutboundError, encode_batch
+from magi_code.protocol.frames import encode_frame
 from magi_code.protocol.v2 import MESSAGES, Code
 
 from .waits import bounded, wait_either
@@ -29,38 +43,85 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("magi_code.daemon")
 
+# As the embedded adapter: answers not yet written before record handling waits.
+MAX_UNWRITTEN_ANSWERS: Final = 64
+# Batches taken from the connection's output at once.
+MAX_WRITE_BATCHES: Final = 256
+# ``output`` frames sent and not yet acknowledged before the writer waits.
+MAX_OUTPUTS_IN_FLIGHT: Final = 64
+
 
 class V1Role:
     def __init__(self, peer: PeerConnection, conn: Connection) -> None:
         self.peer = peer
         self.conn = conn
-        self._pending: Batch | None = None  # sent, not yet acknowledged
-        self._answer: Batch | None = None  # the batch answering the current record
-        self._acked = asyncio.Event()
-        self._ack_ok = False
-        self._ack_seq = 0
+        # Sent, not yet acknowledged: (seq, batch, its frame's size, when it was sent).
+        self._in_flight: deque[tuple[int, Batch, int, float]] = deque()
+        self._in_flight_bytes = 0
+        self._answers: deque[Batch] = deque()  # batches answering a record, not yet sent
+        self._seq = 0
+        self._room = asyncio.Event()  # an acknowledgement or a failure arrived
+        self._failed = False  # output failed, acknowledgements went wrong, or the shim left
+        self._stalled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
         peer.intercept = self._intercept
-        peer.on_lost_hook = lambda: self._settle(False)
+        peer.on_lost_hook = self._fail
+
+    # -- acknowledgements (settled synchronously, in the transport's read) ------------------
 
     def _intercept(self, frame: v2.ClientFrame) -> bool:
-        # Settled synchronously, before any later frame of the same read is queued:
-        # whatever waits on the batch (a worker's busy flag, a reservation) is settled
-        # before the shim's next record is handled, as in embedded mode.
+        # Settled before any later frame of the same read is queued: whatever waits on the
+        # batch (a reserved request ID, a worker's busy flag) is settled before the shim's
+        # next record is handled, as in embedded mode.
         if isinstance(frame, v2.Written):
-            self._settle(frame.seq == self._ack_seq)
+            if not self._in_flight:
+                return True  # nothing was sent: nothing to settle
+            seq, batch, size, _ = self._in_flight[0]
+            if frame.seq != seq:
+                self._fail()
+                return True
+            self._in_flight.popleft()
+            self._in_flight_bytes -= size
+            batch.written()
+            self._arm_timer()
+            self._room.set()
             return True
         if isinstance(frame, v2.OutputFailed):
-            self._settle(False)
+            self._fail()
             return True
         return False
 
-    def _settle(self, ok: bool) -> None:
-        batch, self._pending = self._pending, None
-        if batch is None:
-            return
-        self._ack_ok = ok
-        batch.written()
-        self._acked.set()
+    def _fail(self) -> None:
+        """The shim cannot write (or is gone): settle what was sent, end the output."""
+        self._failed = True
+        while self._in_flight:
+            self._in_flight.popleft()[1].written()
+        self._in_flight_bytes = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.conn.output.close()  # settles what is queued and wakes the writer
+        self._room.set()
+
+    def _arm_timer(self) -> None:
+        """Time the oldest unacknowledged output from when it was sent."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._in_flight:
+            deadline = self._in_flight[0][3] + self.peer.server.client_timeout
+            self._timer = self._loop.call_at(deadline, self._on_stall)
+
+    def _on_stall(self) -> None:
+        # A shim that stopped writing stdout is an output failure, as v1 says for a stuck
+        # stdout: its turns cancel and drain; nothing waits on it.
+        self._timer = None
+        log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
+        self._stalled = True
+        self._fail()
+
+    # -- the role ---------------------------------------------------------------------------
 
     async def serve(self) -> None:
         peer, conn = self.peer, self.conn
@@ -70,24 +131,30 @@ class V1Role:
         # An output failure ends the connection's input too: its work is cancelled now,
         # not when the shim next sends something (it may be stuck writing stdout).
         writer.add_done_callback(lambda _: peer.end_input())
+        unwritten: deque[Batch] = deque()  # answers not yet written, oldest first
         try:
             async for frame in peer.frames():
                 if writer.done() or conn.output.closed or isinstance(frame, v2.Eof):
                     break
+                batch: Batch | None
                 if isinstance(frame, v2.Record):
                     batch = await coordinator.handle_record(conn, frame.data)
                 else:
                     assert isinstance(frame, v2.Oversize)
                     batch = coordinator.reject_oversize(conn)
-                if batch is not None:
-                    # Its output frame says it answers the record: the shim reads the next
-                    # record after writing and acknowledging it, with no extra round trip.
-                    self._answer = batch
-                    await wait_either(batch.done.wait(), writer)
-                    continue
                 if writer.done() or conn.output.closed:
                     break
-                peer.send({"t": "next"})
+                if batch is None:
+                    peer.send({"t": "next"})  # answered later, by a worker
+                    continue
+                # Its output frame says it answers the record. (Nothing ran since it was
+                # queued, so the writer has not taken it yet.)
+                self._answers.append(batch)
+                unwritten.append(batch)
+                while unwritten and unwritten[0].done.is_set():
+                    unwritten.popleft()
+                if len(unwritten) >= MAX_UNWRITTEN_ANSWERS:
+                    await wait_either(unwritten[0].done.wait(), writer)
         finally:
             await peer.server.core.close(conn)
             status, detail = await writer
@@ -97,36 +164,65 @@ class V1Role:
 
     async def _writer(self) -> tuple[str, str | None]:
         conn, peer = self.conn, self.peer
-        while (batch := await conn.output.get()) is not None:
-            try:
-                data = encode_batch(batch.messages)
-            except OutboundError as exc:
+        while not self._failed and (batches := await conn.output.get_batches(MAX_WRITE_BATCHES)):
+            frames: list[bytes] = []
+            failure: OutboundError | None = None
+            for index, batch in enumerate(batches):
+                try:
+                    data = encode_batch(batch.messages)
+                except OutboundError as exc:
+                    failure = exc
+                    _settle(batches[index:])
+                    break
+                frames.append(self._output_frame(batch, data))
+            self._send(frames)
+            if failure is not None:
                 log.warning("v1 output error")
-                batch.written()
                 conn.output.close()
-                return "output_error", str(exc)
-            if peer.lost.is_set():
-                batch.written()
-                conn.output.close()
-                return "lost", None
-            self._ack_seq += 1
-            self._pending = batch
-            self._acked.clear()
-            frame = {"t": "output", "seq": self._ack_seq, "data": data}
-            if batch is self._answer:
-                frame["answers"] = True
-                self._answer = None
-            peer.send(frame)
-            try:
-                await asyncio.wait_for(self._acked.wait(), peer.server.client_timeout)
-            except TimeoutError:
-                # A shim that stopped writing stdout is an output failure, as v1 says
-                # for a stuck stdout: its turns cancel and drain; nothing waits on it.
-                log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
-                self._settle(False)
-                conn.output.close()
-                return "output_error", MESSAGES[Code.CLIENT_STALLED]
-            if not self._ack_ok:
-                conn.output.close()
-                return ("lost" if peer.lost.is_set() else "output_error"), None
+                await self._acknowledged(lambda: not self._in_flight)
+                return "output_error", str(failure)
+            await self._acknowledged(self._has_room)
+        # The output ended (the connection closed, or a failure): wait for what is sent.
+        await self._acknowledged(lambda: not self._in_flight)
+        if self._stalled:
+            return "output_error", MESSAGES[Code.CLIENT_STALLED]
+        if self._failed:
+            conn.output.close()
+            return ("lost" if peer.lost.is_set() else "output_error"), None
         return "ok", None
+
+    def _output_frame(self, batch: Batch, data: bytes) -> bytes:
+        self._seq += 1
+        message: dict[str, Any] = {"t": "output", "seq": self._seq, "data": data}
+        if self._answers and self._answers[0] is batch:
+            self._answers.popleft()
+            message["answers"] = True
+        frame = encode_frame(message)
+        self._in_flight.append((self._seq, batch, len(frame), self._loop.time()))
+        self._in_flight_bytes += len(frame)
+        if len(self._in_flight) == 1:
+            self._arm_timer()
+        return frame
+
+    def _send(self, frames: list[bytes]) -> None:
+        """Every frame of one take in one transport write (dropped once the shim is gone)."""
+        transport = self.peer.transport
+        if frames and not self.peer.lost.is_set() and not transport.is_closing():
+            transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+    def _has_room(self) -> bool:
+        return not self._in_flight or (
+            len(self._in_flight) < MAX_OUTPUTS_IN_FLIGHT
+            and self._in_flight_bytes < self.peer.server.outbound_limit
+        )
+
+    async def _acknowledged(self, ready: Any) -> None:
+        """Until ``ready()`` holds or the output failed."""
+        while not self._failed and not ready():
+            self._room.clear()
+            await self._room.wait()
+
+
+def _settle(batches: list[Batch]) -> None:
+    for batch in batches:
+        batch.written()
