@@ -1,19 +1,41 @@
 """``session.list``: bounded directory scan, ordered pages, sanitized titles.
 
-Every request examines at most ``MAX_SESSION_LIST_SCAN_ENTRIES`` directory entries
-(session or not), in directory order. In a larger directory the page is built from the
-sessions among the examined entries and says ``incomplete``: paging by ``next_after``
+Every scan examines at most ``MAX_SESSION_LIST_SCAN_ENTRIES`` directory entries
+(session or not), in directory order. In a larger directory the pages are built from the
+sessions among the examined entries and say ``incomplete``: paging by ``next_after``
 still moves strictly forward (and, while the directory is unchanged, sees the same
 entries each time), it just cannot promise to reach sessions it never examined. Only the
 returned page's candidates are opened, each with bounded reads and never blocking on a
 FIFO or other special file planted in a session (``open_regular``).
+
+The index
+---------
+Which names are candidates, and in what order, depends only on the entries of the
+sessions directory itself. ``SessionIndex`` keeps the sorted candidates of the last
+scan, keyed by the directory's ``fstat`` (device, inode, size, link count, mtime and
+ctime, in nanoseconds): adding, removing or renaming an entry, by any process, changes
+the directory's mtime and ctime, so a request whose ``fstat`` differs scans again. A page
+is then a bisection plus its own candidates' reads: O(page), not O(sessions). Everything
+shown about a session (is its history a regular file, ``updated_at``, the title) is
+read from the session's own files on every request; the index only says which names to
+look at.
+
+Timestamps have a granularity (a kernel clock tick, or whole seconds on some
+filesystems): two changes in one tick leave the same mtime, so a scan between them
+would describe a directory that no longer exists under an unchanged key. A scan is
+therefore reused only when the directory's timestamps were older than the scan by more
+than ``RACY_NS`` (``COARSE_RACY_NS`` when they have no sub-second part); otherwise it
+serves its own request and the next request scans again. The directory's ``fstat`` is
+also taken after the scan: a change during the scan is never cached.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import os
 import stat
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -29,6 +51,63 @@ from magi_code.sessions.titles import sanitize_title
 from magi_code.storage.files import open_regular
 
 META_MAX_BYTES: Final = 4096
+# How much older than a scan the directory's timestamps must be for it to be reused.
+RACY_NS: Final = 100_000_000
+COARSE_RACY_NS: Final = 2_100_000_000
+_ROOT_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
+
+_Key = tuple[int, int, int, int, int, int]
+
+
+def _key(info: os.stat_result) -> _Key:
+    return (
+        info.st_dev,
+        info.st_ino,
+        info.st_size,
+        info.st_nlink,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    )
+
+
+def _settled(info: os.stat_result, scan_started_ns: int) -> bool:
+    """Whether any later change of the directory must give it other timestamps."""
+    times = (info.st_mtime_ns, info.st_ctime_ns)
+    coarse = all(t % 1_000_000_000 == 0 for t in times)
+    return max(times) < scan_started_ns - (COARSE_RACY_NS if coarse else RACY_NS)
+
+
+class SessionIndex:
+    """The sorted candidates of the last scan of one sessions directory and its key.
+
+    Shared by every request of the process (the daemon's clients included); callers run
+    in worker threads, hence the lock. A scan in progress makes concurrent requests wait
+    for it and use its result instead of scanning too.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: _Key | None = None
+        self._names: tuple[str, ...] = ()
+        self._incomplete = False
+        self.scans = 0  # how many times the directory was read (tests and benchmarks)
+
+    def candidates(self, root_fd: int) -> tuple[tuple[str, ...], bool]:
+        """The sorted candidate names of the directory ``root_fd`` and whether its scan
+        left entries unexamined (``OSError`` when it cannot be read)."""
+        with self._lock:
+            started = time.time_ns()
+            before = os.fstat(root_fd)
+            key = _key(before)
+            if key == self._key:
+                return self._names, self._incomplete
+            self.scans += 1
+            found, incomplete = _scan(root_fd)
+            names = tuple(sorted(found))
+            reusable = _key(os.fstat(root_fd)) == key and _settled(before, started)
+            self._key = key if reusable else None
+            self._names, self._incomplete = names, incomplete
+            return names, incomplete
 
 
 def check_page_limit(limit: object) -> int:
@@ -45,13 +124,16 @@ def check_page_limit(limit: object) -> int:
     return limit
 
 
-def list_sessions(root: Path, after: object, limit: object) -> dict[str, object]:
+def list_sessions(
+    root: Path, after: object, limit: object, index: SessionIndex | None = None
+) -> dict[str, object]:
     """One ``session.list`` success payload, ordered by session ID.
 
     ``next_after`` is the last examined ID of a truncated page (it may be a candidate
     that could not be read, which then sets ``incomplete``). ``incomplete`` is also set
-    when the directory has more entries than one request may examine: the page then
-    comes from the examined ones only.
+    when the directory has more entries than one scan may examine: the pages then
+    come from the examined ones only. ``index`` (see ``SessionIndex``) saves rescanning
+    an unchanged directory; without one every request scans.
 
     Raises:
         ServiceError: ``INVALID_SESSION_ID`` for a bad ``after``; ``INVALID_PAYLOAD`` or
@@ -60,16 +142,29 @@ def list_sessions(root: Path, after: object, limit: object) -> dict[str, object]
     """
     floor = None if after is None else validate_session_id(after)
     page_limit = check_page_limit(limit)
-    candidates, incomplete = _scan(root, floor)
-    page = heapq.nsmallest(page_limit + 1, candidates)
-    truncated = len(page) > page_limit
-    page = page[:page_limit]
-    sessions: list[dict[str, object]] = []
-    for name in page:
-        summary, complete = _summarize(root, name)
-        incomplete |= not complete
-        if summary is not None:
-            sessions.append(summary)
+    try:
+        root_fd = os.open(root, _ROOT_FLAGS)
+    except FileNotFoundError:
+        return {"sessions": [], "next_after": None, "truncated": False, "incomplete": False}
+    except OSError:
+        raise unavailable() from None
+    try:
+        try:
+            names, incomplete = (index or SessionIndex()).candidates(root_fd)
+        except OSError:
+            raise unavailable() from None
+        start = 0 if floor is None else bisect.bisect_right(names, floor)
+        page = names[start : start + page_limit + 1]
+        truncated = len(page) > page_limit
+        page = page[:page_limit]
+        sessions: list[dict[str, object]] = []
+        for name in page:
+            summary, complete = _summarize(root_fd, name)
+            incomplete |= not complete
+            if summary is not None:
+                sessions.append(summary)
+    finally:
+        os.close(root_fd)
     return {
         "sessions": sessions,
         "next_after": page[-1] if truncated else None,
@@ -78,28 +173,22 @@ def list_sessions(root: Path, after: object, limit: object) -> dict[str, object]
     }
 
 
-def _scan(root: Path, floor: str | None) -> tuple[list[str], bool]:
-    """Session-shaped directory names above ``floor`` among the first examined entries,
-    and whether entries were left unexamined (the scan budget ran out).
+def _scan(root_fd: int) -> tuple[list[str], bool]:
+    """Session-shaped directory names among the first examined entries, and whether
+    entries were left unexamined (the scan budget ran out).
 
     Every entry counts, ``.new-*`` staging directories (whose names are not valid IDs)
     and stray files included: the budget bounds the directory read itself. Names are
-    checked before any ``stat``.
+    checked before any ``stat``. Raises ``OSError`` when the directory cannot be read.
     """
     names: list[str] = []
-    try:
-        with os.scandir(root) as entries:
-            for examined, entry in enumerate(entries, start=1):
-                if examined > MAX_SESSION_LIST_SCAN_ENTRIES:
-                    return names, True
-                name = entry.name
-                wanted = (floor is None or name > floor) and _is_session_name(name)
-                if wanted and entry.is_dir(follow_symlinks=False):
-                    names.append(name)
-    except FileNotFoundError:
-        return [], False
-    except OSError:
-        raise unavailable() from None
+    with os.scandir(root_fd) as entries:
+        for examined, entry in enumerate(entries, start=1):
+            if examined > MAX_SESSION_LIST_SCAN_ENTRIES:
+                return names, True
+            name = entry.name
+            if _is_session_name(name) and entry.is_dir(follow_symlinks=False):
+                names.append(name)
     return names, False
 
 
@@ -111,10 +200,10 @@ def _is_session_name(name: str) -> bool:
     return True
 
 
-def _summarize(root: Path, name: str) -> tuple[dict[str, object] | None, bool]:
+def _summarize(root_fd: int, name: str) -> tuple[dict[str, object] | None, bool]:
     """A list entry for ``name`` (or ``None``) and whether everything was readable."""
     try:
-        dir_fd = os.open(root / name, DIR_FLAGS)
+        dir_fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
     except OSError:
         return None, False
     try:

@@ -23,6 +23,9 @@ one fsync, and each record is reported durable only after the fsync that covers 
 crash can only leave a torn last line; readers skip it (``gap``) and the next lease
 holder truncates it before appending.
 
+``session.list`` reuses the sorted result of its last directory scan while the
+directory's ``fstat`` is unchanged (``listing.SessionIndex``, one per store).
+
 Turn outcomes (``turn_outcome``, ``find_turn_by_key``) scan the whole history, not only the
 replay window, so a restarted daemon can answer for any turn; ``close_interrupted_turn``
 gives a turn whose process died mid-turn its ``failed`` terminal record.
@@ -71,7 +74,7 @@ from magi_code.sessions.fileio import (
     write_all,
 )
 from magi_code.sessions.ids import new_session_id, validate_session_id
-from magi_code.sessions.listing import check_page_limit, list_sessions
+from magi_code.sessions.listing import SessionIndex, check_page_limit, list_sessions
 from magi_code.sessions.outcomes import TurnOutcome, scan_turn
 from magi_code.sessions.projection import (
     ParsedWindow,
@@ -318,6 +321,7 @@ class SessionStore:
     def __init__(self, sessions_dir: Path) -> None:
         self._root = sessions_dir
         self._cache = _WindowCache()
+        self._index = SessionIndex()
         self._committer = ThreadPoolExecutor(
             self.COMMIT_THREADS, thread_name_prefix="mc-session-commit"
         )
@@ -620,4 +624,4 @@ class SessionStore:
 
     def list_sessions(self, after: object, limit: object) -> dict[str, object]:
         """One ``session.list`` success payload; see ``listing.list_sessions``."""
-        return list_sessions(self._root, after, limit)
+        return list_sessions(self._root, after, limit, self._index)
