@@ -60,6 +60,8 @@ class ParsedWindow:
     gap: bool = False
     # True when the window does not start at the beginning of the file.
     omitted_prefix: bool = False
+    # The latest compaction checkpoint among ``records`` (found once per parse).
+    compaction: CompactionRecord | None = None
 
 
 def parse_window(data: bytes, at_file_start: bool, session_id: str) -> ParsedWindow:
@@ -89,6 +91,7 @@ def parse_window(data: bytes, at_file_start: bool, session_id: str) -> ParsedWin
         out.records.append(record)
     if at_file_start and not (out.records and isinstance(out.records[0], HeaderRecord)):
         out.gap = True
+    out.compaction = latest_compaction(out.records)
     return out
 
 
@@ -125,6 +128,12 @@ class Item:
 class Projection:
     items: list[Item]
     basis: int  # seq of the compaction checkpoint in effect, or -1
+    # (seq, sub, part) -> index in ``items``: a cursor resolves without a scan
+    positions: dict[tuple[int, int, int], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for index, item in enumerate(self.items):
+            self.positions[(item.seq, item.sub, item.part)] = index
 
 
 def _text_items(
@@ -253,10 +262,10 @@ def resolve_cursor(session_id: str, projection: Projection, cursor: str) -> int 
         return None
     if basis != projection.basis + 1:
         return None
-    for index, item in enumerate(projection.items):
-        if (item.seq, item.sub, item.part) == (seq, sub, part):
-            return index + 1 if item.digest == item_digest else None
-    return None
+    index = projection.positions.get((seq, sub, part))
+    if index is None:
+        return None
+    return index + 1 if projection.items[index].digest == item_digest else None
 
 
 def build_page(

@@ -80,7 +80,6 @@ from magi_code.sessions.projection import (
     ParsedWindow,
     Projection,
     build_page,
-    latest_compaction,
     parse_window,
     project,
     window_omits_history,
@@ -490,7 +489,7 @@ class SessionStore:
         """
         name = validate_session_id(session_id)
         window = self._read_window(name, WRITER_LOCK_WAIT)
-        compaction = latest_compaction(window.records)
+        compaction = window.compaction
         cutoff = compaction.cutoff_seq if compaction else -1
         records = tuple(
             r for r in window.records if r.seq > cutoff and isinstance(r, _CONTEXT_TYPES)
@@ -526,7 +525,7 @@ class SessionStore:
             name, REPLAY_LOCK_WAIT, with_projection=True
         )
         assert projection is not None
-        gap = window.gap or window_omits_history(window, latest_compaction(window.records))
+        gap = window.gap or window_omits_history(window, window.compaction)
         return build_page(name, projection, after, page_limit, gap)
 
     def turn_outcome(self, session_id: object, turn_id: str) -> TurnOutcome | None:
