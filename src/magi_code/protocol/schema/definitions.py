@@ -216,10 +216,29 @@ class Event:
     stream: Literal["turn", "login"]
 
 
+LIMIT_DOCS: Final[Mapping[str, str]] = {
+    "max_record_bytes": "One JSONL record, with its newline, in either direction.",
+    "max_payload_bytes": "A `payload` encoded as compact JSON.",
+    "max_error_message_bytes": "An error `message`.",
+    "max_id_bytes": "A request, session, turn, login or event ID, and a replay cursor.",
+    "max_name_bytes": "A method or event name, and a requested capability.",
+    "max_string_bytes": "Any JSON string or object key (UTF-8).",
+    "max_json_depth": "Nesting of objects and arrays; the record itself is level 1.",
+    "max_array_items": "Items of any array.",
+    "max_object_fields": "Members of any object.",
+    "max_negotiation_items": "Items of each `initialize` list.",
+    "max_session_attachments": "Sessions one client holds attached at a time.",
+    "max_session_page_items": "Items of a `session.list` or `session.replay` page.",
+    "max_session_replay_page_bytes": "A `session.replay` payload, encoded.",
+    "max_session_replay_window_bytes": "The tail of a history that replay reads.",
+    "max_session_list_scan_entries": "Directory entries one `session.list` examines.",
+    "max_catalog_page_items": "Entries of a catalog page.",
+}
 LIMITS: Final = Obj(
     doc="The bounds this service enforces, in bytes or items.",
     fields=tuple(
-        Field(name=name, shape=Int(const=value)) for name, value in ADVERTISED_LIMITS.items()
+        Field(name=name, shape=Int(const=value), doc=LIMIT_DOCS[name])
+        for name, value in ADVERTISED_LIMITS.items()
     ),
 )
 OPERATION_NAMES: Final = (
