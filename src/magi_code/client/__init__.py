@@ -3,7 +3,8 @@
 ``Client.connect(ctx)`` connects (starting the daemon on demand), checks the daemon's UID,
 says hello with the launch context, and then carries v1 requests and events, snapshots,
 attachments and control grants. ``SyncClient`` is the same for code without an event
-loop. Everything a frontend needs is importable from here.
+loop. ``V1StreamValidator`` checks a v1 stdio stream as a consumer must (``client.v1stream``).
+Everything a frontend needs is importable from here.
 
 Names are imported on first use, so a light submodule (``client.errors``,
 ``client.handshake``: what the stdio shim needs) can be imported without asyncio or the
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         SnapshotItem,
         SnapshotPage,
     )
+    from magi_code.client.v1stream import StreamViolation, V1StreamValidator
     from magi_code.protocol.v2 import Role
     from magi_code.storage.launch import LaunchContext
 
@@ -80,6 +82,8 @@ _HOMES = {
     "ResponseEnvelope": "magi_code.client.types",
     "SnapshotItem": "magi_code.client.types",
     "SnapshotPage": "magi_code.client.types",
+    "StreamViolation": "magi_code.client.v1stream",
+    "V1StreamValidator": "magi_code.client.v1stream",
     "Role": "magi_code.protocol.v2",
     "LaunchContext": "magi_code.storage.launch",
 }
@@ -110,7 +114,9 @@ __all__ = [
     "Role",
     "SnapshotItem",
     "SnapshotPage",
+    "StreamViolation",
     "SyncClient",
+    "V1StreamValidator",
     "connect_channel",
     "new_idempotency_key",
     "socket_for",
