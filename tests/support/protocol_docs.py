@@ -83,6 +83,22 @@ def _with_code(text: str, shape: Shape, constraint: str, request: bool) -> str:
     return text + late
 
 
+def _range_codes(
+    shape: Shape, low: str, high: str, under: str, over: str, request: bool
+) -> list[str]:
+    """Which code each side of a range gets, when not ``invalid_payload``."""
+    if not request:
+        return []
+    notes = []
+    for constraint, word in ((low, under), (high, over)):
+        if (
+            getattr(shape, constraint, None)
+            and shape.code(constraint) is not ErrorCode.INVALID_PAYLOAD
+        ):
+            notes.append(f"{word} → {_code(shape.code(constraint).value)}")
+    return notes
+
+
 def constraints(shape: Shape, request: bool) -> list[str]:
     if isinstance(shape, Nullable):
         return constraints(shape.inner, request)
@@ -104,18 +120,17 @@ def constraints(shape: Shape, request: bool) -> list[str]:
             found.append(_with_code("one of the values", shape, "enum", request))
     elif isinstance(shape, Int) and shape.const is None:
         if shape.minimum is not None and shape.maximum is not None:
-            text = f"{shape.minimum:,} to {shape.maximum:,}"
-            found.append(_with_code(text, shape, "maximum", request))
+            found.append(f"{shape.minimum:,} to {shape.maximum:,}")
         elif shape.minimum is not None:
             found.append(f"≥ {shape.minimum:,}")
+        found += _range_codes(shape, "minimum", "maximum", "below", "above", request)
     elif isinstance(shape, Arr) and shape.const is None:
-        low = shape.min_items or 0
-        high = shape.max_items
+        low, high = shape.min_items or 0, shape.max_items
         if high is not None:
-            text = f"{low} to {high} items" if low else f"≤ {high} items"
-            found.append(_with_code(text, shape, "max_items", request))
+            found.append(f"{low} to {high} items" if low else f"≤ {high} items")
         elif low:
             found.append(f"≥ {low} items")
+        found += _range_codes(shape, "min_items", "max_items", "fewer", "more", request)
         found += [f"items: {c}" for c in constraints(shape.items, request)]
     return found
 
