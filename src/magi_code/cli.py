@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 # Options that select a provider, model, credential, theme or session: the v1 contract
 # forbids combining any of them (or a subcommand) with ``--app service``.
@@ -27,6 +29,8 @@ _MODE_ENV = "MC_SERVICE_MODE"
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(prog="magi-code", description="magi-code coding agent")
     parser.add_argument("--app", choices=["service"], help="run the application service on stdio")
     parser.add_argument("--prompt", help="run one turn with this prompt and print the answer")
@@ -62,9 +66,19 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _configure_logging() -> None:
+    import logging
+
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="magi-code: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["--app", "service"]:
+        # What a frontend runs for every session, decided without argparse: building the
+        # parser imports argparse, gettext/locale and shutil, a cost every shim start pays.
+        return _run_service()
+    args = _parser().parse_args(argv)
+    _configure_logging()
     if args.app == "service":
         used = [name for name in _EXCLUSIVE_WITH_APP if getattr(args, name)]
         if used or args.command:
@@ -91,13 +105,16 @@ def _run_service() -> int:
     if mode == "embedded":
         import uvloop
 
+        _configure_logging()
+
         # ``initialize`` is answered before the domain services are loaded (composition).
         from magi_code.composition import build_embedded_coordinator
         from magi_code.stdio.adapter import serve_stdio
 
         return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
     if mode == "daemon":
-        # No event loop: the shim with a warm daemon imports no asyncio (see shim.bridge).
+        # No event loop, and no logging set up: the shim with a warm daemon imports no
+        # asyncio (see shim.bridge) and writes its few diagnostics itself.
         from magi_code.shim.bridge import serve_shim
 
         return serve_shim(ctx)
