@@ -84,7 +84,6 @@ class V1Role:
             self._in_flight.popleft()
             self._in_flight_bytes -= size
             batch.written()
-            self._arm_timer()
             self._room.set()
             return True
         if isinstance(frame, v2.OutputFailed):
@@ -104,19 +103,21 @@ class V1Role:
         self.conn.output.close()  # settles what is queued and wakes the writer
         self._room.set()
 
-    def _arm_timer(self) -> None:
-        """Time the oldest unacknowledged output from when it was sent."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._in_flight:
-            deadline = self._in_flight[0][3] + self.peer.server.client_timeout
-            self._timer = self._loop.call_at(deadline, self._on_stall)
+    def _watch_stall(self) -> None:
+        """Time the oldest unacknowledged output from when it was sent.
 
-    def _on_stall(self) -> None:
+        One timer at a time, never moved by an acknowledgement: when it fires it looks at
+        the output that is oldest then (so the steady state costs no timer per frame).
+        """
+        self._timer = None
+        if not self._in_flight:
+            return
+        deadline = self._in_flight[0][3] + self.peer.server.client_timeout
+        if self._loop.time() < deadline:
+            self._timer = self._loop.call_at(deadline, self._watch_stall)
+            return
         # A shim that stopped writing stdout is an output failure, as v1 says for a stuck
         # stdout: its turns cancel and drain; nothing waits on it.
-        self._timer = None
         log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
         self._stalled = True
         self._fail()
@@ -200,8 +201,8 @@ class V1Role:
         frame = encode_frame(message)
         self._in_flight.append((self._seq, batch, len(frame), self._loop.time()))
         self._in_flight_bytes += len(frame)
-        if len(self._in_flight) == 1:
-            self._arm_timer()
+        if self._timer is None:
+            self._watch_stall()
         return frame
 
     def _send(self, frames: list[bytes]) -> None:
