@@ -153,7 +153,7 @@ async def spawn(ws: Workspace, env: Mapping[str, str]) -> tuple[ServiceProcess, 
     """A new service process and the seconds from its creation to its ``initialize``
     response."""
     start = time.perf_counter()
-    service = await ServiceProcess.start(ws.home, ws.project, env)
+    service = await ServiceProcess.start(ws.home, ws.project, env, checks=False)
     try:
         await service.initialize()
     except BaseException:

@@ -173,7 +173,7 @@ async def running_service(
     ws: Workspace, env: Mapping[str, str] | None = None, *, initialize: bool = True
 ) -> AsyncIterator[ServiceProcess]:
     """The real stdio service for ``ws``; stdin closed (then killed if needed) on exit."""
-    service = await ServiceProcess.start(ws.home, ws.project, env)
+    service = await ServiceProcess.start(ws.home, ws.project, env, checks=False)
     try:
         if initialize:
             await service.initialize()

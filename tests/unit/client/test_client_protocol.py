@@ -160,7 +160,7 @@ async def test_a_split_attach_answer_is_joined_in_order_and_only_after_its_last_
         assert not attach.done()
         await peer.send({"t": "attach_more", "id": fid, "events": events[3:], "more": False})
         result = await attach
-        assert result == {"turn_id": "t-1", "status": "attached", "events": events}
+        assert result == {"turn_id": "t-1", "status": "attached", "events": events, "failure": None}
 
 
 async def test_an_attach_answer_without_more_is_complete_and_errors_carry_codes() -> None:

@@ -97,7 +97,12 @@ async def test_resume_turn_resends_the_same_start_and_attaches_from_the_start() 
         )
         response, attached = await resume
         assert response["payload"] == {"turn_id": "t-1", "session_id": "s-1", "status": "accepted"}
-        assert attached == {"turn_id": "t-1", "status": "finished", "events": events}
+        assert attached == {
+            "turn_id": "t-1",
+            "status": "finished",
+            "events": events,
+            "failure": None,  # a daemon that sends no label
+        }
 
 
 async def test_resume_turn_returns_the_original_error_without_attaching() -> None:
