@@ -70,6 +70,8 @@ class FakeUsage:
     output_tokens: int = 7
     cache_read_tokens: int = 4
     reasoning_tokens: int = 3
+    # Anthropic only (``cache_creation_input_tokens``); part of ``input_tokens`` as well.
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -195,9 +197,12 @@ def _anthropic_plan(reply: Reply) -> _Plan:
         return _frame(data, data["type"])
 
     usage = reply.usage
+    uncached = (
+        usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens if usage else 0
+    )
     start_usage = {
-        "input_tokens": usage.input_tokens - usage.cache_read_tokens if usage else 0,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": uncached,
+        "cache_creation_input_tokens": usage.cache_write_tokens if usage else 0,
         "cache_read_input_tokens": usage.cache_read_tokens if usage else 0,
         "output_tokens": 1,
     }

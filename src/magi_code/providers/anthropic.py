@@ -5,6 +5,10 @@ Stream: ``message_start`` → per block ``content_block_start`` / ``_delta``* / 
 arrive after HTTP 200. Thinking is never surfaced as a reasoning summary (it is not a
 provider-verified summary); thinking blocks come back as ``ContinuityItem`` so they can
 be echoed unchanged, as the API requires when tools and thinking are combined.
+
+Prompt caching: ``cache_control: {"type": "ephemeral"}`` breakpoints on the system
+prompt, the last tool definition, the last message and the user message that ended the
+previous request of the conversation (four at most, the API's limit).
 """
 
 from __future__ import annotations
@@ -73,14 +77,18 @@ def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
         "stream": True,
         "messages": build_messages(request.items),
     }
+    # Prompt caching: at most four breakpoints (the API's limit), see ``build_messages``.
     if request.system:
-        # One cache breakpoint on the system prompt, one on the newest message block.
         body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
     if request.tools:
-        body["tools"] = [
+        tools: list[JsonObject] = [
             {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
             for t in request.tools
         ]
+        # The tool definitions come first in the cached prefix; they outlive a system
+        # prompt that changes (a compaction summary rides in it).
+        tools[-1] = {**tools[-1], "cache_control": _EPHEMERAL}
+        body["tools"] = tools
         body["tool_choice"] = {"type": "auto"}
     budget = THINKING_BUDGETS.get(request.reasoning)
     if budget is not None:
@@ -142,9 +150,29 @@ def build_messages(items: Sequence[ConversationItem]) -> list[JsonObject]:
             role = item_role
         blocks.append(block)
     flush()
-    if messages:
-        _mark_cache_breakpoint(messages[-1])
+    for index in _breakpoint_messages(messages):
+        _mark_cache_breakpoint(messages[index])
     return messages
+
+
+def _breakpoint_messages(messages: Sequence[JsonObject]) -> list[int]:
+    """Where the conversation's (at most two) cache breakpoints go.
+
+    The last message: the whole request is the prefix the next request resends, so it is
+    written to the cache. And the user message that ended the previous request (the one
+    before the last assistant message): that prefix was written by the previous request,
+    so this one reads it however many blocks the last answer and its tool results added
+    (the API looks back only a bounded number of blocks from a breakpoint).
+    """
+    if not messages:
+        return []
+    marks = [len(messages) - 1]
+    for index in range(len(messages) - 2, 0, -1):
+        if messages[index]["role"] == "assistant":
+            if messages[index - 1]["role"] == "user":
+                marks.append(index - 1)
+            break
+    return marks
 
 
 def _mark_cache_breakpoint(message: JsonObject) -> None:

@@ -2,15 +2,18 @@
 
 providers.md §2.6. The body always has ``store:false``, top-level ``instructions`` and
 ``stream:true`` (the ChatGPT backend rejects anything else) and never
-``max_output_tokens``. Stream: ``response.output_text.delta`` for text,
-``response.output_item.done`` for complete items (function calls, reasoning items,
-messages), ``response.reasoning_summary_text.done`` for verified summaries, and
+``max_output_tokens``; ``prompt_cache_key`` is derived from the session ID (requests of
+one session share it, so they reach the same prompt cache). Stream:
+``response.output_text.delta`` for text, ``response.output_item.done`` for complete
+items (function calls, reasoning items, messages),
+``response.reasoning_summary_text.done`` for verified summaries, and
 ``response.completed`` as the terminal event; ``response.failed``, a top-level
 ``error`` event and ``response.incomplete`` (other than for the output cap) fail.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from magi_code.providers.errors import FailureLabel, ProviderFailure, stream_failure
@@ -73,9 +76,16 @@ def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     if request.fast:
         body["service_tier"] = "priority"
     if request.cache_key:
-        body["prompt_cache_key"] = request.cache_key
+        body["prompt_cache_key"] = prompt_cache_key(request.cache_key)
     headers = merged_headers(endpoint.headers)
     return HttpCall(endpoint.url("/responses"), headers, body)
+
+
+def prompt_cache_key(cache_key: str) -> str:
+    """The ``prompt_cache_key`` for a conversation key (the session ID): stable per
+    session, distinct between sessions, and not the ID itself (a SHA-256 prefix)."""
+    digest = hashlib.sha256(f"magi-code prompt cache\0{cache_key}".encode()).hexdigest()
+    return f"mc-{digest[:40]}"
 
 
 def build_input(items: Sequence[ConversationItem]) -> list[JsonObject]:

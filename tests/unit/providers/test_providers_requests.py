@@ -69,7 +69,12 @@ def test_anthropic_body_groups_blocks_and_sets_version_header() -> None:
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 4096 - 1024}
     assert body["system"][0]["text"] == "You are a test."  # type: ignore[index]
     assert body["tools"] == [
-        {"name": "list_dir", "description": "List a directory", "input_schema": LS_TOOL.parameters}
+        {
+            "name": "list_dir",
+            "description": "List a directory",
+            "input_schema": LS_TOOL.parameters,
+            "cache_control": {"type": "ephemeral"},
+        }
     ]
     messages = body["messages"]
     assert isinstance(messages, list)
