@@ -13,7 +13,10 @@ modules behind them (settings, sessions, providers, the turn runtime: ``httpx`` 
 transports) and the generated settings schema are then loaded in the background, on the
 event loop, a module at a time, once the first response has been written; a request for
 a stand-in's route before that load has finished completes it first, synchronously, so
-every request sees the same services, validation and errors as with a full build.
+every request sees the same services, validation and errors as with a full build. The
+embedded service has one connection: when it closes, a load still in progress stops at
+its next step (a frontend that quits right after ``initialize`` exits at once; the
+schema is then left to the next start if its module was not loaded yet).
 """
 
 from __future__ import annotations
@@ -174,19 +177,23 @@ LOAD_STEPS: Final = (
     "magi_code.core.auth",
     "magi_code.core.configuration",
 )
+# The settings schema is written as soon as the step that loads its module is done.
+SCHEMA_STEP: Final = "magi_code.config"
 
 
 class DeferredDomains:
     """The domain services of an embedded coordinator, built once, on the event loop.
 
     ``start()`` begins the background load (after the first response was written);
-    ``load()`` completes it synchronously for a request that needs a service now.
+    ``load()`` completes it synchronously for a request that needs a service now;
+    ``stop()`` (the connection closed) ends a background load at its next step.
     """
 
     def __init__(self, ctx: LaunchContext) -> None:
         self._ctx = ctx
         self.services: dict[str, DomainService] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         if self._task is None:
@@ -195,15 +202,20 @@ class DeferredDomains:
     async def _background(self) -> None:
         try:
             for name in LOAD_STEPS:
+                if self._stopping:
+                    return
                 if self.services is None:
                     __import__(name)  # not importlib: ``-X importtime`` shows these
+                if name == SCHEMA_STEP:
+                    await _write_settings_schema(self._ctx)
                 await asyncio.sleep(0)  # requests that arrived meanwhile are served
+            if self._stopping:
+                return
             self.load()
             await asyncio.sleep(0)
             from magi_code.turns.runtime import warm_turn_modules
 
             warm_turn_modules()
-            await _write_settings_schema(self._ctx)
         # A broken install fails the same way again, and is answered, in load().
         except Exception as exc:  # noqa: BLE001
             log.warning("could not load the service's modules (%s)", type(exc).__name__)
@@ -219,7 +231,7 @@ class DeferredDomains:
         return self.services
 
     async def settled(self) -> None:
-        """Wait for a background load in progress (at exit: the schema write is part)."""
+        """Wait for a background load in progress."""
         task = self._task
         if task is not None and not task.done():
             await asyncio.shield(task)
@@ -227,6 +239,13 @@ class DeferredDomains:
     async def ready(self) -> None:
         """Start the load if it has not started, and wait until it is done."""
         self.start()
+        await self.settled()
+
+    async def stop(self) -> None:
+        """The connection closed: end a background load at its next step (the import in
+        progress finishes first), so an exit right after ``initialize`` does not wait
+        for modules nothing will use. Services already built are left as they are."""
+        self._stopping = True
         await self.settled()
 
 
@@ -274,12 +293,12 @@ class _StandIn:
         return handle
 
     async def connection_closed(self, connection: Connection) -> None:
-        await self._domains.settled()
+        await self._domains.stop()
         if self._domains.services is not None:
             await self._service().connection_closed(connection)
 
     async def connection_detached(self, connection: Connection) -> None:
-        await self._domains.settled()
+        await self._domains.stop()
         if self._domains.services is None:
             return
         service = self._service()

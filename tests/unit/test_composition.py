@@ -192,14 +192,35 @@ async def test_status_waits_for_the_load_and_answers_as_a_full_build(
     assert domains_of(embedded).services is not None
 
 
-async def test_closing_right_after_initialize_finishes_the_load(ctx: LaunchContext) -> None:
+async def test_closing_right_after_initialize_stops_the_load(ctx: LaunchContext) -> None:
+    coordinator = await build_embedded_coordinator(ctx)
+    domains = domains_of(coordinator)
+    conn = coordinator.open_connection(ctx)
+    await call(coordinator, conn, "initialize", INIT)  # written: the load was started
+    await asyncio.wait_for(coordinator.close_connection(conn), 10)
+    assert domains.services is None  # nothing left running, nothing built for nobody
+    # A later request (another connection) still gets the real services.
+    other = coordinator.open_connection(ctx)
+    await call(coordinator, other, "initialize", INIT)
+    assert (await call(coordinator, other, "session.list"))["error"] is None
+    await coordinator.close_connection(other)
+
+
+async def test_closing_after_the_load_closes_the_real_services(ctx: LaunchContext) -> None:
     coordinator = await build_embedded_coordinator(ctx)
     domains = domains_of(coordinator)
     conn = coordinator.open_connection(ctx)
     await call(coordinator, conn, "initialize", INIT)
+    created = await call(coordinator, conn, "session.create")
+    session_id = created["payload"]["session_id"]
+    await asyncio.wait_for(domains.settled(), 30)
     await coordinator.close_connection(conn)
-    assert domains.services is not None
-    assert (ctx.mc_home / "settings.schema.json").is_file()
+    # The session service released the connection's attachment: another may open it.
+    other = coordinator.open_connection(ctx)
+    await call(coordinator, other, "initialize", INIT)
+    opened = await call(coordinator, other, "session.open", None, session_id)
+    assert opened["error"] is None, opened
+    await coordinator.close_connection(other)
 
 
 async def test_a_failing_load_fails_the_request_and_the_next_one_tries_again(
