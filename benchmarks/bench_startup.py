@@ -10,7 +10,8 @@ Every sample is a new process, so the figures include interpreter start and impo
   after 1 s of idle time); through a shim to a warm daemon that has not run a turn yet;
   and right after a cold start (the daemon the shim's ``initialize`` started). The
   second turn of the same process is printed beside it for comparison.
-- stdin EOF -> process exit, after a turn: embedded and shim.
+- stdin EOF -> process exit, after a turn: embedded and shim; and embedded right after
+  ``initialize`` (while the service may still be loading its modules).
 - idle RSS 0.5 s after a turn without MCP servers: the embedded service; the shim plus the
   daemon; the daemon alone before its first turn and after it (no client connected).
   ``python -c pass`` and ``python -c "import msgpack, orjson"`` (each blocked on stdin)
@@ -262,6 +263,11 @@ async def embedded_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
                 samples.add("turn1_idle", await first_delta(service, fake))
             finally:
                 await stop(service)
+            service, _ = await spawn(ws, EMBEDDED_ENV)
+            try:
+                samples.add("exit_init", await eof_to_exit(service))
+            finally:
+                await stop(service)
     n = samples_count(args)
     samples.ms("init", f"spawn -> initialize, embedded, median of {n}", "codex app-server ~56 ms")
     samples.ms("turn1", "turn 1 start -> first delta, embedded, at once")
@@ -271,6 +277,7 @@ async def embedded_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
     )
     samples.ms("turn2", "turn 2 start -> first delta, embedded")
     samples.ms("exit", "EOF -> exit after a turn, embedded")
+    samples.ms("exit_init", "EOF -> exit right after initialize, embedded")
     samples.mib("rss", "idle RSS after a turn, embedded service")
 
 
