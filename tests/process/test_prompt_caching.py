@@ -102,7 +102,10 @@ async def test_anthropic_breakpoints_follow_the_conversation_prefix(
     # Each request marks its last message (written for the next request) and the message
     # that ended the previous request (read from the cache the previous request wrote).
     assert [_marked_messages(body) for body in bodies] == [[0], [0, 2], [2, 4]]
-    assert bodies[2]["messages"][4]["content"][-1]["type"] == "tool_result"
+    results = bodies[2]["messages"][4]["content"]
+    assert [block["type"] for block in results] == ["tool_result", "tool_result"]
+    # The grep worker process answered inside the service (uvloop) as well.
+    assert results[0]["content"] == "notes.txt:2:beta"
 
     usages = turn.of_kind("usage")
     assert [(u["effective_input"], u["cache_read"], u["cache_known"]) for u in usages] == [

@@ -2,20 +2,26 @@
 
 All paths are confined to the project directory (``paths.resolve_in_project``). The file
 work itself is plain blocking code run through ``asyncio.to_thread``; each operation is
-bounded in what it reads and returns, so a cancelled call's thread finishes quickly.
+bounded in what it reads and returns, so a cancelled call's thread finishes quickly. The
+one exception is the regular expression of ``grep``, which no bound can stop: the
+search runs in a worker process (``grep_worker``) that cancellation and a timeout kill.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, Final
 
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import current_umask
+from magi_code.tools import grep_worker
 from magi_code.tools.base import (
     BuiltinTool,
     ToolContext,
@@ -25,6 +31,7 @@ from magi_code.tools.base import (
     optional_int,
     optional_str,
     require_str,
+    shielded,
 )
 from magi_code.tools.paths import (
     display_path,
@@ -48,6 +55,22 @@ MAX_GREP_MATCHES: Final = 200
 MAX_GREP_LINE_CHARS: Final = 400
 MAX_GREP_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_GREP_TOTAL_BYTES: Final = 64 * 1024 * 1024
+GREP_TIMEOUT_SECONDS: Final = 60.0
+# The worker's answer is at most 200 bounded lines; anything past this is not an answer.
+MAX_GREP_WORKER_OUTPUT: Final = 4 * 1024 * 1024
+# The worker's source as this process imported it (not re-read later: a daemon's worker
+# searches as the daemon does after an upgrade replaced the files). ``-I -S``: no
+# environment, no site packages, no current directory on the path; ``-X utf8``: file
+# names round-trip through its JSON whatever the (empty) environment's locale.
+GREP_WORKER_COMMAND: Final = (
+    sys.executable,
+    "-I",
+    "-S",
+    "-X",
+    "utf8",
+    "-c",
+    Path(grep_worker.__file__).read_text(encoding="utf-8"),
+)
 
 
 def _os_failure(exc: OSError) -> ToolInputError:
@@ -349,48 +372,106 @@ class Grep(BuiltinTool):
         raw_path = optional_str(arguments, "path") or "."
         file_glob = optional_str(arguments, "glob")
         try:
-            regex = re.compile(pattern)
+            re.compile(pattern)
         except re.error as exc:
             raise ToolInputError(f"Invalid regular expression: {exc}.") from None
         if file_glob is not None:
             validate_glob(file_glob)
-        text = await asyncio.to_thread(_grep, ctx.project_dir, raw_path, regex, file_glob)
-        return ToolOutcome(text)
+        candidates = await asyncio.to_thread(_grep_targets, ctx.project_dir, raw_path, file_glob)
+        request = {
+            "pattern": pattern,
+            "candidates": [[shown, str(path)] for shown, path in candidates],
+            "max_matches": MAX_GREP_MATCHES,
+            "max_line_chars": MAX_GREP_LINE_CHARS,
+            "max_file_bytes": MAX_GREP_FILE_BYTES,
+            "max_total_bytes": MAX_GREP_TOTAL_BYTES,
+            "sniff_bytes": BINARY_SNIFF_BYTES,
+        }
+        return await _run_grep_worker(json.dumps(request).encode("ascii"))
 
 
-def _grep(project_dir: Path, raw_path: str, regex: re.Pattern[str], file_glob: str | None) -> str:
+def _grep_targets(
+    project_dir: Path, raw_path: str, file_glob: str | None
+) -> list[tuple[str, Path]]:
+    """The files to search, confined to the project, in search order."""
     root = project_root(project_dir)
     base = resolve_in_project(root, raw_path)
     if base.is_file():
-        candidates = [(display_path(root, base), base)]
-    elif base.is_dir():
-        candidates = _grep_candidates(root, base, file_glob)
-    else:
-        raise ToolInputError(f"{display_path(root, base)} does not exist.")
-    results: list[str] = []
-    total = 0
-    note = ""
-    for shown, path in candidates:
-        data = _grep_read(path)
-        if data is None:
-            continue
-        total += len(data)
-        if total > MAX_GREP_TOTAL_BYTES:
-            note = "[search stopped at its byte budget; narrow path or glob]"
-            break
-        for line_no, line in enumerate(data.decode("utf-8", errors="replace").split("\n"), 1):
-            if regex.search(line):
-                results.append(f"{shown}:{line_no}:{line.rstrip(chr(13))[:MAX_GREP_LINE_CHARS]}")
-                if len(results) >= MAX_GREP_MATCHES:
-                    break
-        if len(results) >= MAX_GREP_MATCHES:
-            note = f"[stopped after {MAX_GREP_MATCHES} matches; narrow the search]"
-            break
-    if not results:
-        results.append("No matches.")
-    if note:
-        results.append(note)
-    return "\n".join(results)
+        return [(display_path(root, base), base)]
+    if base.is_dir():
+        return _grep_candidates(root, base, file_glob)
+    raise ToolInputError(f"{display_path(root, base)} does not exist.")
+
+
+async def _run_grep_worker(request: bytes) -> ToolOutcome:
+    """Run the search in a worker process; cancellation and the timeout kill it."""
+    proc = await asyncio.create_subprocess_exec(
+        *GREP_WORKER_COMMAND,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={},  # it needs nothing of anyone's environment
+        cwd="/",
+    )
+    try:
+        async with asyncio.timeout(GREP_TIMEOUT_SECONDS):
+            output = await _exchange(proc, request)
+            status = await proc.wait()
+    except TimeoutError:
+        return ToolOutcome.error(
+            f"The search did not finish within {GREP_TIMEOUT_SECONDS:g} s (a pattern with "
+            "nested repetition can backtrack for very long); simplify the pattern or "
+            "narrow path or glob.",
+            timed_out=True,
+        )
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await shielded(proc.wait())
+    text = _answer(output) if status == 0 else None
+    if text is None:
+        return ToolOutcome.error("The search failed.")
+    return ToolOutcome(text)
+
+
+def _answer(output: bytes | None) -> str | None:
+    if output is None:
+        return None
+    try:
+        text = json.loads(output)
+    except ValueError:
+        return None
+    return text if isinstance(text, str) else None
+
+
+async def _exchange(proc: asyncio.subprocess.Process, request: bytes) -> bytes | None:
+    """Write the request and read the answer (``None`` past its bound) at the same time."""
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    async def feed() -> None:
+        with contextlib.suppress(ConnectionError):
+            stdin.write(request)
+            await stdin.drain()
+            stdin.close()
+
+    feeding = asyncio.create_task(feed())
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await stdout.read(65536):
+            size += len(chunk)
+            if size > MAX_GREP_WORKER_OUTPUT:
+                return None
+            chunks.append(chunk)
+        await feeding
+        return b"".join(chunks)
+    finally:
+        if not feeding.done():
+            feeding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeding
 
 
 def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tuple[str, Path]]:
@@ -408,16 +489,3 @@ def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tupl
         path = base / relative
         found.append((display_path(root, path), path))
     return found
-
-
-def _grep_read(path: Path) -> bytes | None:
-    """A searchable file's bytes; ``None`` for symlinks, binaries, huge or unreadable files."""
-    try:
-        # Symlinks are skipped: their target may be outside the project.
-        stat = path.lstat()
-        if not path.is_file() or path.is_symlink() or stat.st_size > MAX_GREP_FILE_BYTES:
-            return None
-        data = path.read_bytes()
-    except OSError:
-        return None
-    return None if _is_binary(data[:BINARY_SNIFF_BYTES]) else data
