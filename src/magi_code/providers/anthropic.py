@@ -36,6 +36,7 @@ from magi_code.providers.types import (
     ToolResult,
     UsageEvent,
     UserText,
+    complete_arguments,
 )
 from magi_code.providers.wire import (
     HttpCall,
@@ -228,6 +229,10 @@ class Decoder:
         self._cache_write: int | None = None
         self._output: int | None = None
         self._stop: StopReason = "other"
+        # Tool calls from the first one whose input is not a whole JSON object on: emitted
+        # in order at ``message_stop``, once the stop reason says whether the output limit
+        # cut that input (then it is dropped, see ``Completed``).
+        self._held: list[ToolCall] = []
         self._started = False
         self._done = False
 
@@ -258,7 +263,13 @@ class Decoder:
             self._usage(obj(data.get("usage")))
         elif kind == "message_stop":
             self._done = True
-            return [self._usage_event(), Completed(self._stop)]
+            cut = self._stop == "max_tokens"
+            calls: list[StreamEvent] = [
+                ToolCallEvent(ToolCall(call.call_id, call.name, call.arguments or "{}"))
+                for call in self._held
+                if not cut or complete_arguments(call.arguments)
+            ]
+            return [*calls, self._usage_event(), Completed(self._stop)]
         return []
 
     def finish(self) -> list[StreamEvent]:
@@ -330,7 +341,10 @@ class Decoder:
         if state is None:
             raise ProviderFailure(FailureLabel.STREAM_ERROR)
         if state.kind == "tool_use":
-            arguments = "".join(state.parts) or "{}"
+            arguments = "".join(state.parts)
+            if self._held or not complete_arguments(arguments):
+                self._held.append(ToolCall(state.tool_id, state.tool_name, arguments))
+                return []
             return [ToolCallEvent(ToolCall(state.tool_id, state.tool_name, arguments))]
         if state.kind == "thinking" and state.signature:
             payload = {

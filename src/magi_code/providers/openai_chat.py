@@ -30,6 +30,7 @@ from magi_code.providers.types import (
     ToolResult,
     UsageEvent,
     UserText,
+    complete_arguments,
 )
 from magi_code.providers.wire import (
     REASONING_EFFORT,
@@ -184,10 +185,15 @@ class Decoder:
         if self._calls_emitted:
             return []
         self._calls_emitted = True
-        return [
-            ToolCallEvent(ToolCall(f.call_id, f.name, "".join(f.arguments) or "{}"))
-            for _, f in sorted(self._calls.items())
-        ]
+        # ``length``: the output limit may have cut the last call's arguments (see
+        # ``Completed``); such a call is dropped.
+        cut = self._finish == "max_tokens"
+        out: list[StreamEvent] = []
+        for _, f in sorted(self._calls.items()):
+            arguments = "".join(f.arguments)
+            if not cut or complete_arguments(arguments):
+                out.append(ToolCallEvent(ToolCall(f.call_id, f.name, arguments or "{}")))
+        return out
 
     def _fragment(self, fragment: JsonObject) -> None:
         call_id = as_text(fragment.get("id"))

@@ -34,6 +34,7 @@ from magi_code.providers.types import (
     ToolResult,
     UsageEvent,
     UserText,
+    complete_arguments,
 )
 from magi_code.providers.wire import (
     REASONING_EFFORT,
@@ -124,6 +125,10 @@ class Decoder:
         self._streamed_text: set[object] = set()  # item keys that had text deltas
         self._summarised: set[object] = set()  # reasoning items whose summary was emitted
         self._tool_calls = 0
+        # Function calls from the first one whose arguments are not a whole JSON object
+        # on: emitted in order at the terminal event, which says whether the output limit
+        # cut those arguments (then the call is dropped, see ``Completed``).
+        self._held: list[ToolCall] = []
         self._done = False
 
     @property
@@ -145,14 +150,12 @@ class Decoder:
             return self._item_done(data)
         if kind == "response.completed":
             response = obj(data.get("response"))
+            if response.get("status") == "incomplete":
+                return self._incomplete(response)
             stop: StopReason = "tool_use" if self._tool_calls else "end_turn"
             return self._terminal(response, stop)
         if kind == "response.incomplete":
-            response = obj(data.get("response"))
-            reason = obj(response.get("incomplete_details")).get("reason")
-            if reason == "max_output_tokens":
-                return self._terminal(response, "max_tokens")
-            raise ProviderFailure(FailureLabel.INCOMPLETE)
+            return self._incomplete(obj(data.get("response")))
         if kind == "response.failed":
             raise stream_failure(obj(data.get("response")).get("error"))
         if kind == "error":
@@ -164,9 +167,20 @@ class Decoder:
             raise ProviderFailure(FailureLabel.STREAM_ERROR)
         return []
 
+    def _incomplete(self, response: JsonObject) -> list[StreamEvent]:
+        reason = obj(response.get("incomplete_details")).get("reason")
+        if reason == "max_output_tokens":
+            return self._terminal(response, "max_tokens")
+        raise ProviderFailure(FailureLabel.INCOMPLETE)
+
     def _terminal(self, response: JsonObject, stop: StopReason) -> list[StreamEvent]:
         self._done = True
-        out: list[StreamEvent] = []
+        cut = stop == "max_tokens"
+        out: list[StreamEvent] = [
+            ToolCallEvent(ToolCall(call.call_id, call.name, call.arguments or "{}"))
+            for call in self._held
+            if not cut or complete_arguments(call.arguments)
+        ]
         usage = response.get("usage")
         if isinstance(usage, dict):
             cached = count(obj(usage.get("input_tokens_details")).get("cached_tokens"))
@@ -188,12 +202,14 @@ class Decoder:
         kind = item.get("type")
         key = _key(data)
         if kind == "function_call":
+            if item.get("status") == "incomplete":
+                return []  # the output limit cut it: never run (see ``Completed``)
             self._tool_calls += 1
-            call = ToolCall(
-                text(item.get("call_id")),
-                text(item.get("name")),
-                text(item.get("arguments")) or "{}",
-            )
+            arguments = text(item.get("arguments"))
+            call = ToolCall(text(item.get("call_id")), text(item.get("name")), arguments)
+            if self._held or not complete_arguments(arguments):
+                self._held.append(call)
+                return []
             return [ToolCallEvent(call)]
         if kind == "message" and key not in self._streamed_text:
             # Some servers send only the finished item; surface its text once.

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
+import orjson
+
 ApiKind: TypeAlias = Literal["openai-chat", "anthropic", "openai-responses"]
 API_KINDS: Final[tuple[ApiKind, ...]] = ("openai-chat", "anthropic", "openai-responses")
 
@@ -47,6 +49,18 @@ class ToolCall:
     name: str
     arguments: str
     """JSON text exactly as the model sent it (may be invalid JSON)."""
+
+
+def complete_arguments(arguments: str) -> bool:
+    """Whether a tool call's raw argument text is one whole JSON object.
+
+    No proper prefix of a JSON object text is itself a JSON object (its closing brace
+    comes last), so this tells a call the output-token limit cut from a finished one.
+    """
+    try:
+        return isinstance(orjson.loads(arguments), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +168,11 @@ class UsageEvent:
 
 @dataclass(frozen=True, slots=True)
 class Completed:
+    """The end of a response. ``max_tokens``: the output-token limit ended it (the text may
+    stop mid-sentence); a tool call the limit cut short is never emitted as a
+    ``ToolCallEvent`` (decoders drop calls whose arguments are not a whole JSON object
+    when the response ends this way), so every emitted call is safe to run."""
+
     stop_reason: StopReason
 
 
