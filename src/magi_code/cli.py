@@ -67,9 +67,11 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def _configure_logging() -> None:
-    import logging
+    import os
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="magi-code: %(message)s")
+    from magi_code.logs import configure_stderr
+
+    configure_stderr(os.environ)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

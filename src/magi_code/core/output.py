@@ -54,6 +54,10 @@ class Batch:
     # reads these instead of re-parsing envelopes).
     turn_events: tuple[TurnEvent, ...] = ()
 
+    def failures(self) -> list[tuple[str, str]]:
+        """``(turn_id, label)`` of each failed turn whose terminal is in this batch."""
+        return [(e.turn_id, e.failure) for e in self.turn_events if e.failure is not None]
+
     def written(self) -> None:
         """Called once by the adapter after the write attempt (successful or not)."""
         if self.done.is_set():

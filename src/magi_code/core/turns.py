@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -40,8 +42,8 @@ from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
 from magi_code.protocol.text import utf8_parts
-from magi_code.sessions.ids import validate_session_id
 from magi_code.providers.errors import ProviderFailure
+from magi_code.sessions.ids import validate_session_id
 from magi_code.turns import failures
 from magi_code.turns.agent import IterationLimitExceeded, OutputLimitExceeded
 from magi_code.turns.runtime import TurnRequest, TurnRuntime, TurnSetupError, prepare_settings
@@ -78,6 +80,45 @@ _TERMINAL_OVERHEAD: Final = len(
         }
     )
 )
+
+
+@dataclass(slots=True)
+class TurnReport:
+    """What the log's one line per turn end says: counts, labels and codes only."""
+
+    started: float = field(default_factory=time.monotonic)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    http_status: int | None = None
+    retries: int = 0
+
+    def count(self, usage: Mapping[str, Any]) -> None:
+        # The main agent's requests plus the subagents' aggregate: each token once.
+        source = usage.get("source")
+        top_level = source == "provider_request" and "parent_activity_id" not in usage
+        if top_level or source == "subagent_aggregate":
+            self.input_tokens += int(usage.get("effective_input", 0))
+            self.output_tokens += int(usage.get("output", 0))
+
+    def log(self, run: TurnRun, status: str) -> None:
+        prepared = run.turn.prepared
+        effective = None if isinstance(prepared, ServiceError) else prepared.effective
+        fields = {
+            "turn": hashlib.sha256(run.turn_id.encode()).hexdigest()[:12],
+            "provider": effective.provider_id if effective else None,
+            "model": effective.model_id if effective else None,
+            "status": status,
+            "failure": run.failure,
+            "http_status": self.http_status,
+            "retries": self.retries,
+            "duration_ms": round((time.monotonic() - self.started) * 1000),
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+        }
+        text = " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
+        # INFO: in the daemon's log by default; the stdio service's stderr has the
+        # failure line with its remedy instead (adapters print it).
+        log.info("turn end %s", text, extra={"fields": fields})
 
 
 def failure_label(exc: BaseException) -> str:
@@ -155,6 +196,7 @@ class TurnRun:
         self._settle_text: Callable[[], Awaitable[None]] | None = None
         self._cancel_requested = False
         self.failure: str | None = None  # the label, once the turn failed
+        self.report = TurnReport()
 
     # -- the sink the agent writes to ----------------------------------------------------
 
@@ -178,6 +220,8 @@ class TurnRun:
     def activity(self, payload: dict[str, Any]) -> None:
         if not self._admission_open:
             return
+        if payload.get("kind") == "usage":
+            self.report.count(payload)
         sequence = self._stamp()
         event = {"turn_id": self.turn_id, "sequence": sequence, "activity": payload}
         try:
@@ -254,7 +298,9 @@ class TurnRun:
         except Exception as exc:  # noqa: BLE001 - the turn's failure boundary
             status = "failed"
             self.failure = failure_label(exc)
-            log.warning("turn failed (%s)", self.failure)
+            if isinstance(exc, ProviderFailure):
+                self.report.http_status, self.report.retries = exc.status, exc.retries
+        self.report.log(self, status)
         self._admission_open = False
         # Nothing stamps a sequence after admission closed: the terminal's is known now.
         sequence = self._stamp()

@@ -37,6 +37,7 @@ from typing import Final, Literal
 
 import orjson
 
+from magi_code import logs
 from magi_code.endpoint.lock import (
     FileIdentity,
     LifetimeLock,
@@ -347,11 +348,18 @@ def _setup_logging(path: Path, *, journal: bool) -> None:
         path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS
     )
     handler.setFormatter(
-        logging.Formatter(f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+        logs.formatter(
+            os.environ, f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s"
+        )
     )
     logging.getLogger().addHandler(handler)
-    # Our own lifecycle events at INFO; everything else (httpx logs URLs) stays at WARNING.
-    log.setLevel(logging.INFO)
+    _daemon_levels()
+
+
+def _daemon_levels() -> None:
+    # Ours at MC_LOG_LEVEL (default INFO: lifecycle events, one line per turn end);
+    # everything else (httpx logs URLs) stays at the root's WARNING.
+    logging.getLogger("magi_code").setLevel(logs.level(os.environ, logging.INFO))
 
 
 class _JournalFormatter(logging.Formatter):
@@ -359,9 +367,14 @@ class _JournalFormatter(logging.Formatter):
 
     PRIORITIES: Final = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
 
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self._inner = inner
+
     def format(self, record: logging.LogRecord) -> str:
         priority = self.PRIORITIES.get(record.levelname, 6)
-        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
+        lines = self._inner.format(record).splitlines()
+        return "\n".join(f"<{priority}>{line}" for line in lines)
 
 
 def _log_to_journal() -> None:
@@ -374,9 +387,9 @@ def _log_to_journal() -> None:
         ):
             root.removeHandler(existing)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
+    handler.setFormatter(_JournalFormatter(logs.formatter(os.environ, "%(name)s: %(message)s")))
     root.addHandler(handler)
-    log.setLevel(logging.INFO)
+    _daemon_levels()
 
 
 class _ReadyPipe:

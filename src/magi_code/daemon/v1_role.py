@@ -198,6 +198,9 @@ class V1Role:
         if self._answers and self._answers[0] is batch:
             self._answers.popleft()
             message["answers"] = True
+        if failed := batch.failures():
+            # The shim prints why its turns failed (the v1 terminal carries no reason).
+            message["failures"] = [{"turn_id": t, "failure": label} for t, label in failed]
         frame = encode_frame(message)
         self._in_flight.append((self._seq, batch, len(frame), self._loop.time()))
         self._in_flight_bytes += len(frame)

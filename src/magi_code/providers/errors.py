@@ -64,6 +64,7 @@ class ProviderFailure(Exception):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        self.retries = 0  # how many times the request was retried before this failure
 
     def __str__(self) -> str:
         return self.label.value

@@ -136,6 +136,7 @@ async def stream_response(
                     return
         except ProviderFailure as failure:
             if yielded or not failure.retryable or retries >= settings.retry.max_retries:
+                failure.retries = retries
                 raise
             delay = settings.retry.delay(retries, failure.retry_after)
         retries += 1

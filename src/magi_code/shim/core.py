@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
+from magi_code.turns.failures import describe
 
 WINDOW_RECORDS: Final = 32
 # Record bytes in flight: half the daemon's 1 MiB inbox bound, and room for 8 records of
@@ -40,6 +41,8 @@ FRAME_OVERHEAD: Final = 32
 
 LOST: Final = "lost the connection to the daemon; stopping"
 STDOUT_CLOSED: Final = "output error: stdout closed; stopping"
+# Failed-turn lines printed per output frame at most (a frame carries one batch).
+MAX_REPORTED_FAILURES: Final = 16
 
 
 class ShimCore:
@@ -140,6 +143,7 @@ class ShimCore:
                 if not self.output_failed:
                     self._stdout += data
                 self._acks.append(frame.get("seq"))
+                self._report_failures(frame.get("failures"))
                 if frame.get("answers") is True:
                     self._answered()
             elif kind == "next":
@@ -181,6 +185,16 @@ class ShimCore:
         self._forward()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _report_failures(self, failures: object) -> None:
+        """``magi-code: turn <id> failed: <label> — <remedy>`` for each failed turn."""
+        if not isinstance(failures, list):
+            return
+        for item in failures[:MAX_REPORTED_FAILURES]:
+            if isinstance(item, dict):
+                turn_id, label = item.get("turn_id"), item.get("failure")
+                if isinstance(turn_id, str) and isinstance(label, str):
+                    self._diagnostics.append(describe(turn_id[:128], label[:64]))
 
     def _answered(self) -> None:
         if self._in_flight:

@@ -43,6 +43,7 @@ from magi_code.endpoint.paths import UnsafeRuntimeDir, ensure_private_dir
 from magi_code.protocol.envelope import OutboundError, encode_batch
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
 from magi_code.storage.launch import LaunchContext
+from magi_code.turns.failures import describe
 
 READ_CHUNK = 65536
 # Answers handed to the writer and not yet written before input handling waits.
@@ -179,6 +180,9 @@ async def write_loop(output: Output, writer: ByteWriter) -> bool:
                 output.close()
                 return False
             _settle(sent)
+            for batch in sent:
+                for turn_id, label in batch.failures():
+                    diagnostic(describe(turn_id, label))
         if failure is not None:
             diagnostic(f"output error: {failure}; stopping")
             _settle(batches[len(encoded) :])

@@ -73,6 +73,8 @@ DAEMON_NAMES: Final = frozenset(
         "XDG_RUNTIME_DIR",
         "MC_HOME",
         "MC_RUNTIME_DIR",
+        "MC_LOG_LEVEL",
+        "MC_LOG_FORMAT",
         "PYTHONPATH",
         "PYTHONHOME",
         "PYTHONSAFEPATH",
