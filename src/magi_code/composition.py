@@ -22,6 +22,7 @@ schema is then left to the next start if its module was not loaded yet).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -72,15 +73,20 @@ def _domain_services(ctx: LaunchContext) -> dict[str, DomainService]:
     from magi_code.core.turns import TurnService
     from magi_code.providers.http import HttpClients
     from magi_code.sessions.store import SessionStore
+    from magi_code.tools.mcp import McpServers
     from magi_code.turns.runtime import TurnRuntime
 
     sessions = SessionService(SessionStore(ctx.sessions_dir))
     # One client cache for turns and catalogs: clients per endpoint, credential and the
     # frontend's proxy/CA settings, never one client shared by every frontend.
     clients = HttpClients()
-    runtime = TurnRuntime(clients)
+    # Warm MCP servers for every connection's turns. First: a closing connection's turns
+    # are drained (services close in reverse order) before its servers are stopped.
+    mcp = McpServers()
+    runtime = TurnRuntime(clients, mcp)
     gate = SettingsGate()
     return {
+        "mcp": mcp,
         "sessions": sessions,
         "turns": TurnService(sessions, runtime, gate),
         "auth": AuthService(),
@@ -122,6 +128,7 @@ class DeferredSpec:
 # The services of ``_domain_services`` as the coordinator sees them, in registration order
 # (tests/unit/test_composition.py checks them against the services themselves).
 DEFERRED: Final = (
+    DeferredSpec("mcp", ()),
     DeferredSpec(
         "sessions",
         (
@@ -160,17 +167,37 @@ DEFERRED: Final = (
     ),
 )
 
-# Imported one at a time by the background load, the event loop running in between; the
-# largest single step (httpx) is a few tens of milliseconds.
+# Imported one at a time by the background load, the event loop running in between
+# (leaves first, so that each step is a few milliseconds: the event loop only notices
+# stdin, EOF included, between steps). Best effort: a name a dependency's version does
+# not have is skipped, and a product module that fails fails again in ``load()``.
 LOAD_STEPS: Final = (
     "filelock",
+    "email.parser",
+    "http.client",
+    "urllib.request",
+    "httpx._models",
+    "httpx._client",
+    "click",
     "httpx",
+    "magi_code.providers.types",
+    "magi_code.providers.anthropic",
+    "magi_code.providers.discovery",
+    "magi_code.providers",
+    "magi_code.config.settings",
+    "magi_code.config.catalog",
     "magi_code.config",
-    "magi_code.auth.store",
+    "magi_code.protocol.v2",
+    "magi_code.sessions.records",
+    "magi_code.sessions.outcomes",
     "magi_code.sessions.store",
     "magi_code.core.sessions",
     "magi_code.providers.stream",
+    "magi_code.tools.files",
+    "psutil",
+    "magi_code.tools.shell",
     "magi_code.tools.builtin",
+    "magi_code.turns.agent",
     "magi_code.turns.runtime",
     "magi_code.core.turns",
     "magi_code.auth.login",
@@ -202,23 +229,33 @@ class DeferredDomains:
     async def _background(self) -> None:
         try:
             for name in LOAD_STEPS:
-                if self._stopping:
+                if self.stopping():
                     return
                 if self.services is None:
-                    __import__(name)  # not importlib: ``-X importtime`` shows these
+                    with contextlib.suppress(ImportError):
+                        __import__(name)  # not importlib: ``-X importtime`` shows these
                 if name == SCHEMA_STEP:
                     await _write_settings_schema(self._ctx)
                 await asyncio.sleep(0)  # requests that arrived meanwhile are served
-            if self._stopping:
+            if self.stopping():
                 return
             self.load()
-            await asyncio.sleep(0)
-            from magi_code.turns.runtime import warm_turn_modules
+            from magi_code.turns.runtime import TURN_MODULES, warm_turn_modules
 
-            warm_turn_modules()
+            for name in TURN_MODULES:
+                await asyncio.sleep(0)
+                if self.stopping():
+                    return
+                with contextlib.suppress(ImportError):
+                    __import__(name)
+            warm_turn_modules()  # the rest of it (certifi's bundle path)
         # A broken install fails the same way again, and is answered, in load().
         except Exception as exc:  # noqa: BLE001
             log.warning("could not load the service's modules (%s)", type(exc).__name__)
+
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called (read afresh after every ``await``)."""
+        return self._stopping
 
     def load(self) -> dict[str, DomainService]:
         """The services, built now if the background load has not built them yet.
