@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import filelock
 
@@ -27,7 +27,7 @@ from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
 from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED
 
 from . import activity
-from .agent import Agent, AgentEnv, AgentPlan, TurnSink
+from .agent import AgentEnv, AgentPlan, TurnSink
 from .context import (
     estimate_tokens,
     items_from_records,
@@ -36,7 +36,11 @@ from .context import (
     system_with_summary,
 )
 from .instructions import system_prompt
+from .refreshing import RefreshingAgent
 from .subagent import TASK_TOOL_NAME, TaskTool
+
+if TYPE_CHECKING:
+    from magi_code.tools.mcp import McpServers
 
 # Windows used for estimates and compaction when neither discovery nor the provider
 # definition says otherwise.
@@ -130,11 +134,14 @@ class TurnRequest:
 
 
 class TurnRuntime:
-    """Shared per service: the HTTP client cache; everything else is read per turn."""
+    """Shared per service: the HTTP client cache and the warm MCP servers; everything else
+    is read per turn."""
 
-    def __init__(self, clients: HttpClients | None = None) -> None:
+    def __init__(self, clients: HttpClients | None = None, mcp: McpServers | None = None) -> None:
         # Clients per endpoint, credential and the frontend's proxy/CA settings.
         self.clients = clients or HttpClients()
+        # Warm MCP servers reused across turns; without them each turn starts its own.
+        self.mcp = mcp
 
     @property
     def client(self) -> HttpClients:
@@ -190,15 +197,25 @@ class TurnRuntime:
         # The toolset imports the MCP SDK only when the settings configure a server.
         from magi_code.tools.mcp import McpToolset
 
-        async with (
-            http.lease(provider.base_url, headers) as client,
-            McpToolset(settings.mcp_servers.values(), tool_ctx) as toolset,
-        ):
+        servers = settings.mcp_servers.values()
+        # The launch context is the owner: its connection's end stops what it alone used.
+        toolset = (
+            McpToolset(servers, tool_ctx)
+            if self.mcp is None
+            else self.mcp.lease(ctx, servers, tool_ctx)
+        )
+        async with http.lease(provider.base_url, headers) as client, toolset:
             env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
-            tools: list[Tool] = [*BUILTIN_TOOLS, TaskTool(env, BUILTIN_TOOLS), *toolset.tools()]
-            agent = Agent(
+            task = TaskTool(env, BUILTIN_TOOLS)
+
+            def tools() -> list[Tool]:
+                # Built again when an MCP server's tool list changed (list_changed).
+                return [*BUILTIN_TOOLS, task, *toolset.tools()]
+
+            agent = RefreshingAgent(
                 env,
                 tools,
+                toolset,
                 reauthorize=(
                     (lambda: resolve_headers(ctx, provider, store, http, force_refresh=True))
                     if provider.credential == "oauth"
