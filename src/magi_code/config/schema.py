@@ -24,7 +24,10 @@ SCHEMA_FILENAME: Final = "settings.schema.json"
 BUILTIN_PROVIDER_IDS: Final = ("anthropic", "openai-codex")
 PROVIDER_APIS: Final = ("openai-chat", "anthropic", "openai-responses")
 # Keys that only the global (user) settings file may hold.
-GLOBAL_ONLY_KEYS: Final = ("fast", "providers")
+GLOBAL_ONLY_KEYS: Final = ("fast", "providers", "trusted_projects")
+# The events a hook can be configured for (``hooks`` in settings), in the order they occur.
+HOOK_EVENTS: Final = ("user_prompt_submit", "pre_tool_use", "post_tool_use", "stop")
+MAX_HOOK_TIMEOUT_MS: Final = 600_000
 
 _ID: Final[dict[str, Any]] = {"type": "string", "pattern": ID_PATTERN}
 _POSITIVE_TOKENS: Final[dict[str, Any]] = {
@@ -104,12 +107,50 @@ _NETWORK: Final[dict[str, Any]] = {
     },
 }
 
+_HOOK: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["command"],
+    "properties": {
+        "matcher": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 256,
+            "description": "Tool-name pattern (fnmatch); default '*'. Tool hooks only.",
+        },
+        "command": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 256,
+            "items": {"type": "string", "pattern": r"^[^\x00]*$", "maxLength": 4096},
+            "description": "The program and its arguments (no shell), run in the project.",
+        },
+        "timeout_ms": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_HOOK_TIMEOUT_MS,
+            "description": "Time limit in milliseconds (default 60000), then it is killed.",
+        },
+    },
+}
+
+_HOOKS: Final[dict[str, Any]] = {
+    "type": "object",
+    "description": (
+        "Commands run at points of a turn, by event. The project file's hooks run only when "
+        "the global 'trusted_projects' lists the project directory."
+    ),
+    "properties": {
+        event: {"type": "array", "maxItems": 32, "items": _HOOK} for event in HOOK_EVENTS
+    },
+}
+
 SETTINGS_SCHEMA: Final[dict[str, Any]] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "magi-code settings",
     "description": (
         "Global ($MC_HOME/settings.json) and project (.magi-code/settings.json) settings. "
-        "Unknown keys are allowed and preserved. 'fast' and 'providers' are global-only."
+        "Unknown keys are allowed and preserved. 'fast', 'providers' and 'trusted_projects' are "
+        "global-only."
     ),
     "type": "object",
     "properties": {
@@ -139,6 +180,16 @@ SETTINGS_SCHEMA: Final[dict[str, Any]] = {
             "additionalProperties": _MCP_SERVER,
         },
         "network": _NETWORK,
+        "hooks": _HOOKS,
+        "trusted_projects": {
+            "type": "array",
+            "maxItems": 1000,
+            "items": {"type": "string", "pattern": r"^/[^\x00]*$", "maxLength": 4096},
+            "description": (
+                "Global only. Absolute project directories whose settings file may configure "
+                "hooks that run."
+            ),
+        },
     },
 }
 
@@ -183,7 +234,8 @@ def is_valid(value: object, schema: Mapping[str, Any] | bool) -> bool:
         high: int = schema.get("maximum", value)
         return low <= value <= high
     if isinstance(value, list):
-        return len(value) <= schema.get("maxItems", len(value)) and all(
+        size = len(value)
+        return schema.get("minItems", 0) <= size <= schema.get("maxItems", size) and all(
             is_valid(item, schema.get("items", True)) for item in value
         )
     if isinstance(value, dict):

@@ -22,7 +22,7 @@ from typing import Any, Final
 import orjson
 
 from magi_code.config.ids import looks_secret
-from magi_code.config.schema import SETTINGS_SCHEMA, is_valid, project_schema
+from magi_code.config.schema import HOOK_EVENTS, SETTINGS_SCHEMA, is_valid, project_schema
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.http import NetworkSettings
 from magi_code.providers.types import ApiKind
@@ -82,6 +82,23 @@ class McpServerDefinition:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+DEFAULT_HOOK_TIMEOUT_MS: Final = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class HookDefinition:
+    """One configured hook: run ``command`` for the events whose tool name ``matcher``
+    matches (tool events only), killed after ``timeout_ms``."""
+
+    command: tuple[str, ...]
+    matcher: str = "*"
+    timeout_ms: int = DEFAULT_HOOK_TIMEOUT_MS
+
+
+# Hooks by event name (``config.schema.HOOK_EVENTS``), in configured order.
+HookTable = Mapping[str, tuple[HookDefinition, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
     """Selection/reasoning values one settings file sets (``None`` = not set there)."""
@@ -103,6 +120,11 @@ class Settings:
     disabled_models: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # Proxy and CA for outgoing HTTP, per key project over global.
     network: NetworkSettings = field(default_factory=NetworkSettings)
+    # Hooks of each file, kept apart: the project's run only for a trusted project.
+    global_hooks: HookTable = field(default_factory=dict)
+    project_hooks: HookTable = field(default_factory=dict)
+    # Global only: absolute project directories whose own hooks may run.
+    trusted_projects: tuple[str, ...] = ()
 
     @property
     def configured_thinking_level(self) -> str:
@@ -263,6 +285,22 @@ def _network(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]) -> N
     return NetworkSettings(proxy=merged.get("proxy"), ca_file=merged.get("ca_file"))
 
 
+def _hooks(document: Mapping[str, Any]) -> dict[str, tuple[HookDefinition, ...]]:
+    table = document.get("hooks", {})
+    return {
+        event: tuple(
+            HookDefinition(
+                command=tuple(raw["command"]),
+                matcher=raw.get("matcher", "*"),
+                timeout_ms=raw.get("timeout_ms", DEFAULT_HOOK_TIMEOUT_MS),
+            )
+            for raw in table[event]
+        )
+        for event in HOOK_EVENTS
+        if table.get(event)
+    }
+
+
 def build_settings(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]) -> Settings:
     """Merge two validated documents (project over global where both may set a key)."""
     providers = {
@@ -282,6 +320,9 @@ def build_settings(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]
         mcp_servers={**_mcp_servers(global_doc), **_mcp_servers(project_doc)},
         disabled_models={pid: frozenset(ids) for pid, ids in disabled.items()},
         network=_network(global_doc, project_doc),
+        global_hooks=_hooks(global_doc),
+        project_hooks=_hooks(project_doc),
+        trusted_projects=tuple(global_doc.get("trusted_projects", ())),
     )
 
 

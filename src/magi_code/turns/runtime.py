@@ -35,6 +35,7 @@ from .context import (
     summarize,
     system_with_summary,
 )
+from .hooks import TurnHooks
 from .instructions import system_prompt
 from .refreshing import RefreshingAgent
 from .subagent import TASK_TOOL_NAME, TaskTool
@@ -206,11 +207,15 @@ class TurnRuntime:
         )
         async with http.lease(provider.base_url, headers) as client, toolset:
             env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
-            task = TaskTool(env, BUILTIN_TOOLS)
+            hooks = await TurnHooks.for_turn(
+                settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
+            )
+            builtins = hooks.wrap(BUILTIN_TOOLS)
+            task = TaskTool(env, builtins)
 
             def tools() -> list[Tool]:
                 # Built again when an MCP server's tool list changed (list_changed).
-                return [*BUILTIN_TOOLS, task, *toolset.tools()]
+                return [*builtins, *hooks.wrap([task, *toolset.tools()])]
 
             agent = RefreshingAgent(
                 env,
@@ -223,7 +228,9 @@ class TurnRuntime:
                 ),
             )
             expose_settle(agent.settle_text)
-            await agent.run(history, turn.prompt)
+            await hooks.user_prompt_submit(turn.prompt)
+            final_text = await agent.run(history, turn.prompt)
+            await hooks.stop(final_text)
 
     async def _compact(
         self,

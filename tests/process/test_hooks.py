@@ -1,0 +1,279 @@
+"""Hooks through the real service process (embedded and daemon modes), against the
+loopback fake providers: a blocking ``pre_tool_use`` hook (the tool never runs; the model
+sees the message), the documented stdin of every event, confinement (project cwd, stripped
+environment, the frontend's umask), a timed-out hook killed with its process group,
+project hooks only for trusted projects, and activity that carries status only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.process.turn_support import TurnEvents, run_turn, stdout_text, write_settings
+from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.support.service import running_service
+
+HOOK_SCRIPT = """\
+import json, os, subprocess, sys, time
+mode, log = sys.argv[1], sys.argv[2]
+event = json.loads(sys.stdin.read())
+umask = os.umask(0)
+record = {"mode": mode, "event": event, "cwd": os.getcwd(), "env": sorted(os.environ),
+          "umask": umask}
+with open(log, "a") as fh:
+    fh.write(json.dumps(record) + "\\n")
+if mode == "block":
+    print("HOOK-BLOCK-MESSAGE: shell is not allowed here")
+    print("this goes to stderr", file=sys.stderr)
+    sys.exit(2)
+if mode == "fail":
+    sys.exit(1)
+if mode == "hang":
+    child = subprocess.Popen(["sleep", sys.argv[3]])
+    with open(log, "a") as fh:
+        fh.write(json.dumps({"mode": "grandchild", "pid": child.pid}) + "\\n")
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviderServer]:
+    with FakeProviderServer() as server:
+        yield server
+
+
+def _call(call_id: str, tool: str, **arguments: Any) -> FakeToolCall:
+    return FakeToolCall(call_id, tool, json.dumps(arguments))
+
+
+def _tools(*calls: FakeToolCall) -> Reply:
+    return Reply(text=[], tool_calls=calls)
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _posts(fake: FakeProviderServer) -> list[Any]:
+    return [r.json for r in fake.requests if r.method == "POST"]
+
+
+def _text(body: object) -> str:
+    return "\n".join(_strings(body))
+
+
+def _lifecycles(turn: TurnEvents, category: str) -> list[tuple[str, str]]:
+    """(category, status) of every lifecycle of the activities that started as ``category``."""
+    ids = {
+        a["activity_id"]
+        for a in turn.of_kind("lifecycle")
+        if a["category"] == category and a["status"] in ("running", "completed")
+    }
+    return [
+        (a["category"], a["status"]) for a in turn.of_kind("lifecycle") if a["activity_id"] in ids
+    ]
+
+
+def _hook(mode: str, log: Path, script: Path, *args: str, **extra: Any) -> dict[str, Any]:
+    return {"command": [sys.executable, str(script), mode, str(log), *args], **extra}
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def hook_script(tmp_path: Path) -> Path:
+    path = tmp_path / "hooks" / "record_hook.py"
+    path.parent.mkdir()
+    path.write_text(HOOK_SCRIPT)
+    return path
+
+
+# -- hooks ---------------------------------------------------------------------------------
+
+
+async def test_a_blocking_pre_tool_hook_stops_the_call_and_tells_the_model(
+    home: Path, project: Path, fake: FakeProviderServer, hook_script: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "hook-log.jsonl"
+    hooks = {
+        "pre_tool_use": [
+            _hook("record", log, hook_script, matcher="read_*"),
+            _hook("block", log, hook_script, matcher="shell"),
+        ]
+    }
+    write_settings(home, fake, hooks=hooks)
+    fake.enqueue(
+        _tools(_call("s1", "shell", command="touch created-by-shell.txt")),
+        Reply(text=["understood"]),
+    )
+    async with running_service(home, project) as svc:
+        _, turn = await run_turn(svc, "make the file")
+        stdout = stdout_text(turn.events)
+    assert turn.terminal["status"] == "completed"
+    assert not (project / "created-by-shell.txt").exists()
+    # Only the matching hook ran, with the tool name and arguments on stdin.
+    records = _log(log)
+    assert [r["mode"] for r in records] == ["block"]
+    event = records[0]["event"]
+    assert event["event"] == "pre_tool_use"
+    assert event["tool_name"] == "shell"
+    assert event["tool_arguments"] == {"command": "touch created-by-shell.txt"}
+    # The model saw the hook's stdout (not its stderr) as the tool's error result.
+    result = _text(_posts(fake)[1])
+    assert "Blocked by a pre_tool_use hook: HOOK-BLOCK-MESSAGE: shell is not allowed here" in result
+    assert "this goes to stderr" not in result
+    assert [a["status"] for a in turn.of_kind("tool")] == ["running", "failed"]
+    assert _lifecycles(turn, "hook") == [("hook", "running"), ("activity", "completed")]
+    for needle in ("HOOK-BLOCK-MESSAGE", "record_hook", str(log), "touch", "pre_tool_use"):
+        assert needle not in stdout, needle
+
+
+async def test_hooks_get_the_documented_events_and_run_confined(
+    home: Path, project: Path, fake: FakeProviderServer, hook_script: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "hook-log.jsonl"
+    hooks = {
+        event: [_hook("record", log, hook_script, matcher="read_file")]
+        for event in ("user_prompt_submit", "pre_tool_use", "post_tool_use", "stop")
+    }
+    hooks["post_tool_use"].append(_hook("fail", log, hook_script))
+    write_settings(home, fake, hooks=hooks)
+    (project / "notes.txt").write_text("NOTE-CONTENT\n")
+    fake.enqueue(_tools(_call("r1", "read_file", path="notes.txt")), Reply(text=["All ", "done"]))
+    old_umask = os.umask(0o027)
+    try:
+        async with running_service(home, project, {"MY_TOOL_VAR": "kept"}) as svc:
+            accepted, turn = await run_turn(svc, "please read the notes")
+    finally:
+        os.umask(old_umask)
+    assert turn.terminal["status"] == "completed"
+    records = _log(log)
+    events = [r["event"] for r in records]
+    for event in events:
+        event["project_dir"] = os.path.realpath(event["project_dir"])
+    assert [(e["event"], r["mode"]) for e, r in zip(events, records, strict=True)] == [
+        ("user_prompt_submit", "record"),
+        ("pre_tool_use", "record"),
+        ("post_tool_use", "record"),
+        ("post_tool_use", "fail"),
+        ("stop", "record"),
+    ]
+    common = {
+        "session_id": accepted["session_id"],
+        "turn_id": accepted["turn_id"],
+        "project_dir": os.path.realpath(project),
+    }
+    arguments = {"path": "notes.txt"}
+    assert events[0] == {"event": "user_prompt_submit", **common, "prompt": "please read the notes"}
+    assert events[1] == {
+        "event": "pre_tool_use",
+        **common,
+        "tool_name": "read_file",
+        "tool_arguments": arguments,
+    }
+    assert events[2] == {
+        "event": "post_tool_use",
+        **common,
+        "tool_name": "read_file",
+        "tool_arguments": arguments,
+        "tool_output": "NOTE-CONTENT\n",
+        "tool_is_error": False,
+    }
+    assert events[4] == {"event": "stop", **common, "final_text": "All done"}
+    for record in records:
+        assert os.path.realpath(record["cwd"]) == os.path.realpath(project)
+        assert record["umask"] == 0o027
+        assert "MY_TOOL_VAR" in record["env"]
+        for stripped in ("MC_HOME", "MC_SERVICE_MODE"):
+            assert stripped not in record["env"]
+    # One lifecycle per run, status only: a failing hook is `failed`, nothing more.
+    hook_states = _lifecycles(turn, "hook")
+    assert hook_states.count(("hook", "running")) == 5
+    assert hook_states.count(("activity", "completed")) == 4
+    assert hook_states.count(("activity", "failed")) == 1
+    for activity in turn.of_kind("lifecycle"):
+        assert set(activity) == {"activity_id", "kind", "category", "status", "details_omitted"}
+    activity_text = json.dumps(turn.activities)
+    for needle in ("record_hook", str(log), "NOTE-CONTENT", "notes.txt", "user_prompt_submit"):
+        assert needle not in activity_text, needle
+
+
+def _sleepers(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if marker in proc.cmdline():
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+async def test_a_timed_out_hook_is_killed_with_its_process_group(
+    home: Path,
+    project: Path,
+    fake: FakeProviderServer,
+    hook_script: Path,
+    tmp_path: Path,
+    service_mode: str,
+) -> None:
+    log = tmp_path / "hook-log.jsonl"
+    # A sleep length of this test's own (tests of both modes run at once).
+    marker = f"29.{os.getpid() % 10000:04d}{len(service_mode)}"
+    hooks = {"pre_tool_use": [_hook("hang", log, hook_script, marker, timeout_ms=1500)]}
+    write_settings(home, fake, hooks=hooks)
+    fake.enqueue(_tools(_call("s1", "shell", command="touch ran-anyway.txt")), Reply(text=["done"]))
+    async with running_service(home, project) as svc:
+        _, turn = await asyncio.wait_for(run_turn(svc, "go"), 60)
+    assert turn.terminal["status"] == "completed"
+    grandchild = [r["pid"] for r in _log(log) if r["mode"] == "grandchild"]
+    assert len(grandchild) == 1, "the hook did not start its grandchild"
+    assert _sleepers(marker) == []
+    try:
+        status = psutil.Process(grandchild[0]).status()
+    except psutil.NoSuchProcess:
+        status = None
+    assert status in (None, psutil.STATUS_ZOMBIE), "the hook's grandchild outlived the hook"
+    # A hook that did not answer does not block the call (only exit code 2 does).
+    assert (project / "ran-anyway.txt").exists()
+    assert _lifecycles(turn, "hook") == [("hook", "running"), ("activity", "failed")]
+
+
+async def test_project_hooks_run_only_for_trusted_projects(
+    home: Path, project: Path, fake: FakeProviderServer, hook_script: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "hook-log.jsonl"
+    (project / ".magi-code").mkdir()
+    (project / ".magi-code" / "settings.json").write_text(
+        json.dumps({"hooks": {"user_prompt_submit": [_hook("record", log, hook_script)]}})
+    )
+    write_settings(home, fake)
+    fake.set_default(Reply(text=["ok"]))
+    async with running_service(home, project) as svc:
+        _, untrusted = await run_turn(svc, "first")
+        assert untrusted.terminal["status"] == "completed"
+        assert _log(log) == []
+        assert _lifecycles(untrusted, "hook") == []
+        # Trust comes from the global file only, and is read with the settings per turn.
+        write_settings(home, fake, trusted_projects=[str(tmp_path / "other"), str(project)])
+        _, trusted = await run_turn(svc, "second")
+    assert [r["event"]["prompt"] for r in _log(log)] == ["second"]
+    assert _lifecycles(trusted, "hook") == [("hook", "running"), ("activity", "completed")]
