@@ -1,10 +1,13 @@
-"""Startup instructions: the base system prompt plus the project's instruction files."""
+"""Startup instructions: the base system prompt, the project's instruction files, and the
+list of skills (names and descriptions; the bodies are loaded with the ``skill`` tool)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Final
+
+from .skills import SkillCatalog, prompt_section
 
 BASE_PROMPT: Final = (
     "You are magi-code, a coding agent working in the user's project directory. "
@@ -32,10 +35,12 @@ def _read_bounded(path: Path) -> str | None:
     return data.decode("utf-8", "replace").strip() or None
 
 
-def system_prompt(project_dir: Path) -> str:
+def system_prompt(project_dir: Path, skills: SkillCatalog | None = None) -> str:
     sections = [BASE_PROMPT]
     for name in INSTRUCTION_FILES:
         text = _read_bounded(project_dir / name)
         if text:
             sections.append(f"# Project instructions ({name})\n\n{text}")
+    if skills is not None and (listing := prompt_section(skills)):
+        sections.append(listing)
     return "\n\n".join(sections)

@@ -38,6 +38,7 @@ from .context import (
 from .hooks import TurnHooks
 from .instructions import system_prompt
 from .refreshing import RefreshingAgent
+from .skills import SKILL_TOOL_NAME, SkillCache, turn_tools
 from .subagent import TASK_TOOL_NAME, TaskTool
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ DEFAULT_CONTEXT_WINDOWS: Final = {
     "openai-chat": 128_000,
 }
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 8192
-ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME}
+ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME, SKILL_TOOL_NAME}
 
 # Third-party modules that a turn's first provider request imports (``httpx`` loads its
 # transports, ``anyio``'s asyncio backend and ``certifi`` only then): warmed by the daemon
@@ -143,6 +144,8 @@ class TurnRuntime:
         self.clients = clients or HttpClients()
         # Warm MCP servers reused across turns; without them each turn starts its own.
         self.mcp = mcp
+        # Skills per launch context, discovered on its first turn (startup resources).
+        self.skills = SkillCache()
 
     @property
     def client(self) -> HttpClients:
@@ -167,6 +170,7 @@ class TurnRuntime:
         # The launch context's proxy/CA environment and the captured ``network`` settings.
         http = self.clients.bound(transport_options(ctx.env, settings.network))
         headers = await resolve_headers(ctx, provider, store, http)
+        skills = await self.skills.catalog(ctx)
         plan = AgentPlan(
             endpoint=Endpoint(provider.api, provider.base_url, headers),
             model=effective.model_id,
@@ -175,7 +179,7 @@ class TurnRuntime:
             max_output_tokens=effective.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS,
             context_window=effective.context_window
             or DEFAULT_CONTEXT_WINDOWS.get(provider.api, 128_000),
-            system=await asyncio.to_thread(system_prompt, ctx.project_dir),
+            system=await asyncio.to_thread(system_prompt, ctx.project_dir, skills),
             cache_key=turn.session_id,
         )
         tool_ctx = ToolContext(
@@ -210,7 +214,7 @@ class TurnRuntime:
             hooks = await TurnHooks.for_turn(
                 settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
             )
-            builtins = hooks.wrap(BUILTIN_TOOLS)
+            builtins = hooks.wrap(turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id))
             task = TaskTool(env, builtins)
 
             def tools() -> list[Tool]:

@@ -1202,6 +1202,7 @@ ACTIVITY: Final = Union(
                                 "list_files",
                                 "read_file",
                                 "shell",
+                                "skill",
                                 "task",
                                 "write_file",
                             ),
