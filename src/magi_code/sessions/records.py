@@ -44,9 +44,12 @@ OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "user": ("idempotency_key",),
     # The sequence number the turn's terminal event carried (absent when no event did).
     "terminal": ("sequence",),
-    # ``true`` on an increment of a reply still streaming: the reply's message continues
-    # in the turn's next assistant record (absent on the record that ends it).
-    "assistant": ("continued",),
+    # ``continued``: ``true`` on an increment of a reply still streaming: the reply's
+    # message continues in the turn's next assistant record (absent on the record that
+    # ends it). ``truncated``: ``true`` on the record that ends a reply the provider's
+    # output-token limit still cut after the automatic continuations (its text may stop
+    # mid-sentence); such a record may have empty text. Replay shows neither.
+    "assistant": ("continued", "truncated"),
 }
 _STATUSES: Final[dict[str, TerminalStatus]] = {
     "completed": "completed",
@@ -77,6 +80,7 @@ class AssistantRecord:
     turn_id: str
     text: str
     continued: bool = False
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +175,8 @@ def _key(obj: Mapping[str, object]) -> str | None:
     return value
 
 
-def _continued(obj: Mapping[str, object]) -> bool:
-    value = obj.get("continued", False)
+def _flag(obj: Mapping[str, object], name: str) -> bool:
+    value = obj.get(name, False)
     if not isinstance(value, bool):
         raise _Malformed
     return value
@@ -189,7 +193,13 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
         case "user":
             return UserRecord(seq, _str(obj, "turn_id"), _str(obj, "text"), _key(obj))
         case "assistant":
-            return AssistantRecord(seq, _str(obj, "turn_id"), _str(obj, "text"), _continued(obj))
+            return AssistantRecord(
+                seq,
+                _str(obj, "turn_id"),
+                _str(obj, "text"),
+                _flag(obj, "continued"),
+                _flag(obj, "truncated"),
+            )
         case "tool_call":
             return ToolCallRecord(
                 seq,
