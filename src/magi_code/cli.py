@@ -1,4 +1,10 @@
-"""Command line entry point: ``magi-code --app service``, ``--prompt`` and ``daemon``."""
+"""Command line entry point: ``magi-code --app service``, ``--prompt`` and the commands.
+
+``magi-code --app service`` is recognized before anything else (every frontend session
+starts one; see :func:`main`). Everything else goes through one ``argparse`` parser with
+a subparser per command, so each command has its own ``--help``, and an unknown command
+or a flag where it does not belong is a usage error (exit 2) that names it.
+"""
 
 from __future__ import annotations
 
@@ -11,54 +17,83 @@ if TYPE_CHECKING:
 
 # Options that select a provider, model, credential, theme or session: the v1 contract
 # forbids combining any of them (or a subcommand) with ``--app service``.
-_EXCLUSIVE_WITH_APP = (
-    "prompt",
-    "provider",
-    "model",
-    "api_key",
-    "theme",
-    "session",
-    "resume",
-    "json",
-    "print_unit",
-    "force",
-    "on_demand",
-    "ready_fd",
-)
+_EXCLUSIVE_WITH_APP = ("prompt", "provider", "model", "api_key", "theme", "session", "resume")
+_PROMPT_ONLY = ("session", "provider", "model", "prompt_json")
 _MODE_ENV = "MC_SERVICE_MODE"
+_LOGIN_PROVIDERS = ("openai-codex", "anthropic")
 
 
 def _parser() -> argparse.ArgumentParser:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="magi-code", description="magi-code coding agent")
+    from magi_code.version import package_version
+
+    parser = argparse.ArgumentParser(
+        prog="magi-code",
+        description="magi-code coding agent: the application service and its tools",
+        epilog="Run 'magi-code COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"magi-code {package_version()}")
     parser.add_argument("--app", choices=["service"], help="run the application service on stdio")
     parser.add_argument("--prompt", help="run one turn with this prompt and print the answer")
-    parser.add_argument("--provider", help="provider id for --prompt")
-    parser.add_argument("--model", help="model id for --prompt")
+    parser.add_argument("--provider", help="provider ID for --prompt")
+    parser.add_argument("--model", help="model ID for --prompt")
+    parser.add_argument("--session", help="continue this session (with --prompt)")
+    parser.add_argument(
+        "--json",
+        dest="prompt_json",
+        action="store_true",
+        help="with --prompt: write the turn's v1 events as JSONL",
+    )
     parser.add_argument("--api-key", dest="api_key", help=argparse.SUPPRESS)
     parser.add_argument("--theme", help=argparse.SUPPRESS)
-    parser.add_argument("--session", help="continue this session (with --prompt)")
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--json", action="store_true", help="daemon status: print JSON")
-    parser.add_argument(
-        "--print", dest="print_unit", action="store_true", help="daemon install: print only"
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    daemon = commands.add_parser("daemon", help="manage the per-user daemon")
+    actions = daemon.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("start", help="start the daemon unless one answers")
+    actions.add_parser("stop", help="stop it (turns are cancelled and persisted)")
+    actions.add_parser("restart", help="stop it once its turns end, then start one")
+    status = actions.add_parser("status", help="is it running, and how is it")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    run = actions.add_parser("run", help="run in the foreground (for systemd/launchd)")
+    run.add_argument("--on-demand", dest="on_demand", action="store_true", help=argparse.SUPPRESS)
+    run.add_argument("--ready-fd", dest="ready_fd", type=int, help=argparse.SUPPRESS)
+    install = actions.add_parser("install", help="write the systemd/launchd unit")
+    install.add_argument("--print", dest="print_unit", action="store_true", help="print only")
+    install.add_argument("--force", action="store_true", help="replace a different unit file")
+    uninstall = actions.add_parser("uninstall", help="remove the unit install wrote")
+    uninstall.add_argument("--force", action="store_true", help="remove it even if not ours")
+
+    login = commands.add_parser("login", help="store credentials in the shared store")
+    # Own dests: a subparser's default would overwrite the top-level --provider's.
+    login.add_argument(
+        "--provider", dest="login_provider", choices=_LOGIN_PROVIDERS, default="openai-codex"
     )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="daemon install: replace a different unit file; uninstall: remove it anyway",
+    login.add_argument(
+        "--no-browser", dest="no_browser", action="store_true", help="only print the URL"
     )
-    parser.add_argument(
-        "--on-demand", dest="on_demand", action="store_true", help=argparse.SUPPRESS
+    logout = commands.add_parser("logout", help="remove a provider's stored credentials")
+    logout.add_argument(
+        "--provider", dest="login_provider", default="openai-codex", help="provider ID"
     )
-    parser.add_argument("--ready-fd", dest="ready_fd", type=int, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "command",
-        nargs="*",
-        help="subcommand: daemon start|stop|restart|status|run|install|uninstall",
-    )
+    auth = commands.add_parser("auth", help="credential readiness")
+    auth_actions = auth.add_subparsers(dest="action", metavar="ACTION", required=True)
+    auth_status = auth_actions.add_parser("status", help="which providers are ready")
+    auth_status.add_argument("--json", action="store_true", help="print JSON")
+    doctor = commands.add_parser("doctor", help="check that a turn can run here")
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    doctor.add_argument("--network", action="store_true", help="also reach the selected provider")
+    protocol = commands.add_parser("protocol", help="the v1 protocol's machine-readable schema")
+    protocol_actions = protocol.add_subparsers(dest="action", metavar="ACTION", required=True)
+    schema = protocol_actions.add_parser("schema", help="print or write the JSON Schemas")
+    schema.add_argument("--out", help="write one file per document into this directory")
     return parser
+
+
+def _flag(name: str) -> str:
+    return "--json" if name == "prompt_json" else f"--{name.replace('_', '-')}"
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -79,24 +114,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         # What a frontend runs for every session, decided without argparse: building the
         # parser imports argparse, gettext/locale and shutil, a cost every shim start pays.
         return _run_service()
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     _configure_logging()
     if args.app == "service":
         used = [name for name in _EXCLUSIVE_WITH_APP if getattr(args, name)]
-        if used or args.command:
-            return _fail("--app service cannot be combined with other arguments or subcommands")
+        if used or args.command or args.prompt_json:
+            return _fail("--app service cannot be combined with other arguments or commands")
         return _run_service()
-    if args.command[:1] == ["daemon"] and len(args.command) == 2:
-        return _run_daemon_command(args)
+    if args.command is not None:
+        given = [_flag(name) for name in _EXCLUSIVE_WITH_APP if getattr(args, name)]
+        if given or args.prompt_json:
+            return _fail(f"{(given or ['--json'])[0]} goes with --prompt, not a command")
+        return _run_command(args)
     if args.prompt is not None:
-        if args.command:
-            return _fail("--prompt cannot be combined with a subcommand")
         if not args.prompt.strip():
             return _fail("--prompt needs some text")
-        return _run_prompt(args.prompt, args.session, args.provider, args.model)
-    if args.session or args.provider or args.model:
-        return _fail("--session, --provider and --model go with --prompt")
-    return _fail("nothing to do; try 'magi-code --app service' or 'magi-code --help'")
+        return _run_prompt(args.prompt, args.session, args.provider, args.model, args.prompt_json)
+    given = [_flag(name) for name in _PROMPT_ONLY if getattr(args, name)]
+    if given:
+        return _fail(f"{given[0]} goes with --prompt")
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    from magi_code.storage.launch import LaunchContext
+
+    ctx = LaunchContext.from_process()
+    if args.command == "daemon":
+        from magi_code.daemonctl import commands
+
+        if args.action == "run":
+            return commands.run(ctx, on_demand=args.on_demand, ready_fd=args.ready_fd)
+        return commands.main(
+            ctx,
+            args.action,
+            json=getattr(args, "json", False),
+            print_unit=getattr(args, "print_unit", False),
+            force=getattr(args, "force", False),
+        )
+    if args.command in ("login", "logout", "auth"):
+        from magi_code.daemonctl import login
+
+        if args.command == "login":
+            return login.login(ctx, args.login_provider, no_browser=args.no_browser)
+        if args.command == "logout":
+            return login.logout(ctx, args.login_provider)
+        return login.status(ctx, as_json=args.json)
+    if args.command == "doctor":
+        from magi_code.daemonctl import doctor
+
+        return doctor.main(ctx, as_json=args.json, network=args.network)
+    from magi_code.protocol import schema
+
+    return schema.main(["--out", args.out] if args.out else [])
 
 
 def _run_service() -> int:
@@ -123,18 +195,9 @@ def _run_service() -> int:
     return _fail(f"{_MODE_ENV} must be 'daemon' or 'embedded'")
 
 
-def _run_daemon_command(args: argparse.Namespace) -> int:
-    from magi_code.daemonctl import commands
-    from magi_code.storage.launch import LaunchContext
-
-    ctx = LaunchContext.from_process()
-    action = args.command[1]
-    if action == "run":
-        return commands.run(ctx, on_demand=args.on_demand, ready_fd=args.ready_fd)
-    return commands.main(ctx, action, json=args.json, print_unit=args.print_unit, force=args.force)
-
-
-def _run_prompt(prompt: str, session: str | None, provider: str | None, model: str | None) -> int:
+def _run_prompt(
+    prompt: str, session: str | None, provider: str | None, model: str | None, as_json: bool
+) -> int:
     import dataclasses
 
     import uvloop
@@ -146,7 +209,7 @@ def _run_prompt(prompt: str, session: str | None, provider: str | None, model: s
     overrides = {"MC_PROVIDER": provider, "MC_MODEL": model}
     env = {**ctx.env, **{k: v for k, v in overrides.items() if v}}
     ctx = dataclasses.replace(ctx, env=env)
-    return _finished(uvloop.run(run_prompt(ctx, prompt, session)))
+    return _finished(uvloop.run(run_prompt(ctx, prompt, session, as_json=as_json)))
 
 
 def _finished(code: int) -> int:

@@ -1,0 +1,224 @@
+"""A conventional CLI: --version, per-command help, usage errors that name what is wrong,
+login/logout/auth status, doctor, and --prompt's session line, failure line and --json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from magi_code.version import package_version
+from tests.process.turn_support import write_settings
+from tests.support.fake_oauth import FakeOAuthIssuer
+from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.service import running_service, service_env
+from tests.support.wire_schema import check_record
+
+KEY = "sk-ant-cli-test-DISTINCTIVE-4242"
+
+
+def magi(
+    home: Path,
+    *args: str,
+    stdin: str = "",
+    extra: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "magi_code", *args],
+        input=stdin,
+        env=service_env(home, {"MC_SERVICE_MODE": "embedded", **(extra or {})}),
+        cwd=cwd or home,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviderServer]:
+    with FakeProviderServer() as server:
+        yield server
+
+
+def test_version_and_per_command_help(home: Path) -> None:
+    version = magi(home, "--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"magi-code {package_version()}"
+    daemon_help = magi(home, "daemon", "--help")
+    assert daemon_help.returncode == 0
+    assert "usage: magi-code daemon" in daemon_help.stdout and "uninstall" in daemon_help.stdout
+    install_help = magi(home, "daemon", "install", "--help")
+    assert "--force" in install_help.stdout and "--print" in install_help.stdout
+    assert "--no-browser" in magi(home, "login", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("frobnicate",), "frobnicate"),
+        (("daemon", "statsu"), "statsu"),
+        (("--json", "daemon", "status"), "--json"),
+        (("daemon", "status", "--print"), "--print"),
+        (("--session", "s-1"), "--session"),
+        (("--app", "service", "--provider", "x"), "--app service"),
+        ((), "usage: magi-code"),
+    ],
+)
+def test_usage_errors_exit_2_and_name_what_is_wrong(
+    home: Path, args: tuple[str, ...], named: str
+) -> None:
+    result = magi(home, *args)
+    assert result.returncode == 2, result
+    assert named in result.stderr and "Traceback" not in result.stderr
+
+
+def test_login_anthropic_from_stdin_is_ready_from_the_shared_store(
+    home: Path, project: Path
+) -> None:
+    stored = magi(home, "login", "--provider", "anthropic", stdin=KEY + "\n")
+    assert stored.returncode == 0, stored.stderr
+    assert KEY not in stored.stdout + stored.stderr
+    status = json.loads(magi(home, "auth", "status", "--json").stdout)
+    (anthropic,) = [p for p in status["providers"] if p["provider_id"] == "anthropic"]
+    assert anthropic == {
+        "provider_id": "anthropic",
+        "auth_method": "api_key",
+        "source": "shared_store",
+        "readiness": "ready",
+        "ready": True,
+    }
+
+    async def via_service() -> dict[str, object]:
+        async with running_service(home, project) as svc:
+            answer = await svc.request("auth.status")
+            return dict(answer["payload"])
+
+    payload = asyncio.run(via_service())
+    assert {"provider_id": "anthropic", "readiness": "ready"}.items() <= next(
+        p
+        for p in payload["providers"]
+        if p["provider_id"] == "anthropic"  # type: ignore[attr-defined]
+    ).items()
+    out = magi(home, "logout", "--provider", "anthropic")
+    assert out.returncode == 0 and "removed" in out.stdout
+    after = json.loads(magi(home, "auth", "status", "--json").stdout)
+    assert next(p for p in after["providers"] if p["provider_id"] == "anthropic")["ready"] is False
+
+
+def test_login_anthropic_refuses_an_empty_key(home: Path) -> None:
+    result = magi(home, "login", "--provider", "anthropic", stdin="\n")
+    assert result.returncode == 2 and "no usable API key" in result.stderr
+    assert not (home / "auth.json").exists()
+
+
+async def _codex_login(home: Path, issuer: FakeOAuthIssuer, *, paste: bool) -> tuple[int, str]:
+    env = service_env(
+        home,
+        {
+            "MC_SERVICE_MODE": "embedded",
+            "MC_CODEX_AUTH_ISSUER": issuer.url,
+            "MC_OAUTH_CALLBACK_PORT": "0",
+        },
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "magi_code",
+        "login",
+        "--no-browser",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=home,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    url = ""
+    while not url.startswith("http"):
+        url = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+    async with httpx.AsyncClient(follow_redirects=not paste, timeout=10) as browser:
+        landing = await browser.get(url)
+    if paste:
+        # The browser ran elsewhere: the address it ended on is pasted into the terminal.
+        redirect = landing.headers["location"]
+        assert parse_qs(urlsplit(redirect).query)["state"]
+        proc.stdin.write(redirect.encode() + b"\n")
+        await proc.stdin.drain()
+    else:
+        assert landing.status_code == 200
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, (out + err).decode()
+
+
+@pytest.mark.parametrize("paste", [False, True], ids=["browser", "pasted-url"])
+def test_codex_login_completes_by_callback_or_pasted_url(home: Path, paste: bool) -> None:
+    with FakeOAuthIssuer(account_id="acct-cli-1") as issuer:
+        code, output = asyncio.run(_codex_login(home, issuer, paste=paste))
+    assert code == 0, output
+    assert "Logged in to openai-codex" in output and "fake-refresh" not in output
+    status = json.loads(magi(home, "auth", "status", "--json").stdout)
+    assert status["providers"][0]["readiness"] == "ready"
+
+
+def test_prompt_prints_the_session_and_one_failure_line_with_its_remedy(home: Path) -> None:
+    (home / "settings.json").write_text(json.dumps({"provider": "anthropic", "model": "m"}))
+    result = magi(home, "--prompt", "hi")
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("magi-code: session ")
+    failed = [line for line in lines if " failed: " in line]
+    assert len(failed) == 1 and ": auth_missing — " in failed[0], result.stderr
+    assert "magi-code login" in failed[0]
+
+
+def test_prompt_json_writes_schema_valid_v1_jsonl(home: Path, fake: FakeProviderServer) -> None:
+    write_settings(home, fake)
+    fake.enqueue(Reply(text=["json ", "mode"]))
+    result = magi(home, "--prompt", "hi", "--json")
+    assert result.returncode == 0, result.stderr
+    messages = [json.loads(line) for line in result.stdout.splitlines()]
+    for message in messages:
+        check_record(message)  # the shipped JSON Schemas
+    assert messages[0]["kind"] == "response" and messages[0]["request_id"] == "turn"
+    assert [m["event"] for m in messages[1:]][-1] == "turn.terminal"
+    assert messages[-1]["payload"]["assistant_text"] == "json mode"
+
+
+def test_doctor_names_what_blocks_a_turn_and_passes_when_one_can_run(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    (home / "settings.json").write_text('{"provider": "anthropic",\n  "model": }')
+    broken = magi(home, "doctor", cwd=project)
+    assert broken.returncode == 1
+    assert "global settings" in broken.stdout and "line 2, column" in broken.stdout
+    write_settings(home, fake)
+    report = json.loads(magi(home, "doctor", "--json", cwd=project).stdout)
+    assert report["turn_ready"] is True, report
+    assert {c["check"] for c in report["checks"]} >= {
+        "platform",
+        "mc_home",
+        "settings",
+        "selection",
+    }
+    (home / "settings.json").write_text(json.dumps({"provider": "anthropic", "model": "m"}))
+    missing = json.loads(magi(home, "doctor", "--json", cwd=project).stdout)
+    assert missing["turn_ready"] is False
+    (fail,) = [c for c in missing["checks"] if c["status"] == "fail"]
+    assert fail["check"] == "credentials" and "magi-code login" in fail["remedy"]
+    assert magi(home, "doctor", cwd=project).returncode == 1
+
+
+def test_protocol_schema_prints_the_bundle_and_writes_files(home: Path, tmp_path: Path) -> None:
+    bundle = json.loads(magi(home, "protocol", "schema").stdout)
+    assert bundle
+    out = tmp_path / "schemas"
+    assert magi(home, "protocol", "schema", "--out", str(out)).returncode == 0
+    assert any(out.glob("*.json"))
