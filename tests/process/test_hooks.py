@@ -17,7 +17,14 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.process.turn_support import TurnEvents, run_turn, stdout_text, write_settings
+from tests.process.turn_support import (
+    TurnEvents,
+    check_turn,
+    run_turn,
+    start_turn,
+    stdout_text,
+    write_settings,
+)
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.service import running_service
 
@@ -277,3 +284,58 @@ async def test_project_hooks_run_only_for_trusted_projects(
         _, trusted = await run_turn(svc, "second")
     assert [r["event"]["prompt"] for r in _log(log)] == ["second"]
     assert _lifecycles(trusted, "hook") == [("hook", "running"), ("activity", "completed")]
+
+
+async def test_cancelling_a_turn_during_a_hook_kills_its_process_group(
+    home: Path,
+    project: Path,
+    fake: FakeProviderServer,
+    hook_script: Path,
+    tmp_path: Path,
+    service_mode: str,
+) -> None:
+    log = tmp_path / "hook-log.jsonl"
+    marker = f"28.{os.getpid() % 10000:04d}{len(service_mode)}"
+    hooks = {"user_prompt_submit": [_hook("hang", log, hook_script, marker, timeout_ms=600_000)]}
+    write_settings(home, fake, hooks=hooks)
+    async with running_service(home, project) as svc:
+        rid, accepted = await start_turn(svc, "go")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not (sleepers := _sleepers(marker)):
+            assert loop.time() < deadline, "the hook's grandchild never started"
+            await asyncio.sleep(0.05)
+        cancel = await svc.request("turn.cancel", {"turn_id": accepted["turn_id"]})
+        assert cancel["payload"]["status"] == "cancellation_requested"
+        turn = check_turn(
+            await svc.events_until_terminal(rid), accepted["turn_id"], accepted["session_id"]
+        )
+        assert turn.terminal["status"] == "cancelled"
+        _, alive = await asyncio.to_thread(psutil.wait_procs, sleepers, 10)
+        assert alive == []
+        assert _sleepers(marker) == []
+    assert _lifecycles(turn, "hook") == [("hook", "running"), ("activity", "cancelled")]
+    # The hook ran before the first provider request: none was made.
+    assert _posts(fake) == []
+
+
+async def test_tool_hooks_apply_to_subagent_tool_calls(
+    home: Path, project: Path, fake: FakeProviderServer, hook_script: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "hook-log.jsonl"
+    hooks = {"pre_tool_use": [_hook("block", log, hook_script, matcher="shell")]}
+    write_settings(home, fake, hooks=hooks)
+    fake.enqueue(
+        _tools(_call("p1", "task", description="make", prompt="make the file")),
+        _tools(_call("k1", "shell", command="touch child-made.txt")),
+        Reply(text=["child done"]),
+        Reply(text=["parent done"]),
+    )
+    async with running_service(home, project) as svc:
+        _, turn = await run_turn(svc, "delegate")
+    assert turn.terminal["status"] == "completed"
+    assert not (project / "child-made.txt").exists()
+    assert [r["event"]["tool_name"] for r in _log(log)] == ["shell"]
+    posts = _posts(fake)
+    assert len(posts) == 4
+    assert "HOOK-BLOCK-MESSAGE" in _text(posts[2])
