@@ -256,7 +256,13 @@ async def test_task_tool_runs_a_subagent_linked_by_parent_activity(
     aggregate = [a for a in turn.of_kind("usage") if a["source"] == "subagent_aggregate"]
     assert len(aggregate) == 1
     assert aggregate[0]["output"] == 14  # two child requests of 7 output tokens each
-    assert aggregate[0]["final_usage"] is True
+    # Only the main agent's last request is final; the child's requests are only here.
+    assert aggregate[0]["final_usage"] is False
+    requests = [a for a in turn.of_kind("usage") if a["source"] == "provider_request"]
+    assert [a["final_usage"] for a in requests] == [False, True]
+    # The subagent task hangs off the parent's `task` tool call.
+    call_ids = {a["activity_id"] for a in turn.of_kind("tool")}
+    assert task_starts[0]["parent_activity_id"] in call_ids
     # The parent's own `task` call is a tool activity with the allowlisted name.
     assert {a["tool_name"] for a in turn.of_kind("tool")} == {"task"}
     # The parent model got the child's final answer as the tool result.

@@ -222,20 +222,21 @@ def check_activity(activity: Mapping[str, Any]) -> None:
         assert activity["status"] in _LIFECYCLE_STATUS
         assert activity["details_omitted"] is True
     elif kind == "tool":
-        _check_keys(
-            activity,
-            {
-                "activity_id",
-                "kind",
-                "tool_id",
-                "tool_name",
-                "server_id",
-                "transport",
-                "status",
-                "timed_out",
-                "details_omitted",
-            },
-        )
+        keys = {
+            "activity_id",
+            "kind",
+            "tool_id",
+            "tool_name",
+            "server_id",
+            "transport",
+            "status",
+            "timed_out",
+            "details_omitted",
+        }
+        if "parent_activity_id" in activity:  # the call's subagent batch
+            assert _HASHED_ID.match(activity["parent_activity_id"])
+            keys.add("parent_activity_id")
+        _check_keys(activity, keys)
         assert _HASHED_ID.match(activity["tool_id"])
         assert activity["tool_name"] is None or isinstance(activity["tool_name"], str)
         assert activity["server_id"] is None or _HASHED_ID.match(activity["server_id"])

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import socket
@@ -94,6 +95,9 @@ class Reply:
     after_chunks: int | None = None
     error_code: str = "server_error"
     headers: Mapping[str, str] = field(default_factory=dict)
+    # ``usage.input_tokens`` becomes the request body's size / 4 (a prompt that grows
+    # reports growing usage, as a real provider's would).
+    measure_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -419,6 +423,9 @@ class FakeProviderServer:
         self._lock = threading.Condition()
         self._queue: deque[ScriptedReply] = deque()
         self._default: ScriptedReply | None = None
+        # (marker, replies): a request whose body contains a marker takes its replies
+        # first (``route``).
+        self._routes: list[tuple[bytes, deque[ScriptedReply]]] = []
         self._requests: list[RecordedRequest] = []
         self._disconnects = 0
         self._thread: threading.Thread | None = None
@@ -435,6 +442,16 @@ class FakeProviderServer:
     def enqueue(self, *replies: ScriptedReply) -> None:
         with self._lock:
             self._queue.extend(replies)
+
+    def route(self, marker: str, *replies: ScriptedReply) -> None:
+        """Answer requests whose body contains ``marker`` with ``replies`` (in order)
+        before the common queue; once they are used up such requests take from it."""
+        with self._lock:
+            for known, queue in self._routes:
+                if known == marker.encode():
+                    queue.extend(replies)
+                    return
+            self._routes.append((marker.encode(), deque(replies)))
 
     def set_default(self, reply: ScriptedReply | None) -> None:
         with self._lock:
@@ -455,8 +472,11 @@ class FakeProviderServer:
         with self._lock:
             return self._lock.wait_for(lambda: self._disconnects >= count, timeout)
 
-    def _next_reply(self) -> ScriptedReply | None:
+    def _next_reply(self, body: bytes = b"") -> ScriptedReply | None:
         with self._lock:
+            for marker, queue in self._routes:
+                if queue and marker in body:
+                    return queue.popleft()
             return self._queue.popleft() if self._queue else self._default
 
     # -- lifecycle --
@@ -558,7 +578,10 @@ class FakeProviderServer:
             await self._send_json(writer, 200, self._listing(url.path, query, headers))
             return True
         api = _api_for(url.path)
-        reply = self._next_reply() if method == "POST" and api else None
+        reply = self._next_reply(body) if method == "POST" and api else None
+        if isinstance(reply, Reply) and reply.measure_input:
+            usage = dataclasses.replace(reply.usage or FakeUsage(), input_tokens=len(body) // 4)
+            reply = dataclasses.replace(reply, usage=usage)
         if api is None or reply is None:
             error = {"error": {"type": "invalid_request_error", "message": "no scripted reply"}}
             await self._send_json(writer, 400 if api else 404, error)

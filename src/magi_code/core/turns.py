@@ -45,7 +45,7 @@ from magi_code.protocol.text import utf8_parts
 from magi_code.providers.errors import ProviderFailure
 from magi_code.sessions.ids import validate_session_id
 from magi_code.turns import failures
-from magi_code.turns.agent import IterationLimitExceeded, OutputLimitExceeded
+from magi_code.turns.agent import CompactionRequired, IterationLimitExceeded, OutputLimitExceeded
 from magi_code.turns.runtime import TurnRequest, TurnRuntime, TurnSetupError, prepare_settings
 
 from .coordinator import Connection
@@ -284,6 +284,7 @@ class TurnRun:
         assert self.agent_task is not None
         pump = asyncio.create_task(self._pump())
         status = "completed"
+        recorded = None  # the session's terminal status when it differs from the event's
         try:
             await asyncio.shield(self.agent_task)
             # Completed only once everything it recorded is durable.
@@ -298,13 +299,15 @@ class TurnRun:
         except Exception as exc:  # noqa: BLE001 - the turn's failure boundary
             status = "failed"
             self.failure = failure_label(exc)
+            if isinstance(exc, CompactionRequired):
+                recorded = "compaction_required"
             if isinstance(exc, ProviderFailure):
                 self.report.http_status, self.report.retries = exc.status, exc.retries
         self.report.log(self, status)
         self._admission_open = False
         # Nothing stamps a sequence after admission closed: the terminal's is known now.
         sequence = self._stamp()
-        await self._persist_end(status, sequence)
+        await self._persist_end(recorded or status, sequence)
         await self._queue.put(None)
         await pump
         terminal = {

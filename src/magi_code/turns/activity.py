@@ -74,8 +74,10 @@ def tool(
     server_name: str | None,
     status: LifecycleStatus,
     timed_out: bool | None,
+    parent_activity_id: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    """A main-agent tool call; ``parent_activity_id`` is its ``subagent_batch``, if any."""
+    activity: dict[str, Any] = {
         "activity_id": activity_id,
         "kind": "tool",
         "tool_id": identity("tool", server_name or "", tool_name),
@@ -86,6 +88,9 @@ def tool(
         "timed_out": timed_out,
         "details_omitted": True,
     }
+    if parent_activity_id is not None:
+        activity["parent_activity_id"] = parent_activity_id
+    return activity
 
 
 def context(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -17,8 +16,8 @@ from magi_code.auth.store import AuthStore
 from magi_code.config.effective import Effective, resolve_effective
 from magi_code.config.settings import Settings, load_settings
 from magi_code.protocol.errors import ErrorCode, ServiceError
-from magi_code.providers.http import ClientSource, HttpClients, transport_options
-from magi_code.providers.types import ConversationItem, Endpoint, ReasoningLevel
+from magi_code.providers.http import HttpClients, transport_options
+from magi_code.providers.types import Endpoint, ReasoningLevel
 from magi_code.sessions.store import SessionContext
 from magi_code.storage.files import locked
 from magi_code.storage.launch import LaunchContext
@@ -26,15 +25,8 @@ from magi_code.tools.base import Tool, ToolContext
 from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
 from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED
 
-from . import activity
 from .agent import AgentEnv, AgentPlan, TurnSink
-from .context import (
-    estimate_tokens,
-    items_from_records,
-    needs_compaction,
-    summarize,
-    system_with_summary,
-)
+from .context import items_from_records
 from .hooks import TurnHooks
 from .instructions import system_prompt
 from .refreshing import RefreshingAgent
@@ -188,17 +180,8 @@ class TurnRuntime:
             secret_names=_secret_names(settings),
             umask=ctx.tool_umask,
         )
+        # The agent compacts it first when it needs to (turns/agent.py).
         history = items_from_records(turn.history.records)
-        summary = turn.history.summary
-        if history and needs_compaction(
-            estimate_tokens(system_with_summary(plan.system, summary), history)
-            + len(turn.prompt) // 4,
-            plan.context_window,
-        ):
-            summary = await self._compact(turn, sink, plan, history, summary, http)
-            if summary is not None:
-                history = []
-        plan = dataclasses.replace(plan, system=system_with_summary(plan.system, summary))
         # The toolset imports the MCP SDK only when the settings configure a server.
         from magi_code.tools.mcp import McpToolset
 
@@ -233,39 +216,8 @@ class TurnRuntime:
             )
             expose_settle(agent.settle_text)
             await hooks.user_prompt_submit(turn.prompt)
-            final_text = await agent.run(history, turn.prompt)
+            final_text = await agent.run(history, turn.prompt, session=turn.history)
             await hooks.stop(final_text)
-
-    async def _compact(
-        self,
-        turn: TurnRequest,
-        sink: TurnSink,
-        plan: AgentPlan,
-        history: list[ConversationItem],
-        summary: str | None,
-        http: ClientSource,
-    ) -> str | None:
-        """Replace the prior conversation with a provider-written summary checkpoint."""
-        compaction_id = activity.identity("compaction", turn.turn_id)
-        tokens = estimate_tokens(plan.system, history)
-        sink.activity(activity.compaction(compaction_id, "triggered", tokens, plan.context_window))
-        sink.activity(activity.compaction(compaction_id, "running"))
-        cutoff = max((r.seq for r in turn.history.records), default=None)
-        try:
-            async with http.lease(plan.endpoint.base_url, plan.endpoint.headers) as client:
-                text = await summarize(client, plan.endpoint, plan.model, history, summary)
-            if not text.strip() or cutoff is None:
-                raise ValueError("empty summary")
-            await sink.record({"type": "compaction", "summary": text, "cutoff_seq": cutoff})
-        except asyncio.CancelledError:
-            sink.activity(activity.compaction(compaction_id, "cancelled"))
-            raise
-        except Exception:  # noqa: BLE001 - a failed compaction leaves the history as it was
-            sink.activity(activity.compaction(compaction_id, "failed"))
-            return None
-        after = estimate_tokens(system_with_summary(plan.system, text), [])
-        sink.activity(activity.compaction(compaction_id, "completed", after, plan.context_window))
-        return text
 
 
 def _reasoning(level: str) -> ReasoningLevel:

@@ -3,8 +3,12 @@
 The child runs inside the parent's turn (so it is cancelled with it) and shares the
 parent's sequence and activity queue. Its text is not streamed to the frontend and its
 records are not persisted: only its final answer returns to the parent model as the tool
-result. Its work appears as a ``subagent_task`` lifecycle, child lifecycles linked through
-``parent_activity_id``, and one ``subagent_aggregate`` usage for the whole run.
+result. Its work appears as a ``subagent_task`` lifecycle whose ``parent_activity_id`` is
+the ``task`` tool call's activity, child lifecycles linked to the task through
+``parent_activity_id``, and one ``subagent_aggregate`` usage for the whole run: the only
+report of the child's tokens (its requests have no ``usage`` of their own), with
+``final_usage: false``. Consecutive ``task`` calls of one reply run concurrently as one
+``subagent_batch`` (``turns.agent``).
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from magi_code.tools.base import Tool, ToolContext, ToolOutcome
 
 from . import activity
-from .agent import Agent, AgentEnv
+from .agent import TASK_TOOL_NAME, TOOL_CALL_ACTIVITY, Agent, AgentEnv
 
-TASK_TOOL_NAME: Final = "task"
+__all__ = ["TASK_TOOL_NAME", "TaskTool"]
 
 
 class TaskTool:
@@ -47,8 +51,11 @@ class TaskTool:
         if not isinstance(prompt, str) or not prompt.strip():
             return ToolOutcome.error("The task tool needs a non-empty 'prompt' string.")
         sink = self._env.sink
-        task_id = activity.identity("subagent", self._env.turn_id, str(next(self._count)))
-        sink.activity(activity.lifecycle(task_id, "subagent_task", "running"))
+        call_activity = TOOL_CALL_ACTIVITY.get()
+        task_id = activity.identity(
+            "subagent", self._env.turn_id, call_activity or str(next(self._count))
+        )
+        sink.activity(activity.lifecycle(task_id, "subagent_task", "running", call_activity))
         child = Agent(
             self._env, self._tools, persist=False, stream_text=False, parent_activity_id=task_id
         )
@@ -70,7 +77,7 @@ class TaskTool:
                 cache_read=child.usage.cache_read_tokens,
                 cache_known=child.usage.cache_known,
                 request_sequence=child.request_sequence,
-                final_usage=True,
+                final_usage=False,
                 source="subagent_aggregate",
             )
         )

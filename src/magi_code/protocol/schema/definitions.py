@@ -1182,7 +1182,8 @@ ACTIVITY: Final = Union(
                     name="parent_activity_id",
                     shape=HASHED_ID,
                     required=False,
-                    doc="The enclosing activity (a subagent task), when there is one.",
+                    doc="The enclosing activity, when there is one: the `task` tool call of a "
+                    "subagent task, the subagent task of a subagent's tool.",
                 ),
             ),
         ),
@@ -1229,6 +1230,12 @@ ACTIVITY: Final = Union(
                     doc="Whether the tool hit its timeout; `null` when it has none.",
                 ),
                 DETAILS_OMITTED,
+                Field(
+                    name="parent_activity_id",
+                    shape=HASHED_ID,
+                    required=False,
+                    doc="The `subagent_batch` the call belongs to (`task` calls run together).",
+                ),
             ),
         ),
         Obj(
@@ -1264,7 +1271,8 @@ ACTIVITY: Final = Union(
             ),
         ),
         Obj(
-            doc="Token usage of a provider request (or of a subagent, aggregated).",
+            doc="Token usage of one provider request of the main agent, or of a whole "
+            "subagent task (aggregated; its requests are not reported apart).",
             fields=(
                 ACTIVITY_ID,
                 Field(name="kind", shape=Str(const="usage")),
@@ -1276,7 +1284,8 @@ ACTIVITY: Final = Union(
                 Field(
                     name="final_usage",
                     shape=Bool(),
-                    doc="The request that ended the turn.",
+                    doc="The main agent's request whose reply is the turn's answer "
+                    "(never on `subagent_aggregate`).",
                 ),
                 Field(
                     name="source",
