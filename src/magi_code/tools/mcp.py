@@ -86,6 +86,7 @@ CLOSE_TIMEOUT_SECONDS: Final = 10.0
 # A warm server no turn has used for this long is stopped (``McpServers``).
 IDLE_STOP_SECONDS: Final = 300.0
 _EXIT_POLL_SECONDS: Final = 1.0
+_FIND_PID_SECONDS: Final = 2.0
 MAX_TOOLS_PER_SERVER: Final = 128
 MAX_LIST_PAGES: Final = 16
 MAX_TOOL_NAME_CHARS: Final = 64
@@ -180,6 +181,7 @@ class _ServerConnection:
         # Set by the server's ``notifications/tools/list_changed``.
         self.tools_changed = False
         self.failed = False
+        self.exited = False  # the server process ended by itself
         self._params = params
         self._errlog = errlog
         self._startup_timeout = timeout
@@ -211,7 +213,10 @@ class _ServerConnection:
     @property
     def finished(self) -> bool:
         """It failed to start, stopped, or died: a later use needs a new server."""
-        return self.failed or (self._task is not None and self._task.done())
+        if self.failed or self.exited or (self._task is not None and self._task.done()):
+            return True
+        # Died a moment ago, before the runner noticed (one /proc read).
+        return self.session is not None and self._pgid is not None and not _running(self._pgid)
 
     async def _on_message(self, message: IncomingMessage) -> None:
         # Runs in the SDK's reader: only note the change (listing here would deadlock).
@@ -231,9 +236,7 @@ class _ServerConnection:
                 stdio_client(self._params, errlog=self._errlog) as (read, write),
                 ClientSession(read, write, message_handler=self._on_message) as session,
             ):
-                self._pgid = await asyncio.to_thread(
-                    find_child_with_env, INSTANCE_VARIABLE, self._token
-                )
+                self._pgid = await _server_pid(self._token)
                 with anyio.fail_after(self._startup_timeout):
                     await session.initialize()
                     self.tools_changed = False  # the listing below is the current one
@@ -260,6 +263,10 @@ class _ServerConnection:
         finally:
             stop.cancel()
             gone.cancel()
+        if not self._stop.is_set():
+            # Gone: finished from now on, not once the SDK's shutdown below has run.
+            self.exited = True
+            self.session = None
 
     async def relist(self) -> None:
         """Re-list the tools if the server said they changed (bounded; a failure keeps the
@@ -305,6 +312,18 @@ class _ServerConnection:
             # The SDK stops the server, but a server that exits on stdin EOF leaves its
             # own children running; the server was started as a group leader.
             await terminate_process_group(self._pgid)
+
+
+async def _server_pid(token: str) -> int | None:
+    """The spawned server's pid, found by its token. Right after ``exec`` a process can
+    show an empty environment for a moment, so an early miss is looked at again."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _FIND_PID_SECONDS
+    while True:
+        pid = await asyncio.to_thread(find_child_with_env, INSTANCE_VARIABLE, token)
+        if pid is not None or loop.time() >= deadline:
+            return pid
+        await asyncio.sleep(0.01)
 
 
 async def _process_exit(pid: int | None) -> None:
