@@ -141,6 +141,24 @@ async def test_a_long_tool_loop_compacts_mid_turn_and_completes(
     assert next_messages[-2:] == [("assistant", "All done."), ("user", "Anything else?")]
 
 
+async def test_a_failed_compaction_is_not_retried_before_every_request(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake, context_window=300)  # every request is over the threshold
+    for i in range(3):
+        call = FakeToolCall(f"l{i}", "list_files", json.dumps({"pattern": "*"}))
+        fake.enqueue(Reply(text=[], tool_calls=[call], measure_input=True))
+    fake.enqueue(Reply(text=["Done anyway."], measure_input=True))
+    fake.route(SUMMARY_PROMPT, HttpError(400))
+    async with running_service(home, project) as svc:
+        _, turn = await run_turn(svc, "List thrice")
+    assert turn.terminal["status"] == "completed"
+    assert turn.terminal["assistant_text"] == "Done anyway."
+    assert _compactions(turn) == [["triggered", "running", "failed"]]
+    sent = posts(fake)
+    assert [_is_summary(r) for r in sent] == [False, True, False, False, False]
+
+
 # -- context-length errors -----------------------------------------------------------------
 
 

@@ -281,7 +281,13 @@ class Agent:
         """One response, after compacting when the request would reach the threshold; a
         ``context_length_exceeded`` failure is answered by compaction and one retry."""
         estimate, _ = self._estimate(items)
-        if needs_compaction(estimate, self.plan.context_window) and self._compactable():
+        # After a failed attempt only a context-length error tries again (each attempt
+        # costs a provider request).
+        if (
+            needs_compaction(estimate, self.plan.context_window)
+            and self._compactable()
+            and self._context.failure is None
+        ):
             await self._compact(items)  # a failure leaves the conversation as it was
         try:
             return await self._stream(items)
