@@ -334,3 +334,37 @@ def test_a_lease_without_servers_loads_no_sdk(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert json.loads(result.stdout.splitlines()[-1]) == []
+
+
+def test_servers_still_warm_when_the_event_loop_ends_are_stopped(tmp_path: Path) -> None:
+    # As at the daemon's exit: no aclose(), the loop cancels what is left. The echo
+    # server's grandchild would outlive a server that merely exits on stdin EOF.
+    code = (
+        "import asyncio, os, sys\n"
+        "from pathlib import Path\n"
+        "import psutil\n"
+        "from magi_code.tools.base import ToolContext, run_tool\n"
+        "from magi_code.tools.mcp import McpServers, McpServerSpec\n"
+        "async def main():\n"
+        "    servers = McpServers()\n"
+        "    env = {'PATH': os.environ['PATH']}\n"
+        f"    ctx = ToolContext(project_dir=Path({str(tmp_path)!r}), env=env)\n"
+        f"    spec = McpServerSpec('echo', sys.executable, ({ECHO!r},))\n"
+        "    async with servers.lease(object(), [spec], ctx) as lease:\n"
+        "        [tool] = [t for t in lease.tools() if t.name == 'mcp__echo__spawn']\n"
+        "        spawned = int((await run_tool(tool, '{}', ctx)).output)\n"
+        "    server = [c.pid for c in psutil.Process().children() if "
+        f"{ECHO!r} in c.cmdline()]\n"
+        "    return servers, [*server, spawned]\n"
+        "servers, pids = asyncio.run(main())  # still warm: nobody closed them\n"
+        "def alive(pid):\n"
+        "    try:\n"
+        "        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE\n"
+        "    except psutil.NoSuchProcess:\n"
+        "        return False\n"
+        "print(len(pids), [pid for pid in pids if alive(pid)])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.splitlines()[-1] == "2 []"
