@@ -12,8 +12,11 @@ Each POST takes the next scripted reply from a FIFO queue (or the default reply;
 neither it answers 400). Replies: ``Reply`` (text chunks, tool calls, reasoning summary,
 usage, and an ``ending``: complete / eof / disconnect / stall / error_event /
 malformed), ``HttpError`` (status, JSON body, retry-after), ``Fast`` (N deltas as fast
-as possible) and ``RawSSE`` (frames verbatim). Every request except the control routes
-is recorded (method, path, query, lower-cased headers, body, parsed JSON).
+as possible) and ``RawSSE`` (frames verbatim). ``route(marker, *replies)`` answers the
+requests whose body contains ``marker`` from their own queue first (concurrent subagents,
+summary requests); ``Reply.measure_input`` reports the request body's size / 4 as its
+input tokens. Every request except the control routes is recorded (method, path, query,
+lower-cased headers, body, parsed JSON).
 Streams use chunked encoding with one chunk per SSE frame, drained as written, on
 sockets with TCP_NODELAY; a ``disconnect`` aborts the socket mid-body.
 
