@@ -194,10 +194,14 @@ class PersistentCoordinator:
             if outcome is None or outcome.status is None:
                 raise ServiceError(ErrorCode.UNKNOWN_TURN)
             log.info("recovered the outcome of an interrupted turn")
+        status: str = outcome.status
+        if status == "compaction_required":
+            # A session-record status only: on the wire the turn failed, as it did live.
+            status, failure = "failed", failures.CONTEXT_LENGTH
         payload = {
             "turn_id": turn_id,
             "session_id": session_id,
-            "status": outcome.status,
+            "status": status,
             "assistant_text": outcome.assistant_text,
             "sequence": RECOVERED_SEQUENCE if outcome.sequence is None else outcome.sequence,
             "activity_dropped": 0,

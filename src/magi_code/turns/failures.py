@@ -19,6 +19,7 @@ PROVIDER_NOT_CONFIGURED: Final = "provider_not_configured"
 OUTPUT_LIMIT: Final = "output_limit_exceeded"
 REQUEST_LIMIT: Final = "request_limit_exceeded"
 INTERRUPTED: Final = "service_interrupted"
+CONTEXT_LENGTH: Final = "context_length_exceeded"
 
 REMEDIES: Final[dict[str, str]] = {
     "auth_missing": (

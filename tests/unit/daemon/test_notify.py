@@ -80,7 +80,7 @@ def test_the_journal_is_recognised_by_the_device_and_inode_of_fd_2() -> None:
 
 
 def test_journal_lines_carry_a_syslog_priority_and_no_timestamp() -> None:
-    formatter = _JournalFormatter("%(name)s: %(message)s")
+    formatter = _JournalFormatter(logging.Formatter("%(name)s: %(message)s"))
 
     def line(level: int, message: str) -> str:
         return formatter.format(
