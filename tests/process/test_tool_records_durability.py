@@ -33,6 +33,7 @@ from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.service import ServiceProcess
 
 HOLD_SECONDS = 0.5  # well below the 5 s an append waits for the lock
+ROUND_DELAY = 0.08
 ROUNDS = 23  # tool replies, then a final text reply: the agent's 24 provider requests
 CALLS = 16
 LIST = orjson.dumps({"pattern": "**/*.py"}).decode()
@@ -43,9 +44,11 @@ def _calls(round_no: int) -> list[str]:
 
 
 def _script(fake: FakeProviderServer) -> None:
+    # Each reply takes a while, so the turn is still running when the client has read
+    # its first events, even when the client lags behind (the daemon's shim buffers).
     for r in range(ROUNDS):
         tools = [FakeToolCall(call_id, "list_files", LIST) for call_id in _calls(r)]
-        fake.enqueue(Reply(text=(), tool_calls=tools))
+        fake.enqueue(Reply(text=(f"round {r}. ",), chunk_delay=ROUND_DELAY, tool_calls=tools))
     fake.enqueue(Reply(text=("Done.",)))
 
 

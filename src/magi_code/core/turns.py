@@ -276,6 +276,8 @@ class TurnRun:
                 except ServiceError:
                     held = True
             if held:
+                if name == "turn.activity":
+                    self.activity_dropped += 1  # the terminal accounts for it
                 continue
             event = self.event(name, payload)
             await self.conn.output.put(Batch([event.envelope], turn_events=(event,))).done.wait()
