@@ -20,17 +20,23 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import psutil
 from benchlib import (
+    DAEMON_ENV,
+    EMBEDDED_ENV,
     FakeProvider,
     ServiceProcess,
     Workspace,
+    daemon_command,
+    daemon_launch_context,
+    daemon_process,
+    daemon_workspace,
     figure,
     heading,
+    kill_seen_daemons,
     median,
     percentile,
     pipelined_status_rate,
@@ -40,91 +46,16 @@ from benchlib import (
     workspace,
     write_provider_settings,
 )
-from tests.support.service import service_env, stop_daemon
 
 from magi_code.client import Client, Overloaded
 from magi_code.core.turns import MAX_ACTIVE_TURNS
-from magi_code.endpoint.paths import read_info, runtime_paths
 from magi_code.protocol.limits import MAX_STRING_BYTES
-from magi_code.storage.launch import LaunchContext
 
 MIB = 2**20
 STEP_TIMEOUT = 60.0
 # A turn's whole text is bounded by max_string_bytes, so one turn streams at most that
 # many one-byte deltas (same size as bench_turns' long turn).
 TURN_DELTAS = MAX_STRING_BYTES - 384
-# No systemd scope (the daemon stays where we can find and kill it); the idle stop is a
-# safety net should every cleanup below fail (the daemon always has a client or a turn
-# while it is measured, so it never fires during a run).
-DAEMON_ENV = {
-    "MC_SERVICE_MODE": "daemon",
-    "MC_DAEMON_NO_SCOPE": "1",
-    "MC_DAEMON_IDLE_SECONDS": "60",
-}
-EMBEDDED_ENV = {"MC_SERVICE_MODE": "embedded"}
-
-# Every daemon process seen, so the last-resort sweep at exit can kill it (psutil.Process
-# remembers the create time: a reused pid is never killed).
-_daemons: list[psutil.Process] = []
-
-
-def launch_context(ws: Workspace) -> LaunchContext:
-    """The context a frontend of ``ws`` would send (same env the shims get)."""
-    return LaunchContext(ws.home, ws.project, service_env(ws.home, DAEMON_ENV))
-
-
-def daemon_process(ws: Workspace) -> psutil.Process:
-    """The running daemon of ``ws`` (from ``daemon.json``), remembered for the exit sweep."""
-    info = read_info(runtime_paths(launch_context(ws))) or {}
-    pid = info.get("pid")
-    if not isinstance(pid, int):
-        raise RuntimeError("no daemon.json with a pid: the daemon is not running")
-    proc = psutil.Process(pid)
-    if proc not in _daemons:
-        _daemons.append(proc)
-    return proc
-
-
-def kill_seen_daemons() -> None:
-    for proc in _daemons:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-
-
-@contextlib.contextmanager
-def daemon_workspace() -> Iterator[Workspace]:
-    """A workspace whose daemon (if one was started) is stopped before it is removed."""
-    with workspace() as ws:
-        try:
-            yield ws
-        finally:
-            # Synchronous on purpose: it cannot be cancelled half way.
-            stop_daemon(ws.home)
-
-
-async def daemon_command(ws: Workspace, *args: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "magi_code",
-        "daemon",
-        *args,
-        env=service_env(ws.home, DAEMON_ENV),
-        cwd=ws.project,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        _, err = await asyncio.wait_for(proc.communicate(), STEP_TIMEOUT)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"daemon {' '.join(args)} failed: {err.decode(errors='replace')}")
-
-
 # -- status over stdio, both modes ----------------------------------------------------------
 
 
@@ -180,7 +111,7 @@ async def spawn_to_initialize(ws: Workspace, env: Mapping[str, str]) -> tuple[fl
 @contextlib.asynccontextmanager
 async def persistent_clients(ws: Workspace, count: int) -> AsyncIterator[list[Client]]:
     """``count`` initialized persistent connections to the running daemon, closed on exit."""
-    ctx = launch_context(ws)
+    ctx = daemon_launch_context(ws)
     clients: list[Client] = []
     try:
         for _ in range(count):
@@ -207,7 +138,9 @@ async def clients_rss(ws: Workspace, daemon: psutil.Process, count: int) -> None
     figure("daemon RSS idle (started, no clients)", idle, "MiB", "codex app-server ~89 MiB")
     async with persistent_clients(ws, count):
         loaded = await settled_rss(daemon)
-        async with await Client.connect(launch_context(ws), "control", autostart=False) as ctl:
+        async with await Client.connect(
+            daemon_launch_context(ws), "control", autostart=False
+        ) as ctl:
             seen = (await ctl.control("status")).get("clients")
     if not isinstance(seen, int) or seen < count:
         raise RuntimeError(f"the daemon reports {seen} clients, expected at least {count}")

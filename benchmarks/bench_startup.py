@@ -29,45 +29,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import psutil
 from benchlib import (
+    DAEMON_ENV,
+    EMBEDDED_ENV,
     FakeProvider,
     ServiceProcess,
     Workspace,
+    daemon_command,
+    daemon_process,
+    daemon_workspace,
     figure,
     heading,
+    kill_seen_daemons,
     median,
     run,
     workspace,
     write_provider_settings,
 )
-from tests.support.service import service_env, stop_daemon
-
-from magi_code.endpoint.paths import read_info, runtime_paths
-from magi_code.storage.launch import LaunchContext
+from tests.support.service import stop_daemon
 
 MIB = 2**20
 STEP_TIMEOUT = 60.0
 SETTLE_SECONDS = 0.5
 IDLE_BEFORE_TURN_SECONDS = 1.0
 TURN_DELTAS = 50
-DAEMON_ENV = {
-    "MC_SERVICE_MODE": "daemon",
-    "MC_DAEMON_NO_SCOPE": "1",
-    "MC_DAEMON_IDLE_SECONDS": "60",
-}
-EMBEDDED_ENV = {"MC_SERVICE_MODE": "embedded"}
-
-# Every daemon process seen, so the last-resort sweep at exit can kill it (psutil.Process
-# remembers the create time: a reused pid is never killed).
-_daemons: list[psutil.Process] = []
 
 
 @dataclass
@@ -91,58 +83,6 @@ def samples_count(args: argparse.Namespace) -> int:
 
 
 # -- processes -------------------------------------------------------------------------------
-
-
-def daemon_process(ws: Workspace) -> psutil.Process:
-    """The running daemon of ``ws`` (from ``daemon.json``), remembered for the exit sweep."""
-    ctx = LaunchContext(ws.home, ws.project, service_env(ws.home, DAEMON_ENV))
-    info = read_info(runtime_paths(ctx)) or {}
-    pid = info.get("pid")
-    if not isinstance(pid, int):
-        raise RuntimeError("no daemon.json with a pid: the daemon is not running")
-    proc = psutil.Process(pid)
-    if proc not in _daemons:
-        _daemons.append(proc)
-    return proc
-
-
-def kill_seen_daemons() -> None:
-    for proc in _daemons:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-
-
-@contextlib.contextmanager
-def daemon_workspace() -> Iterator[Workspace]:
-    """A workspace whose daemon (if one was started) is stopped before it is removed."""
-    with workspace() as ws:
-        try:
-            yield ws
-        finally:
-            stop_daemon(ws.home)
-
-
-async def daemon_start(ws: Workspace) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "magi_code",
-        "daemon",
-        "start",
-        env=service_env(ws.home, DAEMON_ENV),
-        cwd=ws.project,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        _, err = await asyncio.wait_for(proc.communicate(), STEP_TIMEOUT)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"daemon start failed: {err.decode(errors='replace')}")
 
 
 def rss(proc: psutil.Process | int) -> int:
@@ -297,7 +237,7 @@ def same_daemon(ws: Workspace, daemon: psutil.Process) -> None:
 async def warm_sample(ws: Workspace, fake: FakeProvider, samples: Samples) -> None:
     """One sample on a new daemon, so the measured turn is the daemon's first; nothing is
     added to ``samples`` unless the same daemon served the whole sample."""
-    await daemon_start(ws)
+    await daemon_command(ws, "start")
     daemon = daemon_process(ws)
     await asyncio.sleep(SETTLE_SECONDS)
     taken = Samples()

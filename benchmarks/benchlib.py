@@ -35,17 +35,26 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
-from tests.support.service import ServiceProcess  # noqa: E402
+from tests.support.service import ServiceProcess, service_env, stop_daemon  # noqa: E402
 
+from magi_code.endpoint.paths import read_info, runtime_paths  # noqa: E402
 from magi_code.protocol import envelope  # noqa: E402
+from magi_code.storage.launch import LaunchContext  # noqa: E402
 
 __all__ = [
+    "DAEMON_ENV",
+    "EMBEDDED_ENV",
     "ROOT",
     "FakeProvider",
     "ServiceProcess",
     "Workspace",
+    "daemon_command",
+    "daemon_launch_context",
+    "daemon_process",
+    "daemon_workspace",
     "figure",
     "heading",
+    "kill_seen_daemons",
     "median",
     "parse_args",
     "percentile",
@@ -57,6 +66,16 @@ __all__ = [
 ]
 
 PROCESS_TIMEOUT = 30.0
+DAEMON_COMMAND_TIMEOUT = 60.0
+# No systemd scope (the daemon stays where we can find and kill it); the idle stop is a
+# safety net should every cleanup fail (the daemon always has a client or a turn while it
+# is measured, so it never fires during a run).
+DAEMON_ENV = {
+    "MC_SERVICE_MODE": "daemon",
+    "MC_DAEMON_NO_SCOPE": "1",
+    "MC_DAEMON_IDLE_SECONDS": "60",
+}
+EMBEDDED_ENV = {"MC_SERVICE_MODE": "embedded"}
 
 
 def parse_args(description: str) -> argparse.Namespace:
@@ -180,6 +199,72 @@ async def running_service(
         yield service
     finally:
         await _stop_service(service)
+
+
+# -- the per-user daemon --------------------------------------------------------------------
+
+# Every daemon process seen, so the last-resort sweep at exit can kill it (psutil.Process
+# remembers the create time: a reused pid is never killed).
+_daemons: list[psutil.Process] = []
+
+
+def daemon_launch_context(ws: Workspace) -> LaunchContext:
+    """The context a frontend of ``ws`` would send (same env the shims get)."""
+    return LaunchContext(ws.home, ws.project, service_env(ws.home, DAEMON_ENV))
+
+
+def daemon_process(ws: Workspace) -> psutil.Process:
+    """The running daemon of ``ws`` (from ``daemon.json``), remembered for the exit sweep."""
+    info = read_info(runtime_paths(daemon_launch_context(ws))) or {}
+    pid = info.get("pid")
+    if not isinstance(pid, int):
+        raise RuntimeError("no daemon.json with a pid: the daemon is not running")
+    proc = psutil.Process(pid)
+    if proc not in _daemons:
+        _daemons.append(proc)
+    return proc
+
+
+def kill_seen_daemons() -> None:
+    """Kill every daemon ``daemon_process`` has seen (the last-resort sweep at exit)."""
+    for proc in _daemons:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+@contextlib.contextmanager
+def daemon_workspace() -> Iterator[Workspace]:
+    """A workspace whose daemon (if one was started) is stopped before it is removed."""
+    with workspace() as ws:
+        try:
+            yield ws
+        finally:
+            # Synchronous on purpose: it cannot be cancelled half way.
+            stop_daemon(ws.home)
+
+
+async def daemon_command(ws: Workspace, *args: str) -> None:
+    """Run ``magi-code daemon <args>`` for ``ws``; raise if it fails."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "magi_code",
+        "daemon",
+        *args,
+        env=service_env(ws.home, DAEMON_ENV),
+        cwd=ws.project,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), DAEMON_COMMAND_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"daemon {' '.join(args)} failed: {err.decode(errors='replace')}")
 
 
 def rss_bytes(pid: int) -> int:

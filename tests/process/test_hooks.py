@@ -19,13 +19,17 @@ import pytest
 
 from tests.process.turn_support import (
     TurnEvents,
+    body_text,
     check_turn,
+    posted_bodies,
     run_turn,
     start_turn,
     stdout_text,
+    tool_call,
+    tool_reply,
     write_settings,
 )
-from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service
 
 HOOK_SCRIPT = """\
@@ -55,32 +59,6 @@ if mode == "hang":
 def fake() -> Iterator[FakeProviderServer]:
     with FakeProviderServer() as server:
         yield server
-
-
-def _call(call_id: str, tool: str, **arguments: Any) -> FakeToolCall:
-    return FakeToolCall(call_id, tool, json.dumps(arguments))
-
-
-def _tools(*calls: FakeToolCall) -> Reply:
-    return Reply(text=[], tool_calls=calls)
-
-
-def _strings(value: object) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
-
-
-def _posts(fake: FakeProviderServer) -> list[Any]:
-    return [r.json for r in fake.requests if r.method == "POST"]
-
-
-def _text(body: object) -> str:
-    return "\n".join(_strings(body))
 
 
 def _lifecycles(turn: TurnEvents, category: str) -> list[tuple[str, str]]:
@@ -128,7 +106,7 @@ async def test_a_blocking_pre_tool_hook_stops_the_call_and_tells_the_model(
     }
     write_settings(home, fake, hooks=hooks)
     fake.enqueue(
-        _tools(_call("s1", "shell", command="touch created-by-shell.txt")),
+        tool_reply(tool_call("s1", "shell", command="touch created-by-shell.txt")),
         Reply(text=["understood"]),
     )
     async with running_service(home, project) as svc:
@@ -144,7 +122,7 @@ async def test_a_blocking_pre_tool_hook_stops_the_call_and_tells_the_model(
     assert event["tool_name"] == "shell"
     assert event["tool_arguments"] == {"command": "touch created-by-shell.txt"}
     # The model saw the hook's stdout (not its stderr) as the tool's error result.
-    result = _text(_posts(fake)[1])
+    result = body_text(posted_bodies(fake)[1])
     assert "Blocked by a pre_tool_use hook: HOOK-BLOCK-MESSAGE: shell is not allowed here" in result
     assert "this goes to stderr" not in result
     assert [a["status"] for a in turn.of_kind("tool")] == ["running", "failed"]
@@ -164,7 +142,9 @@ async def test_hooks_get_the_documented_events_and_run_confined(
     hooks["post_tool_use"].append(_hook("fail", log, hook_script))
     write_settings(home, fake, hooks=hooks)
     (project / "notes.txt").write_text("NOTE-CONTENT\n")
-    fake.enqueue(_tools(_call("r1", "read_file", path="notes.txt")), Reply(text=["All ", "done"]))
+    fake.enqueue(
+        tool_reply(tool_call("r1", "read_file", path="notes.txt")), Reply(text=["All ", "done"])
+    )
     old_umask = os.umask(0o027)
     try:
         async with running_service(home, project, {"MY_TOOL_VAR": "kept"}) as svc:
@@ -247,7 +227,9 @@ async def test_a_timed_out_hook_is_killed_with_its_process_group(
     marker = f"29.{os.getpid() % 10000:04d}{len(service_mode)}"
     hooks = {"pre_tool_use": [_hook("hang", log, hook_script, marker, timeout_ms=1500)]}
     write_settings(home, fake, hooks=hooks)
-    fake.enqueue(_tools(_call("s1", "shell", command="touch ran-anyway.txt")), Reply(text=["done"]))
+    fake.enqueue(
+        tool_reply(tool_call("s1", "shell", command="touch ran-anyway.txt")), Reply(text=["done"])
+    )
     async with running_service(home, project) as svc:
         _, turn = await asyncio.wait_for(run_turn(svc, "go"), 60)
     assert turn.terminal["status"] == "completed"
@@ -316,7 +298,7 @@ async def test_cancelling_a_turn_during_a_hook_kills_its_process_group(
         assert _sleepers(marker) == []
     assert _lifecycles(turn, "hook") == [("hook", "running"), ("activity", "cancelled")]
     # The hook ran before the first provider request: none was made.
-    assert _posts(fake) == []
+    assert posted_bodies(fake) == []
 
 
 async def test_tool_hooks_apply_to_subagent_tool_calls(
@@ -326,8 +308,8 @@ async def test_tool_hooks_apply_to_subagent_tool_calls(
     hooks = {"pre_tool_use": [_hook("block", log, hook_script, matcher="shell")]}
     write_settings(home, fake, hooks=hooks)
     fake.enqueue(
-        _tools(_call("p1", "task", description="make", prompt="make the file")),
-        _tools(_call("k1", "shell", command="touch child-made.txt")),
+        tool_reply(tool_call("p1", "task", description="make", prompt="make the file")),
+        tool_reply(tool_call("k1", "shell", command="touch child-made.txt")),
         Reply(text=["child done"]),
         Reply(text=["parent done"]),
     )
@@ -336,6 +318,6 @@ async def test_tool_hooks_apply_to_subagent_tool_calls(
     assert turn.terminal["status"] == "completed"
     assert not (project / "child-made.txt").exists()
     assert [r["event"]["tool_name"] for r in _log(log)] == ["shell"]
-    posts = _posts(fake)
+    posts = posted_bodies(fake)
     assert len(posts) == 4
-    assert "HOOK-BLOCK-MESSAGE" in _text(posts[2])
+    assert "HOOK-BLOCK-MESSAGE" in body_text(posts[2])

@@ -11,12 +11,18 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.process.turn_support import run_turn, write_settings
-from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.process.turn_support import (
+    body_text,
+    posted_bodies,
+    run_turn,
+    tool_call,
+    tool_reply,
+    write_settings,
+)
+from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service
 
 
@@ -24,32 +30,6 @@ from tests.support.service import running_service
 def fake() -> Iterator[FakeProviderServer]:
     with FakeProviderServer() as server:
         yield server
-
-
-def _call(call_id: str, tool: str, **arguments: Any) -> FakeToolCall:
-    return FakeToolCall(call_id, tool, json.dumps(arguments))
-
-
-def _tools(*calls: FakeToolCall) -> Reply:
-    return Reply(text=[], tool_calls=calls)
-
-
-def _strings(value: object) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
-
-
-def _posts(fake: FakeProviderServer) -> list[Any]:
-    return [r.json for r in fake.requests if r.method == "POST"]
-
-
-def _text(body: object) -> str:
-    return "\n".join(_strings(body))
 
 
 def _skill(root: Path, name: str, description: str, body: str) -> Path:
@@ -74,17 +54,17 @@ async def test_skills_are_listed_in_the_prompt_and_loaded_by_the_skill_tool(
     shown = helper.resolve()
     write_settings(home, fake)
     fake.enqueue(
-        _tools(_call("k1", "skill", name="release-notes")),
-        _tools(_call("k2", "skill", name="style-guide")),
-        _tools(_call("k3", "read_file", path=f"{shown}/reference.md")),
+        tool_reply(tool_call("k1", "skill", name="release-notes")),
+        tool_reply(tool_call("k2", "skill", name="style-guide")),
+        tool_reply(tool_call("k3", "read_file", path=f"{shown}/reference.md")),
         Reply(text=["Skills used."]),
     )
     async with running_service(home, project) as svc:
         _, turn = await run_turn(svc, "write the notes")
     assert turn.terminal["status"] == "completed"
-    posts = _posts(fake)
+    posts = posted_bodies(fake)
     assert len(posts) == 4
-    first = _text(posts[0])
+    first = body_text(posts[0])
     # Names and descriptions in the system prompt, the project's on a clash; no body.
     assert "- release-notes: Write release notes from the git log." in first
     assert "- style-guide: House style for prose." in first
@@ -94,13 +74,13 @@ async def test_skills_are_listed_in_the_prompt_and_loaded_by_the_skill_tool(
     tool_names = [t["function"]["name"] for t in posts[0]["tools"]]
     assert "skill" in tool_names
     # The body came back as the tool result, with the folder and its files.
-    second = _text(posts[1])
+    second = body_text(posts[1])
     assert "PROJ-BODY" in second and "HOME-NOTES" not in second
     assert "Skill folder: .magi-code/skills/release-notes" in second
-    third = _text(posts[2])
+    third = body_text(posts[2])
     assert "STYLE-BODY" in third and f"{shown}/reference.md" in third
     # read_file reached the home skill's file by its absolute path.
-    assert "STYLE-REFERENCE-CONTENT" in _text(posts[3])
+    assert "STYLE-REFERENCE-CONTENT" in body_text(posts[3])
     # Each load: one context_injection lifecycle; the tool itself by its allowlisted name.
     injections = [a for a in turn.of_kind("lifecycle") if a["category"] == "context_injection"]
     assert [a["status"] for a in injections] == ["completed", "completed"]
@@ -119,9 +99,9 @@ async def test_without_skills_there_is_no_skill_tool_or_section(
     async with running_service(home, project) as svc:
         _, turn = await run_turn(svc, "hi")
     assert turn.terminal["status"] == "completed"
-    post = _posts(fake)[0]
+    post = posted_bodies(fake)[0]
     assert "skill" not in [t["function"]["name"] for t in post["tools"]]
-    assert "# Skills" not in _text(post)
+    assert "# Skills" not in body_text(post)
 
 
 async def test_skills_are_captured_once_per_launch_context(
@@ -140,7 +120,7 @@ async def test_skills_are_captured_once_per_launch_context(
         async with running_service(home, project) as second:
             await run_turn(second, "three")
         await run_turn(first, "four")
-    prompts = [_text(post) for post in _posts(fake)]
+    prompts = [body_text(post) for post in posted_bodies(fake)]
     assert len(prompts) == 4
     for index in (0, 1, 3):
         assert "Deploy version ONE." in prompts[index]
@@ -167,7 +147,7 @@ async def test_hostile_skill_files_are_skipped_without_a_hang(
     async with running_service(home, project) as svc:
         _, turn = await asyncio.wait_for(run_turn(svc, "hi"), 30)
     assert turn.terminal["status"] == "completed"
-    prompt = _text(_posts(fake)[0])
+    prompt = body_text(posted_bodies(fake)[0])
     assert "- fine: A fine skill." in prompt
     for name in ("fifo", "huge", "escaped", "pipe"):
         assert f"- {name}:" not in prompt

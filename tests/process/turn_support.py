@@ -16,7 +16,12 @@ from typing import Any
 from magi_code.auth.store import AuthStore
 from magi_code.auth.tokens import codex_record
 from tests.support.fake_oauth import unsigned_jwt
-from tests.support.fake_providers import SECRET_PROVIDER_TEXT, FakeProviderServer
+from tests.support.fake_providers import (
+    SECRET_PROVIDER_TEXT,
+    FakeProviderServer,
+    FakeToolCall,
+    Reply,
+)
 from tests.support.service import ServiceProcess
 
 APIS = ("openai-chat", "anthropic", "openai-responses")
@@ -377,3 +382,34 @@ def delta_text_seen(svc: ServiceProcess, request_id: str) -> str:
         and m["request_id"] == request_id
         and m["event"] == "turn.assistant_delta"
     )
+
+
+def tool_call(call_id: str, tool: str, **arguments: Any) -> FakeToolCall:
+    """A scripted model tool call with ``arguments`` as its JSON arguments."""
+    return FakeToolCall(call_id, tool, json.dumps(arguments))
+
+
+def tool_reply(*calls: FakeToolCall) -> Reply:
+    """A scripted model reply made of tool calls only."""
+    return Reply(text=[], tool_calls=calls)
+
+
+def strings_in(value: object) -> list[str]:
+    """Every string anywhere in a JSON-like value."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings_in(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+def posted_bodies(fake: FakeProviderServer) -> list[Any]:
+    """The JSON bodies of every POST the fake provider received."""
+    return [r.json for r in fake.requests if r.method == "POST"]
+
+
+def body_text(body: object) -> str:
+    """Every string of ``body``, one a line (to search a request body for text)."""
+    return "\n".join(strings_in(body))

@@ -17,7 +17,7 @@ from magi_code.client import Client
 from magi_code.endpoint.paths import RuntimePaths, runtime_paths
 from magi_code.storage.launch import LaunchContext
 from tests.process.turn_support import replay_all
-from tests.support.service import ServiceProcess, service_env
+from tests.support.service import ServiceProcess, service_env, stop_daemon
 
 
 def context(home: Path, project: Path, extra: Mapping[str, str] | None = None) -> LaunchContext:
@@ -93,3 +93,30 @@ async def replay_in_new_shim(home: Path, project: Path, session_id: str) -> list
     finally:
         await svc.close_stdin()
         await svc.wait()
+
+
+def start_foreground(
+    home: Path, extra: Mapping[str, str], stderr_path: Path
+) -> subprocess.Popen[bytes]:
+    """``daemon run`` as a real foreground process (as a unit starts it), with ``extra`` in
+    its environment and its stderr appended to ``stderr_path``."""
+    with open(stderr_path, "ab") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "magi_code", "daemon", "run"],
+            env=service_env(home, extra),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+def end_foreground(home: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop every ``daemon run`` of ``procs`` still running (killed if it does not exit)."""
+    for proc in procs:
+        if proc.poll() is None:
+            stop_daemon(home)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -10,15 +10,20 @@ import asyncio
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.process.daemon.support import cli, paths, status, wait_for
-from tests.support.service import service_env, stop_daemon
+from tests.process.daemon.support import (
+    cli,
+    end_foreground,
+    paths,
+    start_foreground,
+    status,
+    wait_for,
+)
 
 
 def _stream_id(path: Path) -> str:
@@ -30,28 +35,13 @@ def _stream_id(path: Path) -> str:
 def run_daemon(home: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            stop_daemon(home)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    end_foreground(home, procs)
 
 
 def _start(
     home: Path, stderr_path: Path, journal: str, procs: list[subprocess.Popen[bytes]]
 ) -> subprocess.Popen[bytes]:
-    env = service_env(home, {"JOURNAL_STREAM": journal})
-    with open(stderr_path, "ab") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "magi_code", "daemon", "run"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    proc = start_foreground(home, {"JOURNAL_STREAM": journal}, stderr_path)
     procs.append(proc)
     return proc
 

@@ -12,15 +12,13 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.process.daemon.support import cli, status
-from tests.support.service import service_env, stop_daemon
+from tests.process.daemon.support import cli, end_foreground, start_foreground, status
 
 READY_TIMEOUT = 60.0
 Starter = Callable[[str], "subprocess.Popen[bytes]"]
@@ -46,27 +44,14 @@ def foreground(home: Path, tmp_path: Path) -> Iterator[Starter]:
 
     def start(notify: str) -> subprocess.Popen[bytes]:
         # An extra variable makes the daemon re-exec with its allow-list, as under systemd.
-        env = service_env(home, {"NOTIFY_SOCKET": notify, "MANAGERPID": "1"})
-        with open(tmp_path / "daemon.stderr", "ab") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "magi_code", "daemon", "run"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
+        proc = start_foreground(
+            home, {"NOTIFY_SOCKET": notify, "MANAGERPID": "1"}, tmp_path / "daemon.stderr"
+        )
         procs.append(proc)
         return proc
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            stop_daemon(home)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    end_foreground(home, procs)
 
 
 def _message(sock: socket.socket) -> dict[str, str]:
