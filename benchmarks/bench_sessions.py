@@ -1,8 +1,11 @@
 """Durable sessions through the real stdio process (issue 3).
 
 Figures: paged ``session.replay`` of a ~2 MiB session (pages/s, bytes/s); ``session.list``
-paging over a 20,000-entry sessions directory (the scan budget), ms per page; and the
-``session.create`` rate (each create is closed again: attachments are capped at 16).
+paging over a 20,000-entry sessions directory (the scan budget), ms per page, and the
+first page after the directory changed (a full scan); the ``session.create`` rate (each
+create is closed again: attachments are capped at 16); and, in-process through
+``SessionStore``, appends per second to one session with 1 and with 16 concurrent
+writers (group commit: records queued during an fsync share the next one).
 
     .venv/bin/python benchmarks/bench_sessions.py [--quick]
 """
@@ -10,6 +13,7 @@ paging over a 20,000-entry sessions directory (the scan budget), ms per page; an
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -96,6 +100,14 @@ async def replay(service: ServiceProcess, session_id: str, size: int, rounds: in
 
 
 async def listing(service: ServiceProcess, count: int, pages: int) -> None:
+    # The first request after the directory changed scans it; wait until a scan may be
+    # kept (the directory's timestamps must be older than the racy window).
+    await asyncio.sleep(0.2)
+    start = time.perf_counter()
+    response = await service.request("session.list", {"after": None})
+    figure(
+        "session.list first page (scans the directory)", (time.perf_counter() - start) * 1e3, "ms"
+    )
     samples: list[float] = []
     after: str | None = None
     seen = 0
@@ -139,6 +151,37 @@ async def creates(service: ServiceProcess, count: int) -> None:
     figure("  session.close latency, median", median(close_times) * 1e3, "ms")
 
 
+async def appends(sessions_dir: Path, writers: int, per_writer: int) -> float:
+    """Records/s appended to one session by ``writers`` tasks, each awaiting every record."""
+    store = SessionStore(sessions_dir)
+    session_id = store.create()
+    lease = store.acquire_writer_lease(session_id)
+
+    async def writer(name: str) -> None:
+        for index in range(per_writer):
+            call = {
+                "type": "tool_call",
+                "turn_id": name,
+                "call_id": f"{name}-{index}",
+                "name": "list_files",
+                "arguments": '{"pattern":"**/*.py"}',
+            }
+            await lease.append_async(call)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(writer(f"w{i}") for i in range(writers)))
+    elapsed = time.perf_counter() - start
+    batches = lease.batches
+    await asyncio.to_thread(lease.release)
+    rate = writers * per_writer / elapsed
+    figure(
+        f"appends/s, {writers} writer(s) awaiting each record",
+        rate,
+        f"records/s ({writers * per_writer / batches:.1f} per fsync)",
+    )
+    return rate
+
+
 async def main(args: argparse.Namespace) -> None:
     heading("bench_sessions: durable session operations", args.quick)
     with workspace() as ws:
@@ -157,6 +200,10 @@ async def main(args: argparse.Namespace) -> None:
         figure("  (setup) write session directories", time.perf_counter() - start, "s")
         async with running_service(ws) as service:
             await listing(service, count, 10 if args.quick else 40)
+    with workspace() as ws:
+        records = 100 if args.quick else 1000
+        await appends(ws.home / "sessions", 1, records)
+        await appends(ws.home / "sessions", 16, records // 16)
 
 
 if __name__ == "__main__":
