@@ -104,7 +104,8 @@ class TurnSink(Protocol):
         """Offer one activity; never blocks (a full queue drops it)."""
 
     async def record(self, record: Mapping[str, Any]) -> int:
-        """Durably append one session record; returns its seq."""
+        """Append one session record (group-committed); returns its seq. Events sent after
+        it are released only once it is durable."""
 
 
 class OutputLimitExceeded(Exception):
