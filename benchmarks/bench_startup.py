@@ -50,6 +50,7 @@ from benchlib import (
     kill_seen_daemons,
     median,
     run,
+    stop_service,
     workspace,
     write_provider_settings,
 )
@@ -98,18 +99,9 @@ async def spawn(ws: Workspace, env: Mapping[str, str]) -> tuple[ServiceProcess, 
     try:
         await service.initialize()
     except BaseException:
-        await stop(service)
+        await stop_service(service)
         raise
     return service, time.perf_counter() - start
-
-
-async def stop(service: ServiceProcess) -> None:
-    try:
-        await service.stop()
-    finally:
-        if service.proc.returncode is None:
-            service.proc.kill()
-            await service.proc.wait()
 
 
 async def eof_to_exit(service: ServiceProcess) -> float:
@@ -196,18 +188,18 @@ async def embedded_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
                 samples.add("rss", rss(service.proc.pid))
                 samples.add("exit", await eof_to_exit(service))
             finally:
-                await stop(service)
+                await stop_service(service)
             service, _ = await spawn(ws, EMBEDDED_ENV)
             try:
                 await asyncio.sleep(IDLE_BEFORE_TURN_SECONDS)
                 samples.add("turn1_idle", await first_delta(service, fake))
             finally:
-                await stop(service)
+                await stop_service(service)
             service, _ = await spawn(ws, EMBEDDED_ENV)
             try:
                 samples.add("exit_init", await eof_to_exit(service))
             finally:
-                await stop(service)
+                await stop_service(service)
     n = samples_count(args)
     samples.ms("init", f"spawn -> initialize, embedded, median of {n}", "codex app-server ~56 ms")
     samples.ms("turn1", "turn 1 start -> first delta, embedded, at once")
@@ -259,7 +251,7 @@ async def warm_sample(ws: Workspace, fake: FakeProvider, samples: Samples) -> No
         raise DaemonReplaced from None
     finally:
         # The last shim of this home: stopping it also stops the daemon.
-        await stop(service)
+        await stop_service(service)
     for name, values in taken.values.items():
         for value in values:
             samples.add(name, value)
@@ -312,7 +304,7 @@ async def cold_daemon_phase(args: argparse.Namespace, fake: FakeProvider) -> Non
                 samples.add("turn1", await first_delta(service, fake))
                 samples.add("exit", await eof_to_exit(service))
             finally:
-                await stop(service)  # and the daemon: the next sample is cold again
+                await stop_service(service)  # and the daemon: the next sample is cold again
     n = samples_count(args)
     samples.ms("init", f"spawn -> initialize, shim, cold daemon, median of {n}")
     samples.ms("turn1", "turn 1 start -> first delta, after a cold start")

@@ -61,6 +61,7 @@ __all__ = [
     "rss_bytes",
     "run",
     "running_service",
+    "stop_service",
     "workspace",
     "write_provider_settings",
 ]
@@ -178,7 +179,8 @@ def write_provider_settings(home: Path, base_url: str) -> None:
 # -- processes ------------------------------------------------------------------------------
 
 
-async def _stop_service(service: ServiceProcess) -> None:
+async def stop_service(service: ServiceProcess) -> None:
+    """Stop the service (stdin EOF), killing it if it does not exit."""
     try:
         await service.stop()
     finally:
@@ -198,7 +200,7 @@ async def running_service(
             await service.initialize()
         yield service
     finally:
-        await _stop_service(service)
+        await stop_service(service)
 
 
 # -- the per-user daemon --------------------------------------------------------------------
