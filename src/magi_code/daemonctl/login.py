@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import orjson
 
+from magi_code.auth import login as login_flow
 from magi_code.auth.login import EXCHANGE_SUCCEEDED, CodexLogin
 from magi_code.auth.operations import logout as remove_credentials
 from magi_code.auth.readiness import provider_status
@@ -40,13 +41,13 @@ MAX_KEY_CHARS: Final = 4096
 LOGIN_PROVIDERS: Final = (CODEX_PROVIDER_ID, ANTHROPIC_PROVIDER_ID)
 # What each Codex login terminal means for the person at the terminal.
 CODEX_OUTCOMES: Final = {
-    "cancelled": "the login was cancelled",
-    "callback_timeout": "no callback arrived in time; run `magi-code login` again",
-    "callback_failed": "the callback did not match this login (state or code); try again",
-    "exchange_failed": "the issuer refused the code exchange; try again",
-    "auth_changed": "another process changed the stored login meanwhile; try again",
-    "storage_failed": "the credential store could not be written; check MC_HOME",
-    "internal_error": "an internal error; see `magi-code doctor`",
+    login_flow.CANCELLED: "the login was cancelled",
+    login_flow.CALLBACK_TIMEOUT: "no callback arrived in time; run `magi-code login` again",
+    login_flow.CALLBACK_FAILED: "the callback did not match this login (state or code); try again",
+    login_flow.EXCHANGE_FAILED: "the issuer refused the code exchange; try again",
+    login_flow.AUTH_CHANGED: "another process changed the stored login meanwhile; try again",
+    login_flow.STORAGE_FAILED: "the credential store could not be written; check MC_HOME",
+    login_flow.INTERNAL_ERROR: "an internal error; see `magi-code doctor`",
 }
 
 
