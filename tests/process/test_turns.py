@@ -131,6 +131,26 @@ async def test_multi_turn_conversation_sends_history_and_replays_after_restart(
         assert text in third_strings
 
 
+@pytest.mark.parametrize("api", APIS)
+async def test_the_turns_of_a_service_share_one_provider_connection(
+    home: Path, project: Path, fake: FakeProviderServer, api: str
+) -> None:
+    # Each response is read to its end, so no request pays a new connection (over TLS, a
+    # new handshake) because the previous one stopped reading at its terminal event.
+    env = builtin_env(home, fake, api) if api != "openai-chat" else {}
+    if api == "openai-chat":
+        write_settings(home, fake, api)
+    call = FakeToolCall("c1", "list_files", '{"pattern": "*"}')
+    fake.enqueue(Reply(text=[], tool_calls=[call]), Reply(text=["one"]), Reply(text=["two"]))
+    async with running_service(home, project, env) as svc:
+        accepted, first = await run_turn(svc, "first")
+        assert first.terminal["assistant_text"] == "one"
+        _, second = await run_turn(svc, "second", session_id=accepted["session_id"])
+        assert second.terminal["assistant_text"] == "two"
+    assert len([r for r in fake.requests if r.method == "POST"]) == 3
+    assert fake.connections == 1
+
+
 # -- cancellation and EOF ------------------------------------------------------------------
 
 

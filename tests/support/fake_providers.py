@@ -35,8 +35,8 @@ prints one JSON line ``{"port": N, "base_url": "http://127.0.0.1:N"}`` and serve
 SIGTERM/SIGINT. The script file is a JSON list of replies, or an object with
 ``replies``, ``default`` and ``models``. Control routes, usable in both modes:
 ``POST /__fake__/enqueue`` (JSON list of replies), ``GET /__fake__/requests`` and
-``GET /__fake__/state`` (``{"pending", "disconnects"}``). Reply JSON uses the dataclass
-field names plus ``"kind"``: ``reply`` (default), ``http_error``, ``fast`` or ``raw``.
+``GET /__fake__/state`` (``{"pending", "disconnects", "connections"}``). Reply JSON uses
+the dataclass field names plus ``"kind"``: ``reply`` (default), ``http_error``, ``fast`` or ``raw``.
 """
 
 from __future__ import annotations
@@ -431,6 +431,7 @@ class FakeProviderServer:
         self._routes: list[tuple[bytes, deque[ScriptedReply]]] = []
         self._requests: list[RecordedRequest] = []
         self._disconnects = 0
+        self._connections = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -470,6 +471,12 @@ class FakeProviderServer:
         """Client disconnects observed while a reply was still streaming or stalled."""
         with self._lock:
             return self._disconnects
+
+    @property
+    def connections(self) -> int:
+        """TCP connections accepted (a client that reuses its connection opens one)."""
+        with self._lock:
+            return self._connections
 
     def wait_for_disconnects(self, count: int = 1, timeout: float = 5.0) -> bool:
         with self._lock:
@@ -532,6 +539,8 @@ class FakeProviderServer:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        with self._lock:
+            self._connections += 1
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -617,7 +626,11 @@ class FakeProviderServer:
             await self._send_json(writer, 200, records)
         elif path == "/__fake__/state":
             with self._lock:
-                state = {"pending": len(self._queue), "disconnects": self._disconnects}
+                state = {
+                    "pending": len(self._queue),
+                    "disconnects": self._disconnects,
+                    "connections": self._connections,
+                }
             await self._send_json(writer, 200, state)
         else:
             await self._send_json(writer, 404, {"error": "unknown control route"})

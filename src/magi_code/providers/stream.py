@@ -12,14 +12,19 @@ exits the ``async with`` and closes the HTTP response and its connection.
 - Timeouts: ``connect_timeout`` to connect; ``idle_timeout`` bounds each read, i.e. the
   gap between chunks (SSE comments/pings count as activity).
 - Completion: the wire decoder says when the API's terminal event arrived; EOF before
-  it is ``provider_stream_error``.
+  it is ``provider_stream_error``. What follows the terminal event (normally only the end
+  of the body) is read before the terminal event is yielded, briefly and boundedly, so
+  the connection goes back to the pool for the next request instead of being closed: an
+  HTTP/1.1 response closed before its end takes its connection with it, and the next
+  request would pay a new TCP and TLS handshake.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -40,6 +45,10 @@ from magi_code.providers.types import ApiKind, Endpoint, ProviderRequest, Stream
 from magi_code.providers.wire import Decoder, HttpCall
 
 MAX_ERROR_BODY_BYTES: Final = 64 * 1024
+# Reading the rest of a response after its terminal event: a server that keeps sending
+# past these loses the connection instead.
+MAX_TRAILING_BYTES: Final = 64 * 1024
+TRAILING_SECONDS: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +133,16 @@ async def stream_response(
                         raise await _status_failure(response)
                     decoder = wire.decoder()
                     parser = SSEParser()
-                    async for chunk in response.aiter_bytes():
-                        for event in _decode(decoder, parser.feed(chunk)):
+                    chunks = response.aiter_bytes()
+                    async for chunk in chunks:
+                        events = _decode(decoder, parser.feed(chunk))
+                        if decoder.done:
+                            await _read_trailing(chunks)
+                        for event in events:
                             yielded = True
                             yield event
                         if decoder.done:
-                            return  # terminal event: stop reading, close the response
+                            return  # terminal event: the response is over
                     for event in [*_decode(decoder, parser.close()), *decoder.finish()]:
                         yielded = True
                         yield event
@@ -141,6 +154,18 @@ async def stream_response(
             delay = settings.retry.delay(retries, failure.retry_after)
         retries += 1
         await asyncio.sleep(delay)
+
+
+async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:
+    """Read the body past the terminal event, so the connection can be reused; a failure
+    or a server that goes on only costs the connection."""
+    read = 0
+    with contextlib.suppress(httpx.HTTPError, TimeoutError):
+        async with asyncio.timeout(TRAILING_SECONDS):
+            async for chunk in chunks:
+                read += len(chunk)
+                if read > MAX_TRAILING_BYTES:
+                    return
 
 
 def _decode(decoder: Decoder, events: list[SSEEvent]) -> list[StreamEvent]:

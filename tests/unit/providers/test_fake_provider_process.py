@@ -66,7 +66,8 @@ async def test_process_mode_prints_its_port_plays_the_script_and_records(
         assert recorded[0]["headers"]["x-api-key"] == "k"
         assert recorded[0]["json"]["stream"] is True
         state = (await client.get(base + "/__fake__/state")).json()
-        assert state == {"pending": 0, "disconnects": 0}
+        # One connection: every request, streamed or not, reused it.
+        assert state == {"pending": 0, "disconnects": 0, "connections": 1}
     finally:
         proc.terminate()
         async with asyncio.timeout(10):

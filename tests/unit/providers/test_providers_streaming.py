@@ -358,6 +358,43 @@ async def test_closing_the_generator_early_closes_the_connection(
     assert await asyncio.to_thread(fake.wait_for_disconnects, 1, 5.0)
 
 
+@api_param
+async def test_the_connection_is_reused_after_a_response_ends(
+    api: ApiKind, fake: FakeProviderServer, client: httpx.AsyncClient
+) -> None:
+    # The agent stops reading at the terminal event; what follows it (the end of the
+    # chunked body) is still read, so the next request takes the same connection.
+    endpoint = endpoint_for(fake, api)
+    for word in ("one", "two", "three"):
+        fake.enqueue(Reply(text=[word]))
+        async with aclosing(stream_response(client, endpoint, make_request())) as events:
+            async for event in events:
+                if isinstance(event, Completed):
+                    break
+    assert fake.connections == 1
+    assert fake.disconnects == 0
+
+
+async def test_a_response_going_on_past_its_terminal_event_costs_only_its_connection(
+    fake: FakeProviderServer, client: httpx.AsyncClient
+) -> None:
+    frames = [
+        b'event: response.created\ndata: {"type":"response.created","response":{}}\n\n',
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+        b'"delta":"hi"}\n\n',
+        b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r"}}\n\n',
+        # More than is read past the terminal event: the connection is given up.
+        b": " + b"x" * (128 * 1024) + b"\n\n",
+    ]
+    fake.enqueue(RawSSE(frames), Reply(text=["again"]))
+    endpoint = endpoint_for(fake, "openai-responses")
+    first = await collect(client, endpoint)
+    assert first == [TextDelta("hi"), Completed("end_turn")]
+    second = await collect(client, endpoint)
+    assert texts(second) == ["again"]
+    assert fake.connections == 2
+
+
 async def test_idle_gap_longer_than_the_idle_timeout_is_a_timeout(
     fake: FakeProviderServer, client: httpx.AsyncClient
 ) -> None:
