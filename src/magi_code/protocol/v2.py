@@ -8,11 +8,12 @@ answer), and builds every frame the daemon sends. Codes and their fixed messages
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, Literal, TypeGuard, cast
+from typing import Any, Final, Literal, cast
+
+from magi_code.protocol.idempotency import valid_idempotency_key
 
 PROTOCOL_VERSION: Final = 2
 SUPPORTED_VERSIONS: Final = (2,)
@@ -23,10 +24,8 @@ MAX_DELTA_INTERVAL_MS: Final = 10_000
 MAX_FILTER_TURN_IDS: Final = 256
 MAX_CURSOR_BYTES: Final = 128
 MAX_PATH_BYTES: Final = 4096
-MAX_IDEMPOTENCY_KEY_CHARS: Final = 64
 MAX_BUILD_ID_CHARS: Final = 128
 MAX_CLIENT_VERSION_CHARS: Final = 64
-_KEY_RE: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
 
 Role = Literal["v1_shim", "persistent", "control"]
 ROLES: Final[dict[str, str]] = {
@@ -408,11 +407,6 @@ def _attach(frame: Mapping[str, Any]) -> Attach:
     if not _is_int(after) or not _optional_id(session_id):
         raise Rejected(frame_error("attach_error", fid, Code.INVALID_REQUEST))
     return Attach(fid, turn_id, after, session_id)
-
-
-def valid_idempotency_key(value: object) -> TypeGuard[str]:
-    """1 to 64 ASCII letters, digits, ``-``, ``_``, ``.`` or ``:``."""
-    return isinstance(value, str) and _KEY_RE.fullmatch(value) is not None
 
 
 def _is_int(value: object) -> bool:

@@ -21,7 +21,7 @@ from typing import Final, Literal
 
 import orjson
 
-from magi_code.protocol.v2 import valid_idempotency_key
+from magi_code.protocol.idempotency import valid_idempotency_key
 
 RECORD_VERSION: Final = 1
 

@@ -51,8 +51,8 @@ from typing import Final
 import orjson
 
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.idempotency import valid_idempotency_key
 from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_WINDOW_BYTES
-from magi_code.protocol.v2 import valid_idempotency_key
 from magi_code.sessions.commit import CommitQueue
 from magi_code.sessions.fileio import (
     APPEND_LOCK,

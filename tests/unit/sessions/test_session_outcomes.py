@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from magi_code.protocol.errors import ErrorCode, ServiceError
-from magi_code.protocol.v2 import valid_idempotency_key
+from magi_code.protocol.idempotency import valid_idempotency_key
 from magi_code.sessions import outcomes
 from magi_code.sessions.fileio import HISTORY
 from magi_code.sessions.outcomes import TurnOutcome, iter_lines
