@@ -136,6 +136,72 @@ async def _coding_turn(
     ]
 
 
+async def test_read_only_calls_of_one_reply_run_together_and_writes_alone(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    (project / "a.txt").write_text("alpha-content\n")
+    fake.enqueue(
+        _tools(
+            "",
+            _call("c1", "read_file", path="a.txt"),
+            _call("c2", "list_files", pattern="*.txt"),
+            _call("c3", "grep", pattern="alpha"),
+            _call("c4", "write_file", path="b.txt", content="beta-content\n"),
+            _call("c5", "read_file", path="b.txt"),
+        ),
+        Reply(text=["done"]),
+    )
+    async with running_service(home, project) as svc:
+        accepted, turn = await run_turn(svc, "look around")
+    assert turn.terminal["status"] == "completed"
+    tools = [(a["tool_name"], a["status"]) for a in turn.of_kind("tool")]
+    # The three reads all start before any of them ends; the write runs alone, and the
+    # read after it is not run beside it (it sees the written file).
+    assert tools[:3] == [("read_file", "running"), ("list_files", "running"), ("grep", "running")]
+    assert sorted(tools[3:6]) == [
+        ("grep", "completed"),
+        ("list_files", "completed"),
+        ("read_file", "completed"),
+    ]
+    assert tools[6:] == [
+        ("write_file", "running"),
+        ("write_file", "completed"),
+        ("read_file", "running"),
+        ("read_file", "completed"),
+    ]
+    # The model gets every result, in the order of its calls.
+    strings = _strings([r for r in fake.requests if r.method == "POST"][-1].json)
+    expected = [
+        "alpha-content\n",
+        "a.txt",
+        "a.txt:1:alpha-content",
+        "Created b.txt (13 bytes).",
+        "beta-content\n",
+    ]
+    results = [strings.index(text) for text in expected]
+    assert results == sorted(results), strings
+    # The session has each call before its result, the reads' calls before their results.
+    history = (home / "sessions" / accepted["session_id"] / "history.jsonl").read_text()
+    kinds = [
+        (record["type"], record["call_id"])
+        for record in map(json.loads, history.splitlines())
+        if record["type"] in ("tool_call", "tool_result")
+    ]
+    assert kinds[:3] == [("tool_call", "c1"), ("tool_call", "c2"), ("tool_call", "c3")]
+    assert sorted(kinds[3:6]) == [
+        ("tool_result", "c1"),
+        ("tool_result", "c2"),
+        ("tool_result", "c3"),
+    ]
+    assert kinds[6:] == [
+        ("tool_call", "c4"),
+        ("tool_result", "c4"),
+        ("tool_call", "c5"),
+        ("tool_result", "c5"),
+    ]
+
+
 async def test_context_and_usage_activity_reflect_the_provider_usage(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:

@@ -105,6 +105,9 @@ class BuiltinTool(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[Mapping[str, object]]
+    # Only reads the project: calls of one reply may run at the same time (and in any
+    # order) without changing what any of them sees.
+    read_only: ClassVar[bool] = False
 
     async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
         try:

@@ -84,6 +84,7 @@ def _is_binary(head: bytes) -> bool:
 
 class ReadFile(BuiltinTool):
     name = "read_file"
+    read_only = True
     description = (
         "Read a UTF-8 text file in the project. Returns the file's lines verbatim. "
         "offset is the 1-based first line, limit the number of lines; long files are "
@@ -300,6 +301,7 @@ def _edit_file(project_dir: Path, raw_path: str, old: str, new: str, replace_all
 
 class ListFiles(BuiltinTool):
     name = "list_files"
+    read_only = True
     description = (
         "List project files matching a glob pattern, sorted. '*' stays within a directory, "
         "'**/' spans directories, '{a,b}' alternatives. Directories end with '/'. "
@@ -350,6 +352,7 @@ def _list_files(project_dir: Path, raw_path: str, pattern: str) -> str:
 
 class Grep(BuiltinTool):
     name = "grep"
+    read_only = True
     description = (
         "Search project files for a Python regular expression, line by line. Prints "
         "'path:line:text'. path is a file or directory (default: project root); glob "

@@ -3,7 +3,9 @@
 Theory of operation: ``Agent.run`` sends the conversation (history + this prompt) to the
 provider and streams assistant text to the sink. When the model asks for tools, each call
 is persisted, executed, its result persisted, and the loop asks the model again, up to a
-bounded number of provider requests. Everything the next turn and replay need goes
+bounded number of provider requests. Consecutive calls of read-only tools (``read_only``)
+run at the same time, at most ``MAX_CONCURRENT_READS`` at once: their calls are recorded
+first, in order, each result as it finishes; the model gets the results in call order. Everything the next turn and replay need goes
 through ``sink.record`` (durable appends); activity goes through ``sink.activity``
 (lossy, never blocking); assistant text goes through ``sink.text`` (reliable, bounded)
 and, while it streams, is made durable in bounded increments (``turns.streamed``).
@@ -90,6 +92,8 @@ CONTINUE_PROMPT: Final = (
 )
 # Consecutive calls of this tool in one reply run concurrently, as one subagent batch.
 TASK_TOOL_NAME: Final = "task"
+# Consecutive calls of read-only tools in one reply run concurrently, this many at a time.
+MAX_CONCURRENT_READS: Final = 8
 
 # The activity ID of the tool call being executed (the ``task`` tool links its subagent
 # to it); set around each execution, so concurrent calls each see their own.
@@ -544,18 +548,29 @@ class Agent:
     # -- tools ---------------------------------------------------------------------------
 
     async def _run_tools(self, items: list[ConversationItem], calls: Sequence[ToolCall]) -> None:
-        """Run the calls in order; consecutive ``task`` calls run concurrently, as one
-        ``subagent_batch``. Results join ``items`` in the order of the calls."""
+        """Run the calls in order, except that consecutive ``task`` calls run concurrently,
+        as one ``subagent_batch``, and so do consecutive calls of read-only tools. Results
+        join ``items`` in the order of the calls."""
         index = 0
         while index < len(calls):
+            kind = self._concurrency(calls[index])
             end = index + 1
-            while end < len(calls) and calls[end].name == calls[index].name == TASK_TOOL_NAME:
+            while end < len(calls) and kind is not None and self._concurrency(calls[end]) == kind:
                 end += 1
             if end - index == 1:
                 items.append(await self._run_tool(calls[index]))
-            else:
+            elif kind == TASK_TOOL_NAME:
                 items.extend(await self._run_batch(calls[index:end]))
+            else:
+                items.extend(await self._run_reads(calls[index:end]))
             index = end
+
+    def _concurrency(self, call: ToolCall) -> str | None:
+        """Which calls this one may run beside: ``task`` calls, read-only calls, or none."""
+        if call.name == TASK_TOOL_NAME:
+            return TASK_TOOL_NAME
+        tool = self.tools.get(call.name)
+        return "read" if getattr(tool, "read_only", False) is True else None
 
     async def _run_batch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         batch_id = activity.identity("subagent-batch", self.turn_id, calls[0].call_id)
@@ -572,17 +587,30 @@ class Agent:
         self.sink.activity(activity.lifecycle(batch_id, "activity", "completed"))
         return [task.result() for task in tasks]
 
+    async def _run_reads(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Read-only calls at the same time: every ``tool_call`` record first, in order;
+        each result is recorded as its call finishes."""
+        activity_ids = [await self._record_call(call) for call in calls]
+        limit = asyncio.Semaphore(MAX_CONCURRENT_READS)
+
+        async def one(call: ToolCall, activity_id: str) -> ToolResult:
+            async with limit:
+                return await self._execute(call, activity_id)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(one(*pair)) for pair in zip(calls, activity_ids, strict=True)
+                ]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return [task.result() for task in tasks]
+
     async def _run_tool(self, call: ToolCall, batch_id: str | None = None) -> ToolResult:
-        """The one place a tool call is executed (persisted before and after)."""
-        tool = self.tools.get(call.name)
-        server_name = getattr(tool, "server_name", None)
-        tool_name = getattr(tool, "tool_name", call.name)
-        if self.parent_activity_id is None:
-            activity_id = activity.identity("tool-call", self.turn_id, call.call_id)
-        else:  # call IDs of different subagents may repeat
-            activity_id = activity.identity(
-                "tool-call", self.turn_id, self.parent_activity_id, call.call_id
-            )
+        return await self._execute(call, await self._record_call(call), batch_id)
+
+    async def _record_call(self, call: ToolCall) -> str:
+        """Persist a call before it runs; returns its activity ID."""
         await self._record(
             {
                 "type": "tool_call",
@@ -592,6 +620,18 @@ class Agent:
                 "arguments": call.arguments,
             }
         )
+        if self.parent_activity_id is None:
+            return activity.identity("tool-call", self.turn_id, call.call_id)
+        # Call IDs of different subagents may repeat.
+        return activity.identity("tool-call", self.turn_id, self.parent_activity_id, call.call_id)
+
+    async def _execute(
+        self, call: ToolCall, activity_id: str, batch_id: str | None = None
+    ) -> ToolResult:
+        """The one place a tool call is executed (its call recorded before, its result after)."""
+        tool = self.tools.get(call.name)
+        server_name = getattr(tool, "server_name", None)
+        tool_name = getattr(tool, "tool_name", call.name)
         self._tool_activity(activity_id, tool_name, server_name, "running", None, batch_id)
         token = TOOL_CALL_ACTIVITY.set(activity_id)
         try:
