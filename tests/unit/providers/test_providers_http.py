@@ -22,8 +22,10 @@ from magi_code.providers.http import (
     NetworkSettings,
     TransportOptions,
     build_client,
+    bundled_ssl_context,
     environment_proxies,
     origin,
+    ssl_context,
     transport_options,
 )
 
@@ -162,6 +164,17 @@ def test_a_ca_file_from_settings_is_loaded(tmp_path: Path) -> None:
     bundle.write_bytes(Path(certifi.where()).read_bytes())
     client = build_client(transport_options({}, NetworkSettings(ca_file=str(bundle))))
     assert isinstance(client, httpx.AsyncClient)
+
+
+def test_the_bundled_roots_are_loaded_once_and_a_ca_file_every_time(tmp_path: Path) -> None:
+    import certifi
+
+    assert ssl_context(DIRECT) is ssl_context(DIRECT) is bundled_ssl_context()
+    assert ssl_context(DIRECT).get_ca_certs()
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes())
+    options = transport_options({}, NetworkSettings(ca_file=str(bundle)))
+    assert ssl_context(options) is not ssl_context(options)
 
 
 # -- keys ----------------------------------------------------------------------------------
