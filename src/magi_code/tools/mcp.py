@@ -58,8 +58,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol, Self, TextIO
 
-import psutil
-
 from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, shielded
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
@@ -351,6 +349,8 @@ async def _process_exit(pid: int | None) -> None:
 
 
 def _running(pid: int) -> bool:
+    import psutil  # as in tools.processes: loaded where a process is looked at
+
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:

@@ -15,8 +15,6 @@ import signal
 from collections.abc import Sequence
 from typing import Final
 
-import psutil
-
 from magi_code.storage.launch import current_umask
 
 TERM_GRACE_SECONDS: Final = 2.0
@@ -61,6 +59,8 @@ def group_has_live_members(pgid: int) -> bool:
     ``killpg(pgid, 0)`` also succeeds for zombies, which linger where PID 1 does not
     reap orphans (some containers); a zombie is already dead, so it does not count.
     """
+    import psutil  # here, not at the top: a turn that runs no command never loads it
+
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -82,6 +82,8 @@ def group_carries_env(pgid: int, name: str, value: str) -> bool:
     Checked before killing a group found long ago: its leader may be gone and the id
     reused by an unrelated group, whose members would not carry our token.
     """
+    import psutil
+
     for proc in psutil.process_iter(["status"]):
         try:
             if (
@@ -102,6 +104,8 @@ def find_child_with_env(name: str, value: str) -> int | None:
     environment identifies it without guessing from command lines (shebang scripts run
     under their interpreter's name).
     """
+    import psutil
+
     for child in psutil.Process().children(recursive=False):
         try:
             if child.environ().get(name) == value:
