@@ -8,15 +8,18 @@ at once). :func:`build_embedded_coordinator` is for the embedded stdio service, 
 first request is ``initialize``: it builds only ``initialize``/``status``/
 ``capabilities`` and puts stand-ins for the other services in their place, with the
 same routes (names, session rules, initialization gate) and events in the same order,
-so ``initialize`` advertises exactly what a full build does. The real services, the
-modules behind them (settings, sessions, providers, the turn runtime: ``httpx`` and its
-transports) and the generated settings schema are then loaded in the background, on the
-event loop, a module at a time, once the first response has been written; a request for
-a stand-in's route before that load has finished completes it first, synchronously, so
-every request sees the same services, validation and errors as with a full build. The
-embedded service has one connection: when it closes, a load still in progress stops at
-its next step (a frontend that quits right after ``initialize`` exits at once; the
-schema is then left to the next start if its module was not loaded yet).
+so ``initialize`` advertises exactly what a full build does. The real services and the
+modules behind them are then loaded in the background, on the event loop, a module at a
+time, once the first response has been written: first what a first turn needs before
+its first provider request (``httpx``, providers, settings, sessions, tools, the turn
+runtime; the bundled CA roots in a worker thread meanwhile), then the rest of the
+services, ``httpx``'s transports, the generated settings schema and the modules a turn
+needs only later. A request for a stand-in's route before the services are built builds
+them first, synchronously, so every request sees the same services, validation and
+errors as with a full build. The embedded service has one connection: when it closes, a
+load still in progress stops at its next step (a frontend that quits right after
+``initialize`` exits at once; the schema is then left to the next start if the load had
+not reached it).
 """
 
 from __future__ import annotations
@@ -167,45 +170,55 @@ DEFERRED: Final = (
     ),
 )
 
-# Imported one at a time by the background load, the event loop running in between
-# (leaves first, so that each step is a few milliseconds: the event loop only notices
-# stdin, EOF included, between steps). Best effort: a name a dependency's version does
-# not have is skipped, and a product module that fails fails again in ``load()``.
+# Imported one at a time, in this order, by the background load, the event loop running in
+# between (leaves first, so that most steps are a few milliseconds: the event loop only
+# notices stdin, EOF included, between steps), and by ``load()`` when a request needs the
+# services first. A first turn's prerequisites come first: the HTTP client and providers,
+# settings, sessions, tools and the turn runtime; then what only other routes use. Best
+# effort: a name a dependency's version does not have is skipped, and a product module
+# that fails fails again when the services are built.
 LOAD_STEPS: Final = (
-    "filelock",
     "email.parser",
     "http.client",
     "urllib.request",
-    "httpx._models",
-    "httpx._client",
-    "click",
     "httpx",
     "magi_code.providers.types",
     "magi_code.providers.anthropic",
     "magi_code.providers.discovery",
+    "magi_code.providers.http",
     "magi_code.providers",
     "magi_code.config.settings",
-    "magi_code.config.catalog",
-    "magi_code.config",
-    "magi_code.protocol.v2",
+    "magi_code.config.effective",
     "magi_code.sessions.records",
     "magi_code.sessions.outcomes",
     "magi_code.sessions.store",
     "magi_code.core.sessions",
-    "magi_code.providers.stream",
     "magi_code.tools.files",
-    "psutil",
     "magi_code.tools.shell",
     "magi_code.tools.builtin",
     "magi_code.turns.agent",
     "magi_code.turns.runtime",
     "magi_code.core.turns",
+    "magi_code.config",
     "magi_code.auth.login",
     "magi_code.core.auth",
     "magi_code.core.configuration",
 )
-# The settings schema is written as soon as the step that loads its module is done.
-SCHEMA_STEP: Final = "magi_code.config"
+# Once this step is done, the bundled CA roots a first HTTPS client needs are loaded in a
+# worker thread (~20 ms, mostly outside the GIL) while the event loop loads the rest.
+TLS_STEP: Final = "magi_code.providers.http"
+# Loaded after the services are built and the HTTP stack is warm: a first turn needs
+# neither before its first provider request (psutil: only when a command's process
+# group is checked).
+LATER_MODULES: Final = ("psutil",)
+
+
+def _load_bundled_roots() -> None:
+    from magi_code.providers.http import bundled_ssl_context
+
+    # A failure is not cached: the client that needs the roots tries again and fails.
+    with contextlib.suppress(OSError):
+        bundled_ssl_context()
 
 
 class DeferredDomains:
@@ -220,11 +233,18 @@ class DeferredDomains:
         self._ctx = ctx
         self.services: dict[str, DomainService] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._roots: asyncio.Future[None] | None = None
         self._stopping = False
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._background())
+
+    def _step(self, name: str) -> None:
+        with contextlib.suppress(ImportError):
+            __import__(name)  # not importlib: ``-X importtime`` shows these
+        if name == TLS_STEP and self._roots is None:
+            self._roots = asyncio.get_running_loop().run_in_executor(None, _load_bundled_roots)
 
     async def _background(self) -> None:
         try:
@@ -232,26 +252,32 @@ class DeferredDomains:
                 if self.stopping():
                     return
                 if self.services is None:
-                    with contextlib.suppress(ImportError):
-                        __import__(name)  # not importlib: ``-X importtime`` shows these
-                if name == SCHEMA_STEP:
-                    await _write_settings_schema(self._ctx)
+                    self._step(name)
                 await asyncio.sleep(0)  # requests that arrived meanwhile are served
             if self.stopping():
                 return
             self.load()
             from magi_code.turns.runtime import TURN_MODULES, warm_turn_modules
 
-            for name in TURN_MODULES:
-                await asyncio.sleep(0)
-                if self.stopping():
-                    return
-                with contextlib.suppress(ImportError):
-                    __import__(name)
+            if not await self._imported(TURN_MODULES):
+                return
             warm_turn_modules()  # the rest of it (certifi's bundle path)
+            await _write_settings_schema(self._ctx)
+            await self._imported(LATER_MODULES)
         # A broken install fails the same way again, and is answered, in load().
         except Exception as exc:  # noqa: BLE001
             log.warning("could not load the service's modules (%s)", type(exc).__name__)
+
+    async def _imported(self, names: Sequence[str]) -> bool:
+        """Import ``names`` one at a time, the event loop running in between; False if
+        ``stop()`` was called first."""
+        for name in names:
+            await asyncio.sleep(0)
+            if self.stopping():
+                return False
+            with contextlib.suppress(ImportError):
+                __import__(name)
+        return True
 
     def stopping(self) -> bool:
         """Whether ``stop()`` was called (read afresh after every ``await``)."""
@@ -264,6 +290,10 @@ class DeferredDomains:
         ``internal_error``; a later one tries again).
         """
         if self.services is None:
+            # The steps' order, not the services' imports, so that the CA roots start
+            # loading early here too.
+            for name in LOAD_STEPS:
+                self._step(name)
             self.services = _domain_services(self._ctx)
         return self.services
 

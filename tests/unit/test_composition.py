@@ -9,6 +9,7 @@ once the first answer was written, and leave nothing half-done at connection clo
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ import pytest
 from magi_code import composition
 from magi_code.composition import (
     DEFERRED,
+    LATER_MODULES,
+    LOAD_STEPS,
+    TLS_STEP,
     DeferredDomains,
     build_coordinator,
     build_embedded_coordinator,
@@ -26,6 +30,7 @@ from magi_code.composition import (
 from magi_code.core.coordinator import Connection, ServiceCoordinator
 from magi_code.core.output import Batch
 from magi_code.protocol import envelope
+from magi_code.providers.http import bundled_ssl_context
 from magi_code.storage.launch import LaunchContext
 
 INIT = {"supported_protocol_versions": [1]}
@@ -238,3 +243,24 @@ async def test_a_failing_load_fails_the_request_and_the_next_one_tries_again(
     assert failed["error"]["code"] == "internal_error"
     monkeypatch.setattr(composition, "_domain_services", real)
     assert (await call(embedded, conn, "session.list"))["error"] is None
+
+
+def test_every_step_of_the_load_names_a_module() -> None:
+    # The load skips a name that cannot be imported: a typo would only show as time.
+    for name in (*LOAD_STEPS, *LATER_MODULES):
+        assert importlib.util.find_spec(name) is not None, name
+    assert TLS_STEP in LOAD_STEPS
+
+
+async def test_a_request_that_builds_the_services_starts_loading_the_ca_roots(
+    embedded: ServiceCoordinator, ctx: LaunchContext
+) -> None:
+    bundled_ssl_context.cache_clear()
+    domains = domains_of(embedded)
+    conn = embedded.open_connection(ctx)
+    await call(embedded, conn, "initialize", INIT, write=False)
+    assert (await call(embedded, conn, "session.list"))["error"] is None
+    roots = domains._roots
+    assert roots is not None
+    await asyncio.wait_for(roots, 30)
+    assert bundled_ssl_context.cache_info().currsize == 1

@@ -8,10 +8,14 @@ every turn uses.
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import magi_code
+from magi_code.composition import LATER_MODULES
 
 # Top-level packages that must not be loaded by importing the CLI module.
 HEAVY_FOR_CLI = (
@@ -33,13 +37,19 @@ HEAVY_FOR_CLI = (
     "psutil",
     "importlib.metadata",
 )
+# httpx's command-line client and what it imports when installed (magi_code/__init__.py).
+HTTPX_CLI = ("httpx._main", "click", "pygments")
 # What the MCP SDK brings (none of it is needed by a turn without MCP servers).
 MCP_SDK = ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette", "uvicorn", "cryptography")
 
 
 def loaded_after(code: str, cwd: Path) -> set[str]:
-    """The names in ``sys.modules`` after running ``code`` in a new interpreter."""
-    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    """The modules loaded (``sys.modules`` entries that are not ``None``, the mark of a
+    module that must not be imported) after running ``code`` in a new interpreter."""
+    script = (
+        f"{code}\nimport json, sys\n"
+        "print(json.dumps(sorted(n for n, m in sys.modules.items() if m is not None)))\n"
+    )
     result = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -113,3 +123,48 @@ def test_the_daemon_preload_loads_the_product_and_the_http_stack_but_no_sdk(
     assert present(modules, MCP_SDK) == []
     for warmed in ("httpcore", "h11", "anyio._backends._asyncio", "certifi"):
         assert warmed in modules, warmed
+    assert present(modules, HTTPX_CLI) == []
+
+
+def test_the_embedded_services_are_built_without_what_a_first_turn_does_not_need(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "from pathlib import Path\n"
+        "from magi_code import composition\n"
+        "from magi_code.storage.launch import LaunchContext\n"
+        "for name in composition.LOAD_STEPS:\n"
+        "    __import__(name)\n"
+        f"composition._domain_services(LaunchContext(Path({str(tmp_path)!r}), Path('.'), {{}}))\n"
+    )
+    modules = loaded_after(code, tmp_path)
+    assert "magi_code.core.turns" in modules and "httpx" in modules
+    later = ("magi_code.protocol.v2", *LATER_MODULES)
+    assert present(modules, (*later, *HTTPX_CLI, *MCP_SDK)) == []
+
+
+def test_no_product_module_uses_the_httpx_command_line() -> None:
+    # magi_code/__init__.py keeps ``httpx._main`` from being imported: httpx then falls
+    # back to a stub ``main``, which nothing may call.
+    root = Path(magi_code.__file__).parent
+    uses = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                names = [f"{node.value.id}.{node.attr}"]
+            wrong = [n for n in names if n in ("httpx.main", "httpx._main")]
+            wrong += [n for n in names if n.split(".")[0] in ("click", "pygments")]
+            uses += [f"{path.relative_to(root)}: {n}" for n in wrong]
+    assert uses == []
+
+
+def test_importing_the_product_then_httpx_loads_no_httpx_command_line(tmp_path: Path) -> None:
+    code = "import magi_code, httpx\nassert httpx.main.__module__ == 'httpx'\n"
+    modules = loaded_after(code, tmp_path)
+    assert "httpx" in modules
+    assert present(modules, HTTPX_CLI) == []
