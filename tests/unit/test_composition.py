@@ -9,6 +9,7 @@ once the first answer was written, and leave nothing half-done at connection clo
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,6 +134,7 @@ async def test_the_written_answer_starts_the_load_in_the_background(
     assert domains.services is not None
     assert set(domains.services) == {spec.key for spec in DEFERRED}
     assert (ctx.mc_home / "settings.schema.json").is_file()
+    assert gc.isenabled()  # paused during the load only
 
 
 async def test_a_request_before_the_load_is_served_by_the_real_service(
