@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 MAX_ACTIVE_TURNS: Final = 16
 MAX_SERVICE_TURNS: Final = 64
 TURN_QUEUE_CAPACITY: Final = 256
+# Turn events released together, in one batch (one write).
+PUMP_BATCH: Final = 32
+# A queued turn event: (name, payload, the seq of the last record submitted before it).
+_Queued = tuple[str, dict[str, Any], int]
 # Provider deltas are split so that one delta event always fits its record.
 MAX_DELTA_BYTES: Final = 8192
 _START_FIELDS: Final = frozenset({"prompt", "options"})
@@ -187,9 +191,7 @@ class TurnRun:
         self._text_bytes = 0
         self._text_encoded = 0
         # (event, payload, seq of the last record submitted before it)
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any], int] | None] = asyncio.Queue(
-            TURN_QUEUE_CAPACITY
-        )
+        self._queue: asyncio.Queue[_Queued | None] = asyncio.Queue(TURN_QUEUE_CAPACITY)
         self._admission_open = True
         self.agent_task: asyncio.Task[None] | None = None
         self.task: asyncio.Task[None] | None = None
@@ -266,21 +268,45 @@ class TurnRun:
         return TurnEvent(self.info, name, payload["sequence"], envelope, failure)
 
     async def _pump(self) -> None:
+        """Release the queued events in order, each once the records before it are
+        durable. The events queued behind it whose records are durable already go in the
+        same batch (one write), at most ``PUMP_BATCH``; the next batch waits until this
+        one is written."""
         lease = self.attachment.lease
         held = False  # a record an event depends on failed: release nothing more
-        while (item := await self._queue.get()) is not None:
-            name, payload, mark = item
-            if not held:
-                try:
-                    await lease.durable(mark)
-                except ServiceError:
-                    held = True
-            if held:
-                if name == "turn.activity":
-                    self.activity_dropped += 1  # the terminal accounts for it
-                continue
-            event = self.event(name, payload)
-            await self.conn.output.put(Batch([event.envelope], turn_events=(event,))).done.wait()
+        item = await self._queue.get()
+        while item is not None:
+            events: list[TurnEvent] = []
+            carried: _Queued | None = None  # taken from the queue; leads the next batch
+            ended = False
+            while True:
+                name, payload, mark = item
+                if events and not held and mark > lease.durable_seq:
+                    carried = item
+                    break
+                if not held:
+                    try:
+                        await lease.durable(mark)
+                    except ServiceError:
+                        held = True
+                if held:
+                    if name == "turn.activity":
+                        self.activity_dropped += 1  # the terminal accounts for it
+                else:
+                    events.append(self.event(name, payload))
+                if len(events) >= PUMP_BATCH or self._queue.empty():
+                    break
+                next_item = self._queue.get_nowait()
+                if next_item is None:
+                    ended = True
+                    break
+                item = next_item
+            if events:
+                batch = Batch([e.envelope for e in events], turn_events=tuple(events))
+                await self.conn.output.put(batch).done.wait()
+            if ended:
+                return
+            item = carried if carried is not None else await self._queue.get()
 
     async def _run(self) -> None:
         assert self.agent_task is not None
