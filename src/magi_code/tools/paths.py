@@ -9,6 +9,7 @@ arbitrary commands anyway.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -103,19 +104,45 @@ def glob_depth(pattern: str) -> int | None:
 
 
 def walk(base: Path, *, max_depth: int | None = None) -> Iterator[tuple[str, bool]]:
-    """``(relative posix path, is_dir)`` under ``base``, sorted per directory.
+    """``(relative posix path, is_dir)`` under ``base``, sorted per directory: a
+    directory's entries (directories first), then each subdirectory's, depth first.
 
     Never follows directory symlinks (they are listed, not entered), skips ``.git`` and
-    unreadable directories.
+    unreadable directories. Strings only (no ``Path`` per entry): a listing is on the
+    tool loop's path.
     """
-    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-        relative_dir = Path(dirpath).relative_to(base).as_posix()
-        prefix = "" if relative_dir == "." else relative_dir + "/"
-        depth = 0 if not prefix else prefix.count("/")
-        dirnames[:] = sorted(name for name in dirnames if name not in SKIPPED_DIRS)
-        for name in dirnames:
-            yield prefix + name, True
-        for name in sorted(filenames):
-            yield prefix + name, False
-        if max_depth is not None and depth >= max_depth:
-            dirnames[:] = []
+    return _walk(os.fspath(base), "", 0, max_depth)
+
+
+def _walk(top: str, prefix: str, depth: int, max_depth: int | None) -> Iterator[tuple[str, bool]]:
+    try:
+        with os.scandir(top) as scan:
+            entries = list(scan)
+    except OSError:
+        return
+    dirs: list[str] = []
+    files: list[str] = []
+    links: set[str] = set()
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            files.append(entry.name)
+        elif entry.name not in SKIPPED_DIRS:
+            dirs.append(entry.name)
+            with contextlib.suppress(OSError):
+                if entry.is_symlink():
+                    links.add(entry.name)
+    dirs.sort()
+    files.sort()
+    for name in dirs:
+        yield prefix + name, True
+    for name in files:
+        yield prefix + name, False
+    if max_depth is not None and depth >= max_depth:
+        return
+    for name in dirs:
+        if name not in links:
+            yield from _walk(os.path.join(top, name), f"{prefix}{name}/", depth + 1, max_depth)
