@@ -56,6 +56,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
+import orjson
+
 SECRET_PROVIDER_TEXT = "fake-provider-text-must-not-leak"
 
 Ending = Literal["complete", "eof", "disconnect", "stall", "error_event", "malformed"]
@@ -578,7 +580,9 @@ class FakeProviderServer:
             await self._control(method, url.path, body, writer)
             return True
         try:
-            parsed = json.loads(body) if body else None
+            # orjson: a stand-in for a remote server should cost the machine little (the
+            # bodies of a long tool loop reach hundreds of KiB).
+            parsed = orjson.loads(body) if body else None
         except ValueError:
             parsed = None
         with self._lock:

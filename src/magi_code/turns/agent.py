@@ -5,10 +5,11 @@ provider and streams assistant text to the sink. When the model asks for tools, 
 is persisted, executed, its result persisted, and the loop asks the model again, up to a
 bounded number of provider requests. Consecutive calls of read-only tools (``read_only``)
 run at the same time, at most ``MAX_CONCURRENT_READS`` at once: their calls are recorded
-first, in order, each result as it finishes; the model gets the results in call order. Everything the next turn and replay need goes
-through ``sink.record`` (durable appends); activity goes through ``sink.activity``
-(lossy, never blocking); assistant text goes through ``sink.text`` (reliable, bounded)
-and, while it streams, is made durable in bounded increments (``turns.streamed``).
+first, in order, each result as it finishes; the model gets the results in call order.
+Everything the next turn and replay need goes through ``sink.record`` (durable appends);
+activity goes through ``sink.activity`` (lossy, never blocking); assistant text goes
+through ``sink.text`` (reliable, bounded) and, while it streams, is made durable in
+bounded increments (``turns.streamed``).
 
 Continuation: a response the provider's output-token limit ended (``max_tokens``) is
 continued automatically, at most ``MAX_CONTINUATIONS`` times in a row: the partial text
