@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import logging.handlers
 import os
@@ -133,10 +134,10 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
     os.environ.pop(NOTIFY_ENV, None)
     os.umask(0o077)
     raise_fd_limit()
-    if on_demand:
-        _detach_from_caller()
     ready = _ReadyPipe(ready_fd)
     try:
+        if on_demand:
+            _detach_from_caller()
         paths = runtime_paths(ctx)
         ensure_private_dir(paths.state_dir)
         ensure_private_dir(paths.socket_dir)
@@ -228,21 +229,28 @@ def _serve(
     notifier: Notifier,
     journal: bool,
 ) -> int:
-    import uvloop
-
-    from magi_code.composition import build_coordinator
-
-    from .preload import import_product_modules
-    from .supervised import SupervisedServer
-
     build = build_id()  # of the files as they are now, before anything else is loaded
+    # Start-up allocates much and frees little: collections during the imports would only
+    # scan what lives as long as the daemon, so they wait until it is loaded, and what it
+    # loaded is frozen out of every later collection.
+    gc.disable()
     try:
+        import uvloop
+
+        from magi_code.composition import build_coordinator
+
+        from .preload import import_product_modules
+        from .supervised import SupervisedServer
+
         import_product_modules()
     except (ImportError, SyntaxError, OSError, AttributeError, NameError) as exc:
         # A broken or half-replaced install: nothing to serve with.
         log.error("cannot load the installed package (%s)", type(exc).__name__)
         ready.fail(f"cannot load the installed magi-code package ({type(exc).__name__})")
         return EXIT_UNSAFE
+    finally:
+        gc.freeze()
+        gc.enable()
 
     async def main() -> str | None:
         coordinator = await build_coordinator(ctx, ("unix",))
@@ -298,6 +306,11 @@ def _scrub_environment(ctx: LaunchContext, ready_fd: int | None) -> LaunchContex
 
 
 def _detach_from_caller() -> None:
+    # The starter waits for the process it spawned: that one exits here, and the daemon
+    # goes on in its child (adopted by init, never a zombie of the starter). Nothing
+    # runs a thread yet. /proc/<pid>/environ is still the one exec'd with.
+    if os.fork():
+        os._exit(0)
     # Own session and process group: the frontend's terminal or group kill does not reach us.
     with contextlib.suppress(OSError):
         os.setsid()

@@ -249,6 +249,31 @@ async def test_the_daemon_loads_no_product_module_after_it_is_ready(
         await peer.close()
 
 
+@pytest.mark.parametrize("how", ["daemon run", "on demand"])
+def test_an_install_that_cannot_be_imported_is_a_start_up_error(
+    home: Path, other_copy: Path, how: str
+) -> None:
+    """A half-replaced install: a module that neither the CLI nor the daemon's own start
+    imports (the coordinator's) does not compile. The daemon says so and exits 2."""
+    (other_copy / "magi_code" / "core" / "persistent.py").write_text("def half(:\n")
+    if how == "daemon run":
+        done = cli(home, "daemon", "run", extra=_other(other_copy))
+        assert done.returncode == 2, done
+        assert "magi-code: cannot load the installed magi-code package (SyntaxError)" in (
+            done.stderr
+        )
+    else:
+        done = cli(home, "daemon", "start", extra=_other(other_copy))
+        assert done.returncode == 1, done
+        assert (
+            "cannot start the daemon: cannot load the installed magi-code package (SyntaxError)"
+            in done.stderr
+        )
+    assert "Traceback" not in done.stderr
+    assert status(home)["running"] is False
+    assert not paths(home).socket.exists()
+
+
 async def test_a_stopped_daemon_is_reported_by_the_shim_within_3_s(
     home: Path, project: Path
 ) -> None:
