@@ -86,7 +86,8 @@ def daemon_running(home: Path) -> bool:
 
 
 def daemons_of(home: Path) -> list[int]:
-    """Pids of every live ``magi-code daemon run`` process serving ``home`` (from /proc)."""
+    """Pids of every live daemon process serving ``home`` (from /proc): ``magi-code daemon
+    run``, or ``python -m magi_code.daemon`` as the on-demand starter spawns it."""
     wanted = f"MC_HOME={home}".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -94,7 +95,8 @@ def daemons_of(home: Path) -> list[int]:
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            if b"daemon" not in cmdline or b"run" not in cmdline:
+            on_demand = b"magi_code.daemon" in cmdline
+            if not on_demand and (b"daemon" not in cmdline or b"run" not in cmdline):
                 continue
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -1,30 +1,37 @@
 """Start the daemon on demand: one daemon from any number of concurrent starters.
 
 A starter takes ``start.lock``, retries the connection (someone may have just started
-it), and spawns ``magi-code daemon run --on-demand`` only while nobody holds the lifetime
-lock; it then waits on a readiness pipe (``READY`` / ``ERR reason`` / EOF) and keeps the
-start lock until the daemon answers. A live daemon that does not answer is never killed
-or unlinked: the starter waits for it while it has no socket or refuses as ``draining``
-(starting or stopping), and reports at once one that accepts but does not answer its
-``hello`` within :data:`ANSWER_TIMEOUT_SECONDS` (stopped or wedged).
+it), and spawns the daemon (``python -m magi_code.daemon``, an on-demand ``daemon run``)
+only while nobody holds the lifetime lock; it then waits on a readiness pipe (``READY`` /
+``ERR reason`` / EOF) and keeps the start lock until the daemon answers. A live daemon
+that does not answer is never killed or unlinked: the starter waits for it while it has
+no socket or refuses as ``draining`` (starting or stopping), and reports at once one that
+accepts but does not answer its ``hello`` within :data:`ANSWER_TIMEOUT_SECONDS` (stopped
+or wedged).
 
-The daemon is spawned through ``/bin/sh -c '... &'`` so it is not our child (no zombie),
-and it calls ``setsid`` itself, leaving the frontend's session and process group. Where
-a systemd user manager runs, it is also wrapped in ``systemd-run --user --scope`` so it
+:func:`start_daemon` is all of it, blocking, around the caller's own connection (the shim
+imports no asyncio for it); :func:`ensure_daemon` runs it from an event loop.
+
+The daemon is spawned directly with exactly its allow-listed environment, so it needs no
+re-exec to drop ours (a shell in between would add ``PWD`` and force one). It forks once
+and the process we spawned exits at once, so the daemon is not our child (no zombie); it
+calls ``setsid`` itself, leaving the frontend's session and process group. Where a
+systemd user manager runs, it is also wrapped in ``systemd-run --user --scope`` so it
 leaves the frontend's cgroup (a terminal or IDE scope being stopped would kill it).
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
 import select
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from magi_code.endpoint.lock import StartLockTimeout, is_held, start_lock
 from magi_code.endpoint.paths import ensure_private_dir, runtime_paths
@@ -32,7 +39,6 @@ from magi_code.storage.launch import LaunchContext
 from magi_code.tools.environment import daemon_environment
 from magi_code.version import build_id
 
-from .channel import Channel, socket_for
 from .errors import DaemonError, DaemonTimeout, DaemonUnavailable
 
 START_TIMEOUT_SECONDS: Final = 30.0
@@ -40,6 +46,8 @@ START_TIMEOUT_SECONDS: Final = 30.0
 ANSWER_TIMEOUT_SECONDS: Final = 3.0
 NO_SCOPE_ENV: Final = "MC_DAEMON_NO_SCOPE"
 MANAGER_NAMES: Final = frozenset({"NOTIFY_SOCKET", "JOURNAL_STREAM"})
+
+T = TypeVar("T")
 
 
 class DaemonStartError(Exception):
@@ -51,64 +59,68 @@ async def ensure_daemon(
 ) -> dict[str, Any]:
     """Return the ``welcome`` of a daemon for ``ctx.mc_home`` once one answers a control hello.
 
+    :func:`start_daemon` in a worker thread, its hellos on this event loop.
     Raises :class:`DaemonStartError` (one operator line) or ``UnsafeRuntimeDir``.
     """
-    welcome = await _answers(ctx, build_id())
-    if welcome is not None:
-        return welcome
-    paths = runtime_paths(ctx)
-    await asyncio.to_thread(ensure_private_dir, paths.state_dir)
-    deadline = time.monotonic() + timeout
-    # The start lock is a blocking flock: hold it in a worker thread for the whole start.
-    acquired: asyncio.Event = asyncio.Event()
-    release = asyncio.Event()
+    import asyncio
+
     loop = asyncio.get_running_loop()
 
-    def hold() -> None:
-        with start_lock(paths.start_lock, timeout):
-            loop.call_soon_threadsafe(acquired.set)
-            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+    def welcome(build: str | None) -> dict[str, Any]:
+        return asyncio.run_coroutine_threadsafe(_welcome(ctx, build), loop).result()
 
-    holder = asyncio.ensure_future(asyncio.to_thread(hold))
-    try:
-        waiter = asyncio.ensure_future(acquired.wait())
-        await asyncio.wait({waiter, holder}, return_when=asyncio.FIRST_COMPLETED)
-        if holder.done():
-            waiter.cancel()
-            try:
-                holder.result()
-            except StartLockTimeout as exc:
-                raise DaemonStartError(str(exc)) from None
-        return await _start_locked(ctx, deadline)
-    except (DaemonUnavailable, DaemonError) as exc:
-        raise DaemonStartError(str(exc)) from None
-    finally:
-        release.set()
-        if not holder.done():
-            await holder
+    return await asyncio.to_thread(start_daemon, ctx, welcome, timeout)
 
 
-async def _start_locked(ctx: LaunchContext, deadline: float) -> dict[str, Any]:
+def start_daemon(
+    ctx: LaunchContext,
+    connect: Callable[[str | None], T],
+    timeout: float = START_TIMEOUT_SECONDS,
+) -> T:
+    """Blocking: ``connect(build)`` to this home's daemon, starting one when none answers.
+
+    ``connect`` is the caller's own connection (a control hello, the shim's ``v1_shim``
+    one), so what it returns once a daemon answers is what the caller uses; it raises
+    ``DaemonUnavailable`` when none listens (or it is draining). With a ``build``, a daemon
+    of another build that is idle makes way; once we spawned one, ``build`` is None.
+
+    Raises :class:`DaemonStartError` (one operator line) or ``UnsafeRuntimeDir``.
+    """
+    found = _answer(connect, build_id())
+    if found is not None:
+        return found
+    paths = runtime_paths(ctx)
+    ensure_private_dir(paths.state_dir)
+    deadline = time.monotonic() + timeout
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(start_lock(paths.start_lock, timeout))
+        except StartLockTimeout as exc:
+            raise DaemonStartError(str(exc)) from None
+        return _start_locked(ctx, connect, deadline)
+
+
+def _start_locked(ctx: LaunchContext, connect: Callable[[str | None], T], deadline: float) -> T:
     paths = runtime_paths(ctx)
     attempts = 0
     while time.monotonic() < deadline:
         # Once we spawned a daemon it runs the files installed now, which may be a newer
         # build than this process loaded: accept it rather than replace it again.
-        welcome = await _answers(ctx, None if attempts else build_id())
-        if welcome is not None:
-            return welcome
-        if await asyncio.to_thread(is_held, paths.lock):
-            await asyncio.sleep(0.05)  # starting or draining: never touch it, wait
+        found = _answer(connect, None if attempts else build_id())
+        if found is not None:
+            return found
+        if is_held(paths.lock):
+            time.sleep(0.05)  # starting or draining: never touch it, wait
             continue
         if attempts >= 3:
             break
         use_scope = attempts == 0 and _scope_available(ctx)
         attempts += 1
-        reply = await asyncio.to_thread(_spawn_and_wait, ctx, use_scope, deadline)
-        if reply.startswith("ERR ") and not await asyncio.to_thread(is_held, paths.lock):
+        reply = _spawn_and_wait(ctx, use_scope, deadline)
+        if reply.startswith("ERR ") and not is_held(paths.lock):
             raise DaemonStartError(reply[4:])
         # Else another daemon took the lock first (a service manager restarting it): wait.
-    if await asyncio.to_thread(is_held, paths.lock):
+    if is_held(paths.lock):
         raise DaemonStartError(
             "a daemon holds the lock for this MC_HOME but does not answer; "
             "check `magi-code daemon status` and its log"
@@ -116,18 +128,14 @@ async def _start_locked(ctx: LaunchContext, deadline: float) -> dict[str, Any]:
     raise DaemonStartError(f"the daemon did not start; see its log at {paths.log}")
 
 
-async def _answers(ctx: LaunchContext, build: str | None) -> dict[str, Any] | None:
-    """The welcome of this home's daemon, or None when none listens (or it is draining).
-
-    With ``build``, a daemon of another build that is idle stops for us (None).
+def _answer(connect: Callable[[str | None], T], build: str | None) -> T | None:
+    """What ``connect`` returns, or None when no daemon listens (or it is draining).
 
     Raises :class:`DaemonStartError` for a daemon that listens but does not answer in
     time, and for one that cannot serve us (another user's, another home's).
     """
     try:
-        channel = await Channel.open(
-            socket_for(ctx), "control", ctx, timeout=ANSWER_TIMEOUT_SECONDS, build=build
-        )
+        return connect(build)
     except DaemonUnavailable:
         return None
     except DaemonTimeout as exc:
@@ -137,6 +145,14 @@ async def _answers(ctx: LaunchContext, build: str | None) -> dict[str, Any] | No
         ) from None
     except DaemonError as exc:
         raise DaemonStartError(str(exc)) from None
+
+
+async def _welcome(ctx: LaunchContext, build: str | None) -> dict[str, Any]:
+    from .channel import Channel, socket_for
+
+    channel = await Channel.open(
+        socket_for(ctx), "control", ctx, timeout=ANSWER_TIMEOUT_SECONDS, build=build
+    )
     await channel.close()
     return channel.welcome
 
@@ -153,21 +169,13 @@ def _scope_available(ctx: LaunchContext) -> bool:
 def _spawn_and_wait(ctx: LaunchContext, use_scope: bool, deadline: float) -> str:
     """Spawn a detached daemon; return its readiness line ("" when it exited silently)."""
     read_fd, write_fd = os.pipe()
-    argv = [
-        sys.executable,
-        "-m",
-        "magi_code",
-        "daemon",
-        "run",
-        "--on-demand",
-        "--ready-fd",
-        str(write_fd),
-    ]
+    # ``magi-code daemon run --on-demand`` without the command line's parser.
+    argv = [sys.executable, "-m", "magi_code.daemon", "--ready-fd", str(write_fd)]
     if use_scope:
         argv = ["systemd-run", "--user", "--scope", "--quiet", "--collect", "--", *argv]
     try:
-        shell = subprocess.Popen(
-            ["/bin/sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv],
+        child = subprocess.Popen(
+            argv,
             pass_fds=(write_fd,),
             start_new_session=True,
             cwd="/",
@@ -182,13 +190,18 @@ def _spawn_and_wait(ctx: LaunchContext, use_scope: bool, deadline: float) -> str
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        shell.wait()
+    except OSError:
+        child = None  # as a daemon that exited silently: the next attempt has no scope
     finally:
         os.close(write_fd)
     try:
-        return _read_line(read_fd, deadline)
+        return _read_line(read_fd, deadline) if child is not None else ""
     finally:
         os.close(read_fd)
+        if child is not None:
+            # It exits as soon as it forked the daemon (or failed before that): reap it.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=ANSWER_TIMEOUT_SECONDS)
 
 
 def _read_line(fd: int, deadline: float) -> str:

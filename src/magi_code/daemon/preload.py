@@ -23,7 +23,7 @@ from typing import Final
 import magi_code
 
 # Entry points that run on import, not library code.
-SKIPPED: Final = frozenset({"magi_code.__main__"})
+SKIPPED: Final = frozenset({"magi_code.__main__", "magi_code.daemon.__main__"})
 
 
 def import_product_modules() -> list[str]:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from magi_code.tools.environment import is_daemon_variable
@@ -89,8 +90,12 @@ async def test_a_planted_key_is_used_for_its_turn_and_then_nowhere_in_the_daemon
         raw = Path(f"/proc/{pid}/environ").read_bytes()
         for value in (PLANTED, *OTHER_SECRETS.values()):
             assert value.encode() not in raw
-        assert all(is_daemon_variable(name) for name in environ if name != "MC_DAEMON_REEXEC")
+        # The starter spawned it with exactly the allow-list: it never had to re-exec.
+        assert {name for name in environ if not is_daemon_variable(name)} == set()
+        assert "MC_DAEMON_REEXEC" not in environ
         assert environ["MC_HOME"] == str(home)
+        # Not the shim's child (it forked away from the process the starter spawned).
+        assert psutil.Process(pid).ppid() != svc.proc.pid
 
         # A second client without the variable (the first is still connected): its shell
         # tool reads its own environment and its parent's, the daemon's. The output goes
