@@ -1,9 +1,10 @@
 """Structured activity and the tool loop through the real stdio process (issue 8).
 
 Figures: ``turn.activity`` events/s (and drops) for a tool-heavy scripted turn (many
-``list_files`` calls per provider reply, over many replies); and the tool loop's cost per
-iteration: the time of a turn with K provider round trips that each make one cheap tool
-call, minus the time of a turn without tools, divided by K.
+``list_files`` calls per provider reply, over many replies), embedded and through the
+shim to a daemon; and the tool loop's cost per iteration (embedded): the time of a turn
+with K provider round trips that each make one cheap tool call, minus the time of a turn
+without tools, divided by K.
 
     .venv/bin/python benchmarks/bench_activity.py [--quick]
 """
@@ -17,8 +18,11 @@ from typing import Any
 
 import orjson
 from benchlib import (
+    DAEMON_ENV,
+    EMBEDDED_ENV,
     FakeProvider,
     ServiceProcess,
+    daemon_workspace,
     figure,
     heading,
     median,
@@ -79,7 +83,7 @@ async def timed_turn(service: ServiceProcess) -> tuple[float, dict[str, int]]:
 
 
 async def activity_rate(
-    service: ServiceProcess, fake: FakeProvider, turns: int, rounds: int
+    service: ServiceProcess, fake: FakeProvider, turns: int, rounds: int, mode: str
 ) -> None:
     calls = 16
     rates: list[float] = []
@@ -91,7 +95,7 @@ async def activity_rate(
         delivered += counts["activity"]
         dropped += counts["dropped"]
     figure(
-        f"activity events/s, {rounds} replies x {calls} list_files calls",
+        f"activity events/s, {rounds} replies x {calls} list_files, {mode}",
         median(rates),
         "events/s",
     )
@@ -128,16 +132,27 @@ async def main(args: argparse.Namespace) -> None:
     heading("bench_activity: activity events and the tool loop", args.quick)
     # One provider request is the final answer; the rest may call tools.
     rounds = 4 if args.quick else MAX_PROVIDER_REQUESTS - 1
+    turns = 1 if args.quick else 3
     async with FakeProvider.running() as fake:
         with workspace() as ws:
             populate_project(ws.project)
             write_provider_settings(ws.home, fake.base_url)
-            async with running_service(ws) as service:
-                # Warm-up: first-use imports and connections are not part of the figures.
-                await fake.enqueue(tool_reply(1, 0), FINAL_REPLY)
-                await timed_turn(service)
-                await activity_rate(service, fake, 1 if args.quick else 3, rounds)
+            async with running_service(ws, EMBEDDED_ENV) as service:
+                await warm_up(service, fake)
+                await activity_rate(service, fake, turns, rounds, "embedded")
                 await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
+        with daemon_workspace() as ws:
+            populate_project(ws.project)
+            write_provider_settings(ws.home, fake.base_url)
+            async with running_service(ws, DAEMON_ENV) as service:
+                await warm_up(service, fake)
+                await activity_rate(service, fake, turns, rounds, "daemon")
+
+
+async def warm_up(service: ServiceProcess, fake: FakeProvider) -> None:
+    """First-use imports and connections are not part of the figures."""
+    await fake.enqueue(tool_reply(1, 0), FINAL_REPLY)
+    await timed_turn(service)
 
 
 if __name__ == "__main__":
