@@ -7,10 +7,11 @@ running daemon's has the daemon replaced (see ``docs/unix-daemon.md``, "Upgrades
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-import re
 import sys
+import time
 from typing import Final
 
 BUILD_DIGEST_CHARS: Final = 16
@@ -18,6 +19,9 @@ DIST_NAME: Final = "magi-code"
 # ``importlib.metadata``'s normalized form of DIST_NAME, as its directory names carry it.
 _NORMALIZED: Final = "magi_code"
 _FALLBACK_VERSION: Final = "0.0.0"
+_CACHE_NAME: Final = "build-id"
+_HEX_CHARS: Final = 64
+_RACY_NS: Final = 2_000_000_000
 
 
 @functools.cache
@@ -79,8 +83,10 @@ def _is_ours(name: str) -> bool:
     low = name.lower()
     if not low.endswith((".dist-info", ".egg-info")):
         return False
-    stem = low.rpartition(".")[0].partition("-")[0]
-    return re.sub(r"[-_.]+", "_", stem) == _NORMALIZED
+    stem = low.rpartition(".")[0].partition("-")[0].replace("-", "_").replace(".", "_")
+    while "__" in stem:  # runs of separators are one (``re`` would cost every start ~2 ms)
+        stem = stem.replace("__", "_")
+    return stem == _NORMALIZED
 
 
 def _metadata_version(path: str) -> str:
@@ -109,20 +115,88 @@ def build_id() -> str:
     """``<version>+<digest>``: the version and a digest of every file of this package.
 
     Computed once per process from the files as installed (paths and contents, byte
-    caches excluded), so it changes with any upgrade, downgrade or edit.
+    caches excluded), so it changes with any upgrade, downgrade or edit, and two copies
+    with the same files and version agree.
     """
-    import hashlib  # ~3 ms: only the daemon and its clients need a build identity
-
     root = os.path.dirname(os.path.realpath(__file__))
-    digest = hashlib.sha256()
-    # os.walk, not pathlib: this runs in every shim start, where pathlib costs ~10 ms.
+    return f"{package_version()}+{package_digest(root)[:BUILD_DIGEST_CHARS]}"
+
+
+def package_digest(root: str) -> str:
+    """The SHA-256 of the files under ``root``, kept in ``__pycache__/build-id``.
+
+    Reading and hashing every file costs a few ms on each shim start, so the digest is
+    stored beside the stat signature of the files it was computed from and reused while
+    that signature is unchanged: an edit, a copy or a re-install changes a file's size,
+    mtime, ctime or inode (and ctime cannot be set back). A cache that cannot be read or
+    written only costs the hashing.
+    """
+    files = _package_files(root)
+    signature, newest = _signature(files)
+    cache = os.path.join(root, "__pycache__", _CACHE_NAME)
+    try:
+        with open(cache, "rb") as file:
+            digest, _, cached = file.read().partition(b"\n")
+        if signature and cached == signature and len(digest) == _HEX_CHARS:
+            return digest.decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        pass
+    digest_text = _content_digest(files)
+    # A file changed while it was read, or so recently that a next change could keep its
+    # timestamps (their granularity): not cached, the next start hashes again.
+    if _signature(files)[0] == signature and newest < time.time_ns() - _RACY_NS:
+        _write_cache(cache, digest_text.encode("ascii") + b"\n" + signature)
+    return digest_text
+
+
+def _package_files(root: str) -> list[tuple[str, str]]:
+    """(relative path, path) of every file under ``root`` but ``__pycache__``, in order."""
+    files = []
+    # os.walk, not pathlib: this runs in every shim start, where pathlib costs ~5 ms.
     for directory, subdirs, names in os.walk(root):
         subdirs[:] = sorted(name for name in subdirs if name != "__pycache__")
         for name in sorted(names):
             path = os.path.join(directory, name)
-            with open(path, "rb") as file:
-                data = file.read()
-            digest.update(os.path.relpath(path, root).encode())
-            digest.update(b"\0%d\0" % len(data))
-            digest.update(data)
-    return f"{package_version()}+{digest.hexdigest()[:BUILD_DIGEST_CHARS]}"
+            files.append((os.path.relpath(path, root), path))
+    return files
+
+
+def _signature(files: list[tuple[str, str]]) -> tuple[bytes, int]:
+    """Each file's path and stat fields, and the newest of their timestamps (ns)."""
+    lines = []
+    newest = 0
+    for relative, path in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return b"", 0  # vanished: nothing to compare with (hashing it fails too)
+        stats = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        lines.append(os.fsencode(relative) + b"\0%d\0%d\0%d\0%d\0%d" % stats)
+        newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
+    return b"\n".join(lines), newest
+
+
+def _content_digest(files: list[tuple[str, str]]) -> str:
+    import hashlib  # ~3 ms (OpenSSL): only when the cache does not answer
+
+    digest = hashlib.sha256()
+    for relative, path in files:
+        with open(path, "rb") as file:
+            data = file.read()
+        digest.update(relative.encode())
+        digest.update(b"\0%d\0" % len(data))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _write_cache(path: str, data: bytes) -> None:
+    """Replace the cache file atomically (concurrent starts may write it together)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(temporary, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
