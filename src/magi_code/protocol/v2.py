@@ -9,7 +9,6 @@ answer), and builds every frame the daemon sends. Codes and their fixed messages
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Literal, cast
 
@@ -137,95 +136,195 @@ class Rejected(Exception):
 # -- client frames ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class _Frozen:
+    """What ``@dataclass(frozen=True, slots=True)`` gave the frames below: equality and
+    hashing by field, a repr by field, no assignment. ``__slots__`` lists the fields in
+    their order (the constructor's), hence not sorted.
+
+    Hand-written: the stdio shim imports this module, and importing dataclasses (inspect,
+    ast) and generating a dozen classes with it cost every shim start ~8 ms.
+    """
+
+    __slots__: tuple[str, ...] = ()
+
+    def _set(self, *values: object) -> None:
+        for name, value in zip(self.__slots__, values, strict=True):
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, _Frozen)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+
+class Launch(_Frozen):
     """The frontend's launch context as sent (absolute paths, string environment).
 
     A ``control`` hello states only its home: ``mc_home`` is set, ``project_dir`` is ``""``
     and ``env`` is empty.
     """
 
+    __slots__ = ("mc_home", "project_dir", "env", "umask")  # noqa: RUF023
     mc_home: str
     project_dir: str
     env: dict[str, str]
     # The frontend's file-mode creation mask; None from a client that predates the field.
-    umask: int | None = None
+    umask: int | None
+
+    def __init__(
+        self, mc_home: str, project_dir: str, env: dict[str, str], umask: int | None = None
+    ) -> None:
+        self._set(mc_home, project_dir, env, umask)
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(_Frozen):
+    __slots__ = (  # noqa: RUF023
+        "role",
+        "version",
+        "launch",
+        "client_name",
+        "delta_interval_ms",
+        "client_version",
+        "build_id",
+    )
     role: Role
     version: int
     launch: Launch | None
     client_name: str
-    delta_interval_ms: int = 0
+    delta_interval_ms: int
     # The client's installed package version and build (``magi_code.version``), if sent.
-    client_version: str | None = None
-    build_id: str | None = None
+    client_version: str | None
+    build_id: str | None
+
+    def __init__(
+        self,
+        role: Role,
+        version: int,
+        launch: Launch | None,
+        client_name: str,
+        delta_interval_ms: int = 0,
+        client_version: str | None = None,
+        build_id: str | None = None,
+    ) -> None:
+        self._set(role, version, launch, client_name, delta_interval_ms, client_version, build_id)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(_Frozen):
+    __slots__ = ("data",)
     data: bytes
 
-
-@dataclass(frozen=True, slots=True)
-class Oversize:
-    pass
+    def __init__(self, data: bytes) -> None:
+        self._set(data)
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
+class Oversize(_Frozen):
+    __slots__ = ()
+
+
+class Written(_Frozen):
+    __slots__ = ("seq",)
     seq: object
 
-
-@dataclass(frozen=True, slots=True)
-class OutputFailed:
-    pass
+    def __init__(self, seq: object) -> None:
+        self._set(seq)
 
 
-@dataclass(frozen=True, slots=True)
-class Eof:
-    pass
+class OutputFailed(_Frozen):
+    __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Eof(_Frozen):
+    __slots__ = ()
+
+
+class Request(_Frozen):
     """A v1 request envelope as a map, with the v2 extras (deadline, idempotency key)."""
 
+    __slots__ = ("message", "request_id", "deadline_ms", "idempotency_key")  # noqa: RUF023
     message: object
     request_id: str | None
-    deadline_ms: int | None = None
-    idempotency_key: str | None = None
+    deadline_ms: int | None
+    idempotency_key: str | None
+
+    def __init__(
+        self,
+        message: object,
+        request_id: str | None,
+        deadline_ms: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        self._set(message, request_id, deadline_ms, idempotency_key)
 
 
-@dataclass(frozen=True, slots=True)
-class Control:
+class Control(_Frozen):
+    __slots__ = ("id", "op")
     id: object
     op: object
 
+    def __init__(self, id: object, op: object) -> None:
+        self._set(id, op)
 
-@dataclass(frozen=True, slots=True)
-class TakeControl:
+
+class TakeControl(_Frozen):
+    __slots__ = ("id", "session_id")
     id: object
     session_id: object
 
+    def __init__(self, id: object, session_id: object) -> None:
+        self._set(id, session_id)
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
+
+class Snapshot(_Frozen):
+    __slots__ = ("id", "session_id", "turn_ids", "project_dir", "cursor")  # noqa: RUF023
     id: object
-    session_id: str | None = None
-    turn_ids: frozenset[str] | None = None
-    project_dir: str | None = None
-    cursor: str | None = None
+    session_id: str | None
+    turn_ids: frozenset[str] | None
+    project_dir: str | None
+    cursor: str | None
+
+    def __init__(
+        self,
+        id: object,
+        session_id: str | None = None,
+        turn_ids: frozenset[str] | None = None,
+        project_dir: str | None = None,
+        cursor: str | None = None,
+    ) -> None:
+        self._set(id, session_id, turn_ids, project_dir, cursor)
 
 
-@dataclass(frozen=True, slots=True)
-class Attach:
+class Attach(_Frozen):
+    __slots__ = ("id", "turn_id", "after_sequence", "session_id")  # noqa: RUF023
     id: object
     turn_id: str
-    after_sequence: int = -1
-    session_id: str | None = None
+    after_sequence: int
+    session_id: str | None
+
+    def __init__(
+        self,
+        id: object,
+        turn_id: str,
+        after_sequence: int = -1,
+        session_id: str | None = None,
+    ) -> None:
+        self._set(id, turn_id, after_sequence, session_id)
 
 
 ClientFrame = (

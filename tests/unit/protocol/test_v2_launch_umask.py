@@ -10,7 +10,17 @@ from typing import Any
 
 import pytest
 
-from magi_code.protocol.v2 import Code, Fatal, Launch, hello, parse_hello
+from magi_code.protocol.v2 import (
+    Code,
+    Eof,
+    Fatal,
+    Launch,
+    Oversize,
+    Record,
+    Snapshot,
+    hello,
+    parse_hello,
+)
 
 LAUNCH = Launch("/home/user/.magi-code", "/work/project", {"LANG": "C"})
 
@@ -59,3 +69,15 @@ def test_a_control_hello_does_not_read_the_umask() -> None:
     built["launch"]["umask"] = "not read"
     parsed = parse_hello(built)
     assert parsed.launch == Launch(LAUNCH.mc_home, "", {})
+
+
+def test_frames_are_values_equal_by_class_and_fields_and_frozen() -> None:
+    assert Record(b"x") == Record(b"x") and hash(Record(b"x")) == hash(Record(b"x"))
+    assert Record(b"x") != Record(b"y") and Eof() != Oversize() and Eof() == Eof()
+    assert Snapshot(1, turn_ids=frozenset({"t"})) == Snapshot(1, None, frozenset({"t"}))
+    assert repr(LAUNCH) == (
+        "Launch(mc_home='/home/user/.magi-code', project_dir='/work/project', "
+        "env={'LANG': 'C'}, umask=None)"
+    )
+    with pytest.raises(AttributeError):
+        LAUNCH.umask = 0
