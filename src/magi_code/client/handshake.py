@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from magi_code.endpoint.paths import read_info, runtime_paths, verify_private_dir
+from magi_code.endpoint.paths import (
+    INFO_NAME,
+    read_info_file,
+    runtime_dir_of,
+    socket_name_of,
+    socket_path_of,
+    state_dir_of,
+    verify_private_dir,
+)
 from magi_code.protocol.v2 import Launch, Role, hello
-from magi_code.storage.launch import LaunchContext
+from magi_code.storage.process import current_umask, home_of, spelled
 from magi_code.version import package_version
 
 from .errors import DaemonDraining, DaemonError, DaemonTimeout, DaemonUnavailable, ForeignDaemon
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from magi_code.storage.launch import LaunchContext
 
 # A daemon that accepted the connection answers hello in milliseconds; one that does not
 # within this bound is stopped (SIGSTOP) or wedged.
@@ -28,32 +40,55 @@ def launch_of(ctx: LaunchContext) -> Launch:
     return Launch(str(ctx.mc_home), str(ctx.project_dir), dict(ctx.env), ctx.umask)
 
 
+def process_launch() -> Launch:
+    """This process's launch context, as ``launch_of(LaunchContext.from_process())`` says
+    it, without building one (the stdio shim imports neither pathlib nor dataclasses)."""
+    env = dict(os.environ)
+    return Launch(home_of(env), os.getcwd(), env, current_umask())
+
+
+def context_of(launch: Launch) -> LaunchContext:
+    """The :class:`LaunchContext` of a launch (the inverse of :func:`launch_of`)."""
+    from pathlib import Path
+
+    from magi_code.storage.launch import LaunchContext
+
+    return LaunchContext(Path(launch.mc_home), Path(launch.project_dir), launch.env, launch.umask)
+
+
 def socket_for(ctx: LaunchContext) -> Path:
     """The socket the daemon of ``ctx.mc_home`` bound (from ``daemon.json``), or the default."""
-    paths = runtime_paths(ctx)
-    info = read_info(paths)
+    from pathlib import Path
+
+    return Path(daemon_socket(str(ctx.mc_home), ctx.env))
+
+
+def daemon_socket(mc_home: str, env: Mapping[str, str]) -> str:
+    """:func:`socket_for` of an ``MC_HOME`` and environment, as a string."""
+    default = socket_path_of(runtime_dir_of(mc_home, env), socket_name_of(mc_home, env))
+    info = read_info_file(os.path.join(state_dir_of(mc_home), INFO_NAME))
     recorded = info.get("socket") if info else None
-    return Path(recorded) if isinstance(recorded, str) else paths.socket
+    return spelled(recorded) if isinstance(recorded, str) else default
 
 
-def check_socket_dir(socket_path: Path) -> None:
+def check_socket_dir(socket_path: Path | str) -> None:
     """The socket's directory must be private to us before we connect (no daemon: none)."""
     try:
-        verify_private_dir(socket_path.parent)
+        verify_private_dir(os.path.dirname(os.fspath(socket_path)))
     except FileNotFoundError:
         raise DaemonUnavailable("no daemon is running") from None
 
 
 def hello_frame(
     role: Role,
-    launch: LaunchContext | None,
+    launch: LaunchContext | Launch | None,
     *,
     client_name: str,
     options: Mapping[str, Any] | None = None,
     build: str | None = None,
 ) -> dict[str, Any]:
     """The ``hello`` this client sends first (RFC-0002 §3)."""
-    launch_frame = None if launch is None else launch_of(launch)
+    launch_frame = launch if launch is None or isinstance(launch, Launch) else launch_of(launch)
     return hello(role, launch_frame, client_name, package_version(), options, build)
 
 
@@ -61,7 +96,7 @@ def seconds(value: float) -> str:
     return f"{value:g} s"
 
 
-def connect_failure(exc: OSError, socket_path: Path, timeout: float) -> Exception:
+def connect_failure(exc: OSError, socket_path: Path | str, timeout: float) -> Exception:
     """What a failed ``connect`` to the daemon's socket means for the client."""
     # TimeoutError and BlockingIOError are OSErrors: they must come first.
     if isinstance(exc, TimeoutError):
@@ -119,7 +154,7 @@ def welcome_of(first: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(first)
 
 
-def _owner(path: Path) -> int | None:
+def _owner(path: Path | str) -> int | None:
     try:
         return os.stat(path).st_uid
     except OSError:

@@ -23,17 +23,27 @@ never for protocol output.
 
 from __future__ import annotations
 
-import hashlib
+import errno
+import json
 import os
 import stat
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
 
-import orjson
+from magi_code.storage.process import joined, spelled
 
-from magi_code.storage.launch import LaunchContext
+try:
+    # CPython's own SHA-256 (what hashlib falls back to): hashlib loads OpenSSL first,
+    # ~2 ms of every shim start for one short digest. Python 3.12 renamed the module.
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]
+except ImportError:
+    from hashlib import sha256 as _sha256
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from magi_code.storage.launch import LaunchContext
 
 APP_DIR_NAME: Final = "magi-code"
 SOCKET_NAME: Final = "daemon.sock"
@@ -56,13 +66,15 @@ class SocketPathTooLong(UnsafeRuntimeDir):
     """The socket path would not fit in ``sockaddr_un.sun_path``."""
 
 
-@dataclass(frozen=True, slots=True)
 class RuntimePaths:
     """Every file the daemon and its clients agree on for one user and ``MC_HOME``."""
 
-    state_dir: Path
-    socket_dir: Path
-    socket_name: str = SOCKET_NAME
+    __slots__ = ("socket_dir", "socket_name", "state_dir")
+
+    def __init__(self, state_dir: Path, socket_dir: Path, socket_name: str = SOCKET_NAME) -> None:
+        self.state_dir = state_dir
+        self.socket_dir = socket_dir
+        self.socket_name = socket_name
 
     @property
     def socket(self) -> Path:
@@ -85,62 +97,104 @@ class RuntimePaths:
         return self.state_dir / INFO_NAME
 
 
+# The resolution works on strings (``os.path``), for the stdio shim: importing pathlib
+# would cost every shim start ~5 ms. The Path API below wraps the same functions.
+
+
 def runtime_paths(ctx: LaunchContext, *, platform: str = sys.platform) -> RuntimePaths:
+    from pathlib import Path
+
+    home = os.fspath(ctx.mc_home)
     return RuntimePaths(
-        state_dir=state_dir(ctx),
-        socket_dir=runtime_dir(ctx, platform=platform),
-        socket_name=socket_name(ctx),
+        state_dir=Path(state_dir_of(home)),
+        socket_dir=Path(runtime_dir_of(home, ctx.env, platform=platform)),
+        socket_name=socket_name_of(home, ctx.env),
     )
 
 
 def socket_name(ctx: LaunchContext) -> str:
+    return socket_name_of(os.fspath(ctx.mc_home), ctx.env)
+
+
+def state_dir(ctx: LaunchContext) -> Path:
+    from pathlib import Path
+
+    return Path(state_dir_of(os.fspath(ctx.mc_home)))
+
+
+def runtime_dir(ctx: LaunchContext, *, platform: str = sys.platform) -> Path:
+    """The socket directory for ``ctx`` (pure resolution: nothing is created)."""
+    from pathlib import Path
+
+    return Path(runtime_dir_of(os.fspath(ctx.mc_home), ctx.env, platform=platform))
+
+
+def socket_name_of(mc_home: str, env: Mapping[str, str]) -> str:
     """``daemon-<hash>.sock`` in a shared ``MC_RUNTIME_DIR``; else ``daemon.sock``.
 
     Every other socket dir is already private to one ``MC_HOME`` (named by its hash, or
     its own ``run/``).
     """
-    if ctx.env.get(RUNTIME_DIR_ENV):
-        return f"daemon-{home_hash(ctx.mc_home)}.sock"
+    if env.get(RUNTIME_DIR_ENV):
+        return f"daemon-{home_hash(mc_home)}.sock"
     return SOCKET_NAME
 
 
-def home_hash(mc_home: Path) -> str:
+def home_hash(mc_home: Path | str) -> str:
     """Short stable name for one ``MC_HOME`` (resolved, so aliases share one daemon)."""
-    return hashlib.sha256(os.fsencode(mc_home.resolve())).hexdigest()[:_HASH_CHARS]
+    digest = _sha256(os.fsencode(resolved_path(os.fspath(mc_home))))
+    return str(digest.hexdigest())[:_HASH_CHARS]
 
 
-def state_dir(ctx: LaunchContext) -> Path:
-    return ctx.mc_home.resolve() / "run"
+def resolved_path(path: str) -> str:
+    """``str(pathlib.Path(path).resolve())``: symlinks resolved, a symlink loop refused."""
+    resolved = os.path.realpath(path)
+    try:
+        os.stat(resolved)
+    except OSError as exc:
+        # Not strict: only a loop is an error (realpath stops at one silently).
+        if exc.errno == errno.ELOOP:
+            raise RuntimeError(f"Symlink loop from {exc.filename!r}") from None
+    return resolved
 
 
-def runtime_dir(ctx: LaunchContext, *, platform: str = sys.platform) -> Path:
-    """The socket directory for ``ctx`` (pure resolution: nothing is created)."""
-    override = ctx.env.get(RUNTIME_DIR_ENV)
+def state_dir_of(mc_home: str) -> str:
+    return joined(resolved_path(mc_home), "run")
+
+
+def runtime_dir_of(mc_home: str, env: Mapping[str, str], *, platform: str = sys.platform) -> str:
+    """The socket directory of ``mc_home`` (pure resolution: nothing is created)."""
+    override = env.get(RUNTIME_DIR_ENV)
     if override:
-        directory = Path(override)
-        if not directory.is_absolute():
+        if not override.startswith("/"):
             raise UnsafeRuntimeDir(f"{RUNTIME_DIR_ENV} must be an absolute path")
-        socket_path(directory, socket_name(ctx))
+        directory = spelled(override)
+        socket_path_of(directory, socket_name_of(mc_home, env))
         return directory
-    name = home_hash(ctx.mc_home)
-    candidates: list[Path] = []
+    name = home_hash(mc_home)
+    candidates: list[str] = []
     base_var = "TMPDIR" if platform == "darwin" else "XDG_RUNTIME_DIR"
-    base = _trusted_base(ctx.env.get(base_var))
+    base = _trusted_base(env.get(base_var))
     if base is not None:
-        candidates.append(base / APP_DIR_NAME / name)
-    candidates.append(state_dir(ctx))
+        candidates.append(joined(base, f"{APP_DIR_NAME}/{name}"))
+    candidates.append(state_dir_of(mc_home))
     for candidate in candidates:
         if socket_path_fits(candidate):
             return candidate
-    return Path("/tmp") / f"{APP_DIR_NAME}-{os.geteuid()}" / name
+    return f"/tmp/{APP_DIR_NAME}-{os.geteuid()}/{name}"
 
 
-def socket_path_fits(directory: Path, name: str = SOCKET_NAME) -> bool:
-    return len(os.fsencode(directory / name)) <= MAX_SOCKET_PATH_BYTES
+def socket_path_fits(directory: Path | str, name: str = SOCKET_NAME) -> bool:
+    return len(os.fsencode(joined(os.fspath(directory), name))) <= MAX_SOCKET_PATH_BYTES
 
 
 def socket_path(directory: Path, name: str = SOCKET_NAME) -> Path:
-    path = directory / name
+    socket_path_of(os.fspath(directory), name)
+    return directory / name
+
+
+def socket_path_of(directory: str, name: str = SOCKET_NAME) -> str:
+    path = joined(directory, name)
     if not socket_path_fits(directory, name):
         raise SocketPathTooLong(
             f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
@@ -149,7 +203,7 @@ def socket_path(directory: Path, name: str = SOCKET_NAME) -> Path:
     return path
 
 
-def _trusted_base(value: str | None) -> Path | None:
+def _trusted_base(value: str | None) -> str | None:
     """``value`` when it is an absolute directory owned by us with no group/other access."""
     if not value or not os.path.isabs(value):
         return None
@@ -159,7 +213,7 @@ def _trusted_base(value: str | None) -> Path | None:
         return None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         return None
-    return Path(value)
+    return spelled(value)
 
 
 def ensure_private_dir(path: Path) -> None:
@@ -191,7 +245,7 @@ def ensure_private_dir(path: Path) -> None:
         raise UnsafeRuntimeDir(f"runtime directory {path} vanished while being created") from None
 
 
-def verify_private_dir(path: Path) -> None:
+def verify_private_dir(path: Path | str) -> None:
     """Raise :class:`UnsafeRuntimeDir` unless ``path`` is a private directory of ours.
 
     Private means: not a symlink, a directory, owned by the effective UID, no group/other
@@ -228,10 +282,10 @@ def verify_private_dir(path: Path) -> None:
     _verify_ancestors(path)
 
 
-def _verify_ancestors(path: Path) -> None:
+def _verify_ancestors(path: Path | str) -> None:
     euid = os.geteuid()
-    parent = Path(os.path.realpath(path.parent))
-    for ancestor in (parent, *parent.parents):
+    ancestor = os.path.realpath(os.path.dirname(os.fspath(path)))
+    while True:
         st = os.stat(ancestor)
         if st.st_uid not in (0, euid):
             raise UnsafeRuntimeDir(
@@ -243,12 +297,24 @@ def _verify_ancestors(path: Path) -> None:
                 f"{ancestor} (an ancestor of runtime directory {path}) is writable by others; "
                 f"run `chmod go-w {ancestor}` or choose another location"
             )
+        if ancestor == "/":
+            return
+        ancestor = os.path.dirname(ancestor)
 
 
 def read_info(paths: RuntimePaths) -> dict[str, object] | None:
     """The daemon's ``daemon.json`` (pid, version, socket, ...), or None if unreadable."""
+    return read_info_file(os.fspath(paths.info))
+
+
+def read_info_file(path: str) -> dict[str, object] | None:
+    """``daemon.json`` at ``path``, or None if unreadable.
+
+    The json module, not orjson: importing orjson costs every shim start ~10 ms.
+    """
     try:
-        data = orjson.loads(paths.info.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+        with open(path, "rb") as file:
+            data = json.loads(file.read())
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None

@@ -14,32 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def current_umask() -> int:
-    """This process's file-mode creation mask.
-
-    Read from ``/proc/self/status`` where it is there (Linux): the only other way is to
-    set a mask and put the old one back, which briefly changes it for every thread, and
-    the daemon creates private files from worker threads. Elsewhere the swap is the
-    fallback, through 077 so that anything created in that window is private, not open.
-    """
-    try:
-        with open("/proc/self/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8) & 0o777
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0o077)
-    os.umask(old)
-    return old
-
-
-def default_home(env: Mapping[str, str]) -> Path:
-    home = env.get("MC_HOME")
-    if home:
-        return Path(home)
-    return Path(env.get("HOME") or os.path.expanduser("~")) / ".magi-code"
+# Re-exported: where the tools have always imported it from.
+from magi_code.storage.process import current_umask as current_umask
+from magi_code.storage.process import home_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +32,7 @@ class LaunchContext:
     def from_process(cls) -> LaunchContext:
         env = dict(os.environ)
         return cls(
-            mc_home=default_home(env).absolute(),
+            mc_home=Path(home_of(env)),
             project_dir=Path.cwd(),
             env=env,
             umask=current_umask(),
