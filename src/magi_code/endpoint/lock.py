@@ -32,8 +32,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from filelock import Timeout
-
 from magi_code.endpoint.paths import UnsafeRuntimeDir, verify_private_dir
 from magi_code.storage.files import locked
 
@@ -269,7 +267,7 @@ def start_lock(path: Path, timeout: float) -> Iterator[None]:
     stack = contextlib.ExitStack()
     try:
         stack.enter_context(locked(path.with_suffix(""), timeout=timeout))
-    except Timeout:
+    except TimeoutError:  # filelock.Timeout, not imported (see storage.files.locked)
         # filelock's message names the path; ours must not.
         raise StartLockTimeout("timed out waiting for another daemon start") from None
     except OSError as exc:  # a read-only MC_HOME, a full disk

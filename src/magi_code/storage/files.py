@@ -19,8 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from filelock import Timeout
-
 # How often ``locked`` retries a contended lock (filelock's Timeout is kept for callers).
 _LOCK_POLL: Final = 0.01
 
@@ -144,6 +142,10 @@ def locked(path: Path, timeout: float = 10.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
+                    # Imported only here: filelock costs a cold start ~25 ms (logging,
+                    # secrets, decimal), before the shim can even spawn the daemon.
+                    from filelock import Timeout
+
                     raise Timeout(lock_path) from None
                 time.sleep(_LOCK_POLL)
         yield
