@@ -131,8 +131,7 @@ def package_digest(root: str) -> str:
     mtime, ctime or inode (and ctime cannot be set back). A cache that cannot be read or
     written only costs the hashing.
     """
-    files = _package_files(root)
-    signature, newest = _signature(files)
+    files, signature, newest = _scan(root)
     cache = os.path.join(root, "__pycache__", _CACHE_NAME)
     try:
         with open(cache, "rb") as file:
@@ -144,36 +143,63 @@ def package_digest(root: str) -> str:
     digest_text = _content_digest(files)
     # A file changed while it was read, or so recently that a next change could keep its
     # timestamps (their granularity): not cached, the next start hashes again.
-    if _signature(files)[0] == signature and newest < time.time_ns() - _RACY_NS:
+    if _scan(root)[1] == signature and newest < time.time_ns() - _RACY_NS:
         _write_cache(cache, digest_text.encode("ascii") + b"\n" + signature)
     return digest_text
 
 
-def _package_files(root: str) -> list[tuple[str, str]]:
-    """(relative path, path) of every file under ``root`` but ``__pycache__``, in order."""
-    files = []
-    # os.walk, not pathlib: this runs in every shim start, where pathlib costs ~5 ms.
-    for directory, subdirs, names in os.walk(root):
-        subdirs[:] = sorted(name for name in subdirs if name != "__pycache__")
-        for name in sorted(names):
-            path = os.path.join(directory, name)
-            files.append((os.path.relpath(path, root), path))
-    return files
+def _scan(root: str) -> tuple[list[tuple[str, str]], bytes, int]:
+    """Every file under ``root`` but ``__pycache__`` as (relative path, path), in
+    ``os.walk``'s order with sorted names (symlinked directories are not entered); their
+    stat signature (empty when one cannot be read); the newest of their timestamps (ns).
 
-
-def _signature(files: list[tuple[str, str]]) -> tuple[bytes, int]:
-    """Each file's path and stat fields, and the newest of their timestamps (ns)."""
-    lines = []
+    ``os.scandir`` by hand: this runs in every shim start, and ``os.walk`` with
+    ``os.path.relpath`` and ``os.stat`` per file cost ~1 ms more.
+    """
+    files: list[tuple[str, str]] = []
+    lines: list[str] = []
     newest = 0
-    for relative, path in files:
+    readable = True
+
+    def walk(directory: str, prefix: str) -> None:
+        nonlocal newest, readable
         try:
-            st = os.stat(path)
+            with os.scandir(directory) as found:
+                entries = sorted(found, key=_name)
         except OSError:
-            return b"", 0  # vanished: nothing to compare with (hashing it fails too)
-        stats = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-        lines.append(os.fsencode(relative) + b"\0%d\0%d\0%d\0%d\0%d" % stats)
-        newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
-    return b"\n".join(lines), newest
+            return  # as os.walk: an unreadable directory has no files
+        subdirs = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if entry.name != "__pycache__" and not entry.is_symlink():
+                    subdirs.append(entry)
+                continue
+            relative = prefix + entry.name
+            files.append((relative, entry.path))
+            try:
+                st = entry.stat()
+            except OSError:
+                readable = False  # hashing it fails too
+                continue
+            lines.append(
+                f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+                f"\0{st.st_ino}\0{st.st_dev}"
+            )
+            newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
+        for entry in subdirs:
+            walk(entry.path, f"{prefix}{entry.name}/")
+
+    walk(root, "")
+    signature = os.fsencode("\n".join(lines)) if readable else b""
+    return files, signature, newest
+
+
+def _name(entry: os.DirEntry[str]) -> str:
+    return entry.name
 
 
 def _content_digest(files: list[tuple[str, str]]) -> str:
