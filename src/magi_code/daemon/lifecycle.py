@@ -153,6 +153,7 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
         )
         return EXIT_ALREADY_RUNNING
     keeper = SocketKeeper(ctx, paths, lock)
+    ready.under_lock = True
     try:
         return _serve(ctx, keeper, on_demand, ready, notifier, journal)
     except (UnsafeRuntimeDir, OSError) as exc:
@@ -162,6 +163,7 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
     finally:
         keeper.close()
         lock.release()
+        ready.lock_released()
         log.info("exited")
 
 
@@ -415,6 +417,11 @@ class _ReadyPipe:
     def __init__(self, fd: int | None) -> None:
         self._fd = fd
         self._answered = False
+        # Set while we hold the lifetime lock: an ``ERR`` waits until it is released, so
+        # the starter reading it finds the lock free, not still held by this exiting
+        # daemon (which it would take for another one, wait for, and start again).
+        self.under_lock = False
+        self._failure: bytes | None = None
 
     def ok(self) -> None:
         self._send(b"READY\n")
@@ -424,7 +431,17 @@ class _ReadyPipe:
         if self._fd is None and not self._answered:
             with contextlib.suppress(OSError, ValueError):
                 sys.stderr.write(f"magi-code: {line}\n")
-        self._send(f"ERR {line}".encode()[:1000] + b"\n")
+        data = f"ERR {line}".encode()[:1000] + b"\n"
+        if self.under_lock:
+            self._answered = True
+            self._failure = self._failure or data
+            return
+        self._send(data)
+
+    def lock_released(self) -> None:
+        self.under_lock = False
+        if self._failure is not None:
+            self._send(self._failure)
 
     def _send(self, data: bytes) -> None:
         self._answered = True
