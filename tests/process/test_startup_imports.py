@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from magi_code.protocol import envelope
-from tests.process.daemon.support import status, wait_for
+from tests.process.daemon.support import cli, status, wait_for
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service, service_env
@@ -180,3 +180,43 @@ async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
     assert "magi_code.tools.mcp" in names and "magi_code.composition" in names  # preload
     assert "httpcore" in names  # warmed
     assert among(names, MCP_SDK) == []
+
+
+async def test_a_ready_daemon_loads_the_http_stack_of_turns_before_any_turn(
+    home: Path, service_mode: str
+) -> None:
+    if service_mode != "daemon":
+        pytest.skip("the daemon's imports")
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "magi_code",
+        "daemon",
+        "run",
+        env=service_env(home, {"MC_DAEMON_IDLE_SECONDS": "0"}),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert daemon.stderr is not None
+    lines: list[str] = []
+
+    async def read_until_warmed() -> None:
+        assert daemon.stderr is not None
+        while "anyio._backends._asyncio" not in imported(lines):
+            line = await daemon.stderr.readline()
+            assert line, "the daemon exited"
+            lines.append(line.decode(errors="replace").rstrip("\n"))
+
+    try:
+        # Ready first (nothing of the HTTP stack is needed to answer), then loaded
+        # without any client asking for anything.
+        await asyncio.wait_for(read_until_warmed(), 60)
+        assert "magi_code.composition" in imported(lines)
+        assert {"httpcore", "h11"} <= set(imported(lines))
+    finally:
+        stopped = await asyncio.to_thread(cli, home, "daemon", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert await asyncio.wait_for(daemon.wait(), 60) == 0

@@ -2,8 +2,8 @@
 
 ``import magi_code.cli`` (every command's first step) loads no heavy third-party module;
 ``magi_code.tools.mcp`` and a toolset without servers load nothing of the MCP SDK; the
-daemon's preload imports every product module but not the SDK, and warms the HTTP stack
-every turn uses.
+daemon's preload imports every product module but not the SDK, nor the HTTP stack every
+turn uses, which ``warm_turn_modules`` loads (the daemon calls it once it is ready).
 """
 
 from __future__ import annotations
@@ -110,18 +110,25 @@ def test_a_toolset_with_a_server_loads_the_sdk(tmp_path: Path) -> None:
     assert present(loaded_after(code, tmp_path), ("mcp",)) == ["mcp"]
 
 
-def test_the_daemon_preload_loads_the_product_and_the_http_stack_but_no_sdk(
+WARMED = ("httpcore", "h11", "anyio._backends._asyncio", "certifi")
+
+
+def test_the_daemon_preload_loads_the_product_but_no_sdk_and_warming_the_http_stack(
     tmp_path: Path,
 ) -> None:
     code = (
+        "import sys\n"
         "from magi_code.daemon.preload import import_product_modules\n"
         "names = import_product_modules()\n"
         "assert 'magi_code.tools.mcp' in names and 'magi_code.composition' in names\n"
+        f"assert [m for m in {WARMED!r} if m in sys.modules] == [], 'warmed at once'\n"
+        "from magi_code.turns.runtime import warm_turn_modules\n"
+        "warm_turn_modules()\n"
     )
     modules = loaded_after(code, tmp_path)
     assert "magi_code.tools.mcp" in modules and "magi_code.turns.runtime" in modules
     assert present(modules, MCP_SDK) == []
-    for warmed in ("httpcore", "h11", "anyio._backends._asyncio", "certifi"):
+    for warmed in WARMED:
         assert warmed in modules, warmed
     assert present(modules, HTTPX_CLI) == []
 

@@ -78,6 +78,9 @@ DEFAULT_ON_DEMAND_IDLE_SECONDS: Final = 60.0
 LOCK_WAIT_SECONDS: Final = 10.0
 LOG_MAX_BYTES: Final = 1024 * 1024
 LOG_BACKUPS: Final = 3
+# The starter's client connects and initializes within milliseconds of READY: it is
+# answered first, then the HTTP stack of turns is loaded (~30 ms, see preload.py).
+WARM_AFTER_READY_SECONDS: Final = 0.05
 
 log = logging.getLogger("magi_code.daemon")
 
@@ -240,6 +243,7 @@ def _serve(
         import uvloop
 
         from magi_code.composition import build_coordinator
+        from magi_code.turns.runtime import warm_turn_modules
 
         from .preload import import_product_modules
         from .supervised import SupervisedServer
@@ -278,6 +282,7 @@ def _serve(
         def on_ready() -> None:  # the socket answers from here on
             ready.ok()
             notifier.ready(f"serving (version {package_version()})")
+            loop.call_later(WARM_AFTER_READY_SECONDS, warm_turn_modules)
 
         await server.serve(sock, on_ready)
         return server.stop_reason

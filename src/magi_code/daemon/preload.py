@@ -8,11 +8,12 @@ exception (``docs/unix-daemon.md``, "Upgrades"): today the MCP SDK, which
 ``magi_code.tools.mcp`` imports only when a turn's settings configure an MCP server (it
 costs ~0.5 s and ~35 MiB, so a daemon whose turns use none never loads it).
 
-The first turn of a daemon would otherwise also import the parts of the HTTP stack that
-``httpx`` loads only on the first request (``httpcore``'s connection pool, ``h11``,
-``anyio``'s asyncio backend, ``certifi``'s bundle path): those
-(``turns.runtime.TURN_MODULES``) are imported here too, so a ready daemon's first turn
-costs what its later turns cost.
+The parts of the HTTP stack that ``httpx`` loads only on the first request
+(``httpcore``'s connection pool, ``h11``, ``anyio``'s asyncio backend, ``certifi``'s bundle
+path: ``turns.runtime.TURN_MODULES``) are third-party code that no upgrade guarantee
+covers: the daemon imports them right after it is ready (``lifecycle``), once its first
+client has been answered, so they cost a cold start nothing and a first turn that comes
+later than that nothing either.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ SKIPPED: Final = frozenset({"magi_code.__main__", "magi_code.daemon.__main__"})
 
 
 def import_product_modules() -> list[str]:
-    """Import every module of the installed package, then the third-party modules every
-    turn uses; returns the product modules' names, sorted."""
+    """Import every module of the installed package; returns their names, sorted."""
     names = [
         info.name
         for info in pkgutil.walk_packages(magi_code.__path__, "magi_code.")
@@ -38,7 +38,4 @@ def import_product_modules() -> list[str]:
         # ``__import__``, not importlib.import_module: ``-X importtime`` reports only the
         # former, and the daemon's imports are checked that way (tests/process).
         __import__(name)
-    from magi_code.turns.runtime import warm_turn_modules
-
-    warm_turn_modules()
     return sorted(names)
