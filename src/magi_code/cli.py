@@ -172,13 +172,15 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 def _run_service() -> int:
-    from magi_code.storage.launch import LaunchContext
+    import os
 
-    ctx = LaunchContext.from_process()
-    mode = ctx.env.get(_MODE_ENV) or "daemon"
+    mode = os.environ.get(_MODE_ENV) or "daemon"
     if mode == "embedded":
         import uvloop
 
+        from magi_code.storage.launch import LaunchContext
+
+        ctx = LaunchContext.from_process()
         _configure_logging()
 
         # ``initialize`` is answered before the domain services are loaded (composition).
@@ -187,11 +189,12 @@ def _run_service() -> int:
 
         return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
     if mode == "daemon":
-        # No event loop, and no logging set up: the shim with a warm daemon imports no
+        # No event loop, no logging set up and no LaunchContext (pathlib, dataclasses):
+        # the shim with a warm daemon states its launch context as strings, imports no
         # asyncio (see shim.bridge) and writes its few diagnostics itself.
         from magi_code.shim.bridge import serve_shim
 
-        return serve_shim(ctx)
+        return serve_shim()
     return _fail(f"{_MODE_ENV} must be 'daemon' or 'embedded'")
 
 

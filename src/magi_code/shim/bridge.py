@@ -21,17 +21,23 @@ import select
 import selectors
 import signal
 import sys
-from collections.abc import Callable
-from types import FrameType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from magi_code.client.errors import DaemonError, DaemonUnavailable
+from magi_code.client.handshake import process_launch
 from magi_code.endpoint.paths import UnsafeRuntimeDir
 from magi_code.protocol.frames import FrameError, encode_frame
-from magi_code.storage.launch import LaunchContext
 
 from .connect import Link, reach
 from .core import ShimCore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+    _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+    # What the bridge replaced, put back when it ends: the wake-up fd and the handlers.
+    _Signals = tuple[int, dict[signal.Signals, _Handler]]
 
 READ_CHUNK = 65536
 
@@ -42,13 +48,13 @@ def diagnostic(message: str) -> None:
         os.write(2, f"magi-code: {message}\n".encode())
 
 
-def serve_shim(ctx: LaunchContext) -> int:
+def serve_shim() -> int:
     """Run the v1 service on this process's stdio through the daemon; the exit code."""
     proto_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
-        link = reach(ctx)
+        link = reach(process_launch())
     except (DaemonUnavailable, DaemonError, UnsafeRuntimeDir) as exc:
         diagnostic(f"cannot reach the daemon: {exc}")
         return 1
@@ -228,16 +234,16 @@ class Bridge:
             wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         except ValueError:  # not the main thread (an embedding caller): no signals here
             return None
-        handlers = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS}
-        return _Signals(wakeup, handlers)
+        return wakeup, {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS}
 
     @staticmethod
     def _restore_signals(previous: _Signals | None) -> None:
         if previous is None:
             return
-        for signum, handler in previous.handlers.items():
+        wakeup, handlers = previous
+        for signum, handler in handlers.items():
             signal.signal(signum, handler)
-        signal.set_wakeup_fd(previous.wakeup)
+        signal.set_wakeup_fd(wakeup)
 
     @staticmethod
     def _drain_wakeups(fd: int) -> None:
@@ -247,11 +253,3 @@ class Bridge:
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
-
-
-class _Signals(NamedTuple):
-    """What the bridge replaced, put back when it ends."""
-
-    wakeup: int
-    handlers: dict[signal.Signals, _Handler]

@@ -1,7 +1,8 @@
 """The stdio shim forwards records as they arrive (a window of 32 in flight) and keeps v1's
 order: a pipelining frontend reads through the shim exactly the bytes embedded mode
 writes, a request ID is free again as soon as its answer was read, and the warm path of
-``--app service`` imports no asyncio, uvloop, httpx or filelock.
+``--app service`` imports no asyncio, uvloop, httpx or filelock, nor dataclasses, pathlib,
+orjson or hashlib.
 """
 
 from __future__ import annotations
@@ -20,7 +21,27 @@ from tests.process.daemon.support import cli
 from tests.support.service import ServiceProcess, service_env
 
 EMBEDDED = {"MC_SERVICE_MODE": "embedded"}
-HEAVY = ("asyncio", "uvloop", "httpx", "filelock")
+# Top-level modules the warm shim never imports: the event loop and the HTTP stack, and
+# what its launch context, paths, frames and build identity once cost each start
+# (dataclasses and what it imports, pathlib, orjson and what it imports, OpenSSL).
+HEAVY = (
+    "asyncio",
+    "uvloop",
+    "httpx",
+    "filelock",
+    "dataclasses",
+    "inspect",
+    "ast",
+    "pathlib",
+    "orjson",
+    "uuid",
+    "urllib",
+    "hashlib",
+    "_hashlib",
+)
+# Product modules it never imports: the dataclass LaunchContext (it states its launch
+# context as strings) and the starter (only a cold start needs it).
+HEAVY_PRODUCT = ("magi_code.storage.launch", "magi_code.client.starter")
 
 
 def _record(request_id: str, method: str, payload: dict[str, object] | None = None) -> bytes:
@@ -178,9 +199,7 @@ async def test_a_frontend_that_closes_stdout_while_pipelining_ends_the_shim_as_e
     assert errors[1] == errors[0] == ["magi-code: output error: stdout closed; stopping"]
 
 
-def test_the_warm_shim_imports_no_asyncio_uvloop_httpx_or_filelock(
-    home: Path, project: Path
-) -> None:
+def test_the_warm_shim_imports_none_of_the_heavy_modules(home: Path, project: Path) -> None:
     assert cli(home, "daemon", "start").returncode == 0
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "magi_code", "--app", "service"],
@@ -201,3 +220,4 @@ def test_the_warm_shim_imports_no_asyncio_uvloop_httpx_or_filelock(
     assert "magi_code.shim.bridge" in imported and "msgpack" in imported  # the parse works
     heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY)
     assert heavy == []
+    assert sorted(set(HEAVY_PRODUCT) & imported) == []
