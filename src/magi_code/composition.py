@@ -214,14 +214,6 @@ TLS_STEP: Final = "magi_code.providers.http"
 LATER_MODULES: Final = ("psutil",)
 
 
-def _load_bundled_roots() -> None:
-    from magi_code.providers.http import bundled_ssl_context
-
-    # A failure is not cached: the client that needs the roots tries again and fails.
-    with contextlib.suppress(OSError):
-        bundled_ssl_context()
-
-
 class DeferredDomains:
     """The domain services of an embedded coordinator, built once, on the event loop.
 
@@ -245,7 +237,9 @@ class DeferredDomains:
         with contextlib.suppress(ImportError):
             __import__(name)  # not importlib: ``-X importtime`` shows these
         if name == TLS_STEP and self._roots is None:
-            self._roots = asyncio.get_running_loop().run_in_executor(None, _load_bundled_roots)
+            from magi_code.providers.http import warm_bundled_roots
+
+            self._roots = asyncio.get_running_loop().run_in_executor(None, warm_bundled_roots)
 
     async def _background(self) -> None:
         # The load creates tens of thousands of objects that live as long as the process

@@ -79,7 +79,8 @@ LOCK_WAIT_SECONDS: Final = 10.0
 LOG_MAX_BYTES: Final = 1024 * 1024
 LOG_BACKUPS: Final = 3
 # The starter's client connects and initializes within milliseconds of READY: it is
-# answered first, then the HTTP stack of turns is loaded (~30 ms, see preload.py).
+# answered first, then the HTTP stack of turns is loaded (~30 ms, see preload.py) and the
+# bundled CA roots (in a worker thread).
 WARM_AFTER_READY_SECONDS: Final = 0.05
 
 log = logging.getLogger("magi_code.daemon")
@@ -243,6 +244,7 @@ def _serve(
         import uvloop
 
         from magi_code.composition import build_coordinator
+        from magi_code.providers.http import warm_bundled_roots
         from magi_code.turns.runtime import warm_turn_modules
 
         from .preload import import_product_modules
@@ -279,10 +281,15 @@ def _serve(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, server.request_stop, "signal")
 
+        def warm() -> None:
+            warm_turn_modules()
+            # The CA roots a first provider client needs (~20 ms, mostly outside the GIL).
+            loop.run_in_executor(None, warm_bundled_roots)
+
         def on_ready() -> None:  # the socket answers from here on
             ready.ok()
             notifier.ready(f"serving (version {package_version()})")
-            loop.call_later(WARM_AFTER_READY_SECONDS, warm_turn_modules)
+            loop.call_later(WARM_AFTER_READY_SECONDS, warm)
 
         await server.serve(sock, on_ready)
         return server.stop_reason

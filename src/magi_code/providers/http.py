@@ -203,6 +203,14 @@ def bundled_ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
+def warm_bundled_roots() -> None:
+    """:func:`bundled_ssl_context` ahead of a first client (run it in a worker thread:
+    mostly outside the GIL); never raises. A failure is not cached: the client that needs
+    the roots tries again and fails as it would have."""
+    with contextlib.suppress(OSError):
+        bundled_ssl_context()
+
+
 def build_client(options: TransportOptions) -> httpx.AsyncClient:
     """A client for these options; blocking (run it in a thread).
 
