@@ -271,9 +271,10 @@ class TurnRun:
         """Release the queued events in order, each once the records before it are
         durable. The events queued behind it whose records are durable already go in the
         same batch (one write), at most ``PUMP_BATCH``; the next batch waits until this
-        one is written."""
+        one is written. Once a record failed (the turn fails), activity is dropped and
+        counted, and text is released without waiting."""
         lease = self.attachment.lease
-        held = False  # a record an event depends on failed: release nothing more
+        held = False  # a record an event depends on failed: no more activity
         item = await self._queue.get()
         while item is not None:
             events: list[TurnEvent] = []
@@ -289,10 +290,11 @@ class TurnRun:
                         await lease.durable(mark)
                     except ServiceError:
                         held = True
-                if held:
-                    if name == "turn.activity":
-                        self.activity_dropped += 1  # the terminal accounts for it
+                if held and name == "turn.activity":
+                    self.activity_dropped += 1  # the terminal accounts for it
                 else:
+                    # Text goes out even after a failed record: the terminal's
+                    # assistant_text, sent regardless, holds it anyway.
                     events.append(self.event(name, payload))
                 if len(events) >= PUMP_BATCH or self._queue.empty():
                     break
