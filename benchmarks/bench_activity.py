@@ -134,19 +134,18 @@ async def main(args: argparse.Namespace) -> None:
     rounds = 4 if args.quick else MAX_PROVIDER_REQUESTS - 1
     turns = 1 if args.quick else 3
     async with FakeProvider.running() as fake:
-        with workspace() as ws:
-            populate_project(ws.project)
-            write_provider_settings(ws.home, fake.base_url)
-            async with running_service(ws, EMBEDDED_ENV) as service:
-                await warm_up(service, fake)
-                await activity_rate(service, fake, turns, rounds, "embedded")
-                await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
-        with daemon_workspace() as ws:
-            populate_project(ws.project)
-            write_provider_settings(ws.home, fake.base_url)
-            async with running_service(ws, DAEMON_ENV) as service:
-                await warm_up(service, fake)
-                await activity_rate(service, fake, turns, rounds, "daemon")
+        for mode, env, place in (
+            ("embedded", EMBEDDED_ENV, workspace),
+            ("daemon", DAEMON_ENV, daemon_workspace),
+        ):
+            with place() as ws:
+                populate_project(ws.project)
+                write_provider_settings(ws.home, fake.base_url)
+                async with running_service(ws, env) as service:
+                    await warm_up(service, fake)
+                    await activity_rate(service, fake, turns, rounds, mode)
+                    if mode == "embedded":
+                        await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
 
 
 async def warm_up(service: ServiceProcess, fake: FakeProvider) -> None:

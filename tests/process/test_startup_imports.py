@@ -136,14 +136,9 @@ async def test_embedded_initialize_imports_no_sdk_nor_runtime_and_a_turn_never_t
     assert among(early + late, MCP_SDK) == []
 
 
-async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
-    home: Path, project: Path, fake: FakeProviderServer, service_mode: str
-) -> None:
-    if service_mode != "daemon":
-        pytest.skip("the daemon's imports; the embedded service's are checked above")
-    write_settings(home, fake)
-    fake.enqueue(Reply(text=["Hel", "lo"]))
-    daemon = await asyncio.create_subprocess_exec(
+async def importtime_daemon(home: Path, cwd: Path | None = None) -> asyncio.subprocess.Process:
+    """``magi-code daemon run`` in the foreground, its import times on stderr (a pipe)."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-X",
         "importtime",
@@ -152,11 +147,21 @@ async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
         "daemon",
         "run",
         env=service_env(home, {"MC_DAEMON_IDLE_SECONDS": "0"}),
-        cwd=project,
+        cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
+    home: Path, project: Path, fake: FakeProviderServer, service_mode: str
+) -> None:
+    if service_mode != "daemon":
+        pytest.skip("the daemon's imports; the embedded service's are checked above")
+    write_settings(home, fake)
+    fake.enqueue(Reply(text=["Hel", "lo"]))
+    daemon = await importtime_daemon(home, project)
     assert daemon.stderr is not None
     # Read from the start: a full pipe would stop the daemon in its next import line.
     stderr = asyncio.create_task(daemon.stderr.read())
@@ -187,19 +192,7 @@ async def test_a_ready_daemon_loads_the_http_stack_of_turns_before_any_turn(
 ) -> None:
     if service_mode != "daemon":
         pytest.skip("the daemon's imports")
-    daemon = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-X",
-        "importtime",
-        "-m",
-        "magi_code",
-        "daemon",
-        "run",
-        env=service_env(home, {"MC_DAEMON_IDLE_SECONDS": "0"}),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    daemon = await importtime_daemon(home)
     assert daemon.stderr is not None
     lines: list[str] = []
 

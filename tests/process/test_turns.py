@@ -137,9 +137,7 @@ async def test_the_turns_of_a_service_share_one_provider_connection(
 ) -> None:
     # Each response is read to its end, so no request pays a new connection (over TLS, a
     # new handshake) because the previous one stopped reading at its terminal event.
-    env = builtin_env(home, fake, api) if api != "openai-chat" else {}
-    if api == "openai-chat":
-        write_settings(home, fake, api)
+    env = builtin_env(home, fake, api)
     call = FakeToolCall("c1", "list_files", '{"pattern": "*"}')
     fake.enqueue(Reply(text=[], tool_calls=[call]), Reply(text=["one"]), Reply(text=["two"]))
     async with running_service(home, project, env) as svc:
