@@ -28,6 +28,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,30 +60,49 @@ async def ensure_daemon(
 ) -> dict[str, Any]:
     """Return the ``welcome`` of a daemon for ``ctx.mc_home`` once one answers a control hello.
 
-    :func:`start_daemon` in a worker thread, its hellos on this event loop.
+    :func:`start_daemon` in a worker thread, its hellos on this event loop. Cancelling
+    it stops the start at the thread's next step (the start lock is released; a daemon
+    already spawned is left to start).
     Raises :class:`DaemonStartError` (one operator line) or ``UnsafeRuntimeDir``.
     """
     import asyncio
+    import concurrent.futures
+    import threading
 
     loop = asyncio.get_running_loop()
+    cancelled = threading.Event()
 
     def welcome(build: str | None) -> dict[str, Any]:
-        return asyncio.run_coroutine_threadsafe(_welcome(ctx, build), loop).result()
+        if cancelled.is_set():
+            raise DaemonStartError("the start was cancelled")
+        future = asyncio.run_coroutine_threadsafe(_welcome(ctx, build), loop)
+        try:
+            # Bounded: once we are cancelled the loop may stop before it runs the hello.
+            return future.result(2 * ANSWER_TIMEOUT_SECONDS)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise DaemonStartError("the start was cancelled") from None
 
-    return await asyncio.to_thread(start_daemon, ctx, welcome, timeout)
+    try:
+        return await asyncio.to_thread(start_daemon, ctx, welcome, timeout, cancelled)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
 
 
 def start_daemon(
     ctx: LaunchContext,
     connect: Callable[[str | None], T],
     timeout: float = START_TIMEOUT_SECONDS,
+    cancelled: threading.Event | None = None,
 ) -> T:
     """Blocking: ``connect(build)`` to this home's daemon, starting one when none answers.
 
     ``connect`` is the caller's own connection (a control hello, the shim's ``v1_shim``
     one), so what it returns once a daemon answers is what the caller uses; it raises
     ``DaemonUnavailable`` when none listens (or it is draining). With a ``build``, a daemon
-    of another build that is idle makes way; once we spawned one, ``build`` is None.
+    of another build that is idle makes way; once we spawned one, ``build`` is None. Once
+    ``cancelled`` is set, the next step raises :class:`DaemonStartError`.
 
     Raises :class:`DaemonStartError` (one operator line) or ``UnsafeRuntimeDir``.
     """
@@ -97,13 +117,20 @@ def start_daemon(
             held.enter_context(start_lock(paths.start_lock, timeout))
         except StartLockTimeout as exc:
             raise DaemonStartError(str(exc)) from None
-        return _start_locked(ctx, connect, deadline)
+        return _start_locked(ctx, connect, deadline, cancelled or threading.Event())
 
 
-def _start_locked(ctx: LaunchContext, connect: Callable[[str | None], T], deadline: float) -> T:
+def _start_locked(
+    ctx: LaunchContext,
+    connect: Callable[[str | None], T],
+    deadline: float,
+    cancelled: threading.Event,
+) -> T:
     paths = runtime_paths(ctx)
     attempts = 0
     while time.monotonic() < deadline:
+        if cancelled.is_set():
+            raise DaemonStartError("the start was cancelled")
         # Once we spawned a daemon it runs the files installed now, which may be a newer
         # build than this process loaded: accept it rather than replace it again.
         found = _answer(connect, None if attempts else build_id())
