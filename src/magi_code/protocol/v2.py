@@ -173,6 +173,13 @@ class _Frozen:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"cannot delete field {name!r}")
 
+    # copy, deepcopy and pickle restore the fields past the frozen ``__setattr__``.
+    def __getstate__(self) -> tuple[object, ...]:
+        return self._values()
+
+    def __setstate__(self, state: tuple[object, ...]) -> None:
+        self._set(*state)
+
 
 class Launch(_Frozen):
     """The frontend's launch context as sent (absolute paths, string environment).

@@ -6,6 +6,8 @@ else refuses the hello as ``invalid_hello``. A control hello reads only ``mc_hom
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any
 
 import pytest
@@ -81,3 +83,10 @@ def test_frames_are_values_equal_by_class_and_fields_and_frozen() -> None:
     )
     with pytest.raises(AttributeError):
         LAUNCH.umask = 0
+
+
+def test_frames_survive_copy_and_pickle() -> None:
+    for frame in (LAUNCH, Snapshot(1, turn_ids=frozenset({"t"})), Record(b"x"), Eof()):
+        assert copy.copy(frame) == frame
+        assert copy.deepcopy(frame) == frame
+        assert pickle.loads(pickle.dumps(frame)) == frame
