@@ -33,12 +33,16 @@ from typing import TYPE_CHECKING, Final
 
 from magi_code.storage.process import joined, spelled
 
+# CPython's own SHA-256 (what hashlib falls back to): hashlib loads OpenSSL first, ~2 ms
+# of every shim start for one short digest. The module is ``_sha256`` on 3.11 and
+# ``_sha2`` from 3.12 on.
 try:
-    # CPython's own SHA-256 (what hashlib falls back to): hashlib loads OpenSSL first,
-    # ~2 ms of every shim start for one short digest. Python 3.12 renamed the module.
     from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]
 except ImportError:
-    from hashlib import sha256 as _sha256
+    try:
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]
+    except ImportError:
+        from hashlib import sha256 as _sha256
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -207,7 +207,7 @@ def warm_bundled_roots() -> None:
     """:func:`bundled_ssl_context` ahead of a first client (run it in a worker thread:
     mostly outside the GIL); never raises. A failure is not cached: the client that needs
     the roots tries again and fails as it would have."""
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, ImportError):
         bundled_ssl_context()
 
 

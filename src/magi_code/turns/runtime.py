@@ -48,7 +48,7 @@ ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME, SKILL_TOOL
 
 # Third-party modules that a turn's first provider request imports (``httpx`` loads its
 # transports, ``anyio``'s asyncio backend and ``certifi`` only then): warmed by the daemon
-# before it is ready and by the embedded service after ``initialize``. The MCP SDK is
+# right after it is ready and by the embedded service after ``initialize``. The MCP SDK is
 # deliberately not among them (``tools.mcp`` imports it only for configured servers).
 TURN_MODULES: Final = (
     "certifi",
