@@ -95,6 +95,8 @@ def start_daemon(
     connect: Callable[[str | None], T],
     timeout: float = START_TIMEOUT_SECONDS,
     cancelled: threading.Event | None = None,
+    *,
+    probed: bool = False,
 ) -> T:
     """Blocking: ``connect(build)`` to this home's daemon, starting one when none answers.
 
@@ -102,13 +104,16 @@ def start_daemon(
     one), so what it returns once a daemon answers is what the caller uses; it raises
     ``DaemonUnavailable`` when none listens (or it is draining). With a ``build``, a daemon
     of another build that is idle makes way; once we spawned one, ``build`` is None. Once
-    ``cancelled`` is set, the next step raises :class:`DaemonStartError`.
+    ``cancelled`` is set, the next step raises :class:`DaemonStartError`. ``probed``: the
+    caller has just tried ``connect(build_id())``, so only the try under the start lock
+    (someone may have started it meanwhile) is repeated.
 
     Raises :class:`DaemonStartError` (one operator line) or ``UnsafeRuntimeDir``.
     """
-    found = _answer(connect, build_id())
-    if found is not None:
-        return found
+    if not probed:
+        found = _answer(connect, build_id())
+        if found is not None:
+            return found
     paths = runtime_paths(ctx)
     ensure_private_dir(paths.state_dir)
     deadline = time.monotonic() + timeout

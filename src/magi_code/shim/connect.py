@@ -141,6 +141,8 @@ def _start_and_connect(launch: Launch) -> Link:
     try:
         # Our own hello is the starter's probe, so the daemon it found or started serves
         # this connection (never asked to make way once started: build None).
-        return start_daemon(context_of(launch), lambda build: connect(launch, build=build))
+        return start_daemon(
+            context_of(launch), lambda build: connect(launch, build=build), probed=True
+        )
     except DaemonStartError as exc:
         raise DaemonError(str(exc)) from None
