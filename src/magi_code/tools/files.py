@@ -17,6 +17,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from stat import S_ISREG
 from typing import BinaryIO, Final
 
 from magi_code.storage.files import atomic_write
@@ -111,6 +112,20 @@ class ReadFile(BuiltinTool):
         return ToolOutcome(text)
 
 
+def _open_regular(path: Path, shown: str) -> BinaryIO:
+    """``path`` opened for reading, if it is a regular file. Anything else (a FIFO, a
+    device, a socket) is refused before a read could block the worker thread for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not S_ISREG(os.fstat(fd).st_mode):
+            raise ToolInputError(f"{shown} is not a regular file.")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read_file(project_dir: Path, raw_path: str, offset: int, limit: int) -> str:
     root = project_root(project_dir)
     path = resolve_in_project(root, raw_path)
@@ -118,7 +133,7 @@ def _read_file(project_dir: Path, raw_path: str, offset: int, limit: int) -> str
     if path.is_dir():
         raise ToolInputError(f"{shown} is a directory; use list_files.")
     try:
-        with path.open("rb") as fh:
+        with _open_regular(path, shown) as fh:
             if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
                 raise ToolInputError(f"{shown} is a binary file.")
             fh.seek(0)
@@ -273,10 +288,11 @@ def _edit_file(project_dir: Path, raw_path: str, old: str, new: str, replace_all
     if path.is_dir():
         raise ToolInputError(f"{shown} is a directory.")
     try:
-        stat = path.stat()
-        if stat.st_size > MAX_EDIT_FILE_BYTES:
-            raise ToolInputError(f"{shown} is too large to edit.")
-        text = path.read_bytes().decode("utf-8")
+        with _open_regular(path, shown) as fh:
+            stat = os.fstat(fh.fileno())
+            if stat.st_size > MAX_EDIT_FILE_BYTES:
+                raise ToolInputError(f"{shown} is too large to edit.")
+            text = fh.read().decode("utf-8")
     except FileNotFoundError:
         raise ToolInputError(f"{shown} does not exist.") from None
     except UnicodeDecodeError:

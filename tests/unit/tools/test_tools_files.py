@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,18 @@ async def test_read_file_refuses_binary_and_missing_files(ctx: ToolContext) -> N
     assert binary.is_error and "binary" in binary.output
     missing = await call(ReadFile(), ctx, path="nope.txt")
     assert missing.is_error and "does not exist" in missing.output
+
+
+@pytest.mark.timeout(30)
+async def test_a_fifo_is_refused_without_blocking(ctx: ToolContext) -> None:
+    # No writer ever opens it: a plain open would wait for one, holding a worker thread
+    # (and in the daemon, a thread every frontend's turns share) for good.
+    os.mkfifo(ctx.project_dir / "pipe")
+    read = await call(ReadFile(), ctx, path="pipe")
+    assert read == ToolOutcome.error("pipe is not a regular file.")
+    edit = await call(EditFile(), ctx, path="pipe", old_string="a", new_string="b")
+    assert edit == ToolOutcome.error("pipe is not a regular file.")
+    assert stat.S_ISFIFO((ctx.project_dir / "pipe").lstat().st_mode)
 
 
 @pytest.mark.parametrize(
