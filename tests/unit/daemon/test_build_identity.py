@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
 import pytest
-from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
-from tests.support.inprocess import InMemoryDaemon, in_memory_daemon
+from tests.support.inprocess import InMemoryDaemon
 from tests.support.v2peer import Peer
 
 from magi_code.client import Client, DaemonDraining
@@ -17,21 +13,6 @@ from magi_code.protocol import v2
 from magi_code.version import build_id, package_version
 
 OTHER = "9.9.9+0123456789abcdef"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def daemon(
-    home: Path, project: Path, fake: FakeProviderServer
-) -> AsyncIterator[InMemoryDaemon]:
-    write_settings(home, fake)
-    async with in_memory_daemon(home, project) as running:
-        yield running
 
 
 def test_build_id_is_the_version_and_a_digest() -> None:

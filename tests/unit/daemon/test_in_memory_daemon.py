@@ -8,7 +8,6 @@ the wire behaviour, not a client library's.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import msgpack
@@ -23,21 +22,6 @@ from magi_code.daemon import persistent_role
 from magi_code.protocol import envelope
 from magi_code.protocol.frames import MAX_FRAME_BYTES
 from magi_code.sessions.store import SessionStore
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def daemon(
-    home: Path, project: Path, fake: FakeProviderServer
-) -> AsyncIterator[InMemoryDaemon]:
-    write_settings(home, fake)
-    async with in_memory_daemon(home, project) as running:
-        yield running
 
 
 async def _peer(daemon: InMemoryDaemon) -> Peer:

@@ -36,18 +36,6 @@ def store(tmp_path: Path) -> SessionStore:
     return SessionStore(tmp_path / "sessions")
 
 
-@pytest.fixture
-def session(store: SessionStore) -> str:
-    return store.create()
-
-
-@pytest.fixture
-def lease(store: SessionStore, session: str) -> Iterator[WriterLease]:
-    held = store.acquire_writer_lease(session)
-    yield held
-    held.release()
-
-
 def call(turn: str, call_id: str) -> dict[str, object]:
     return {
         "type": "tool_call",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -31,18 +31,6 @@ TS_UNIX = 1735689600.0
 @pytest.fixture
 def store(home: Path) -> SessionStore:
     return SessionStore(home / "sessions")
-
-
-@pytest.fixture
-def session(store: SessionStore) -> str:
-    return store.create()
-
-
-@pytest.fixture
-def lease(store: SessionStore, session: str) -> Iterator[WriterLease]:
-    held = store.acquire_writer_lease(session)
-    yield held
-    held.release()
 
 
 def history(store: SessionStore, session_id: str) -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -25,18 +24,6 @@ TS = "2025-01-01T00:00:00.000Z"
 @pytest.fixture
 def store(tmp_path: Path) -> SessionStore:
     return SessionStore(tmp_path / "sessions")
-
-
-@pytest.fixture
-def session(store: SessionStore) -> str:
-    return store.create()
-
-
-@pytest.fixture
-def lease(store: SessionStore, session: str) -> Iterator[WriterLease]:
-    held = store.acquire_writer_lease(session)
-    yield held
-    held.release()
 
 
 def history(store: SessionStore, session_id: str) -> Path:
