@@ -26,7 +26,7 @@ from benchlib import (
     figure,
     heading,
     median,
-    run,
+    run_with_daemons,
     running_service,
     workspace,
     write_provider_settings,
@@ -155,4 +155,4 @@ async def warm_up(service: ServiceProcess, fake: FakeProvider) -> None:
 
 
 if __name__ == "__main__":
-    run(main, __doc__ or "")
+    run_with_daemons(main, __doc__ or "")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import AsyncIterator, Mapping
 
@@ -36,12 +35,11 @@ from benchlib import (
     daemon_workspace,
     figure,
     heading,
-    kill_seen_daemons,
     median,
     percentile,
     pipelined_status_rate,
     rss_bytes,
-    run,
+    run_with_daemons,
     running_service,
     workspace,
     write_provider_settings,
@@ -263,23 +261,10 @@ def spawns(args: argparse.Namespace) -> int:
 
 
 async def main(args: argparse.Namespace) -> None:
-    # SIGTERM/SIGINT cancel this task, so every await unwinds through the cleanups in
-    # order (an interrupt raised inside a transport callback would skip some of them).
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, task.cancel)
     heading("bench_daemon: shim and daemon vs embedded", args.quick)
-    try:
-        embedded = await embedded_phase(args)
-        await daemon_phase(args, embedded)
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt from None
+    embedded = await embedded_phase(args)
+    await daemon_phase(args, embedded)
 
 
 if __name__ == "__main__":
-    try:
-        run(main, __doc__ or "")
-    finally:
-        kill_seen_daemons()
+    run_with_daemons(main, __doc__ or "")

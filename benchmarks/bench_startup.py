@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -47,9 +46,8 @@ from benchlib import (
     daemon_workspace,
     figure,
     heading,
-    kill_seen_daemons,
     median,
-    run,
+    run_with_daemons,
     stop_service,
     workspace,
     write_provider_settings,
@@ -312,25 +310,13 @@ async def cold_daemon_phase(args: argparse.Namespace, fake: FakeProvider) -> Non
 
 
 async def main(args: argparse.Namespace) -> None:
-    # SIGTERM/SIGINT cancel this task, so every await unwinds through the cleanups.
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, task.cancel)
     heading("bench_startup: start-up, first turn, exit, idle memory", args.quick)
-    try:
-        await python_scale(samples_count(args))
-        async with FakeProvider.running() as fake:
-            await embedded_phase(args, fake)
-            await warm_daemon_phase(args, fake)
-            await cold_daemon_phase(args, fake)
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt from None
+    await python_scale(samples_count(args))
+    async with FakeProvider.running() as fake:
+        await embedded_phase(args, fake)
+        await warm_daemon_phase(args, fake)
+        await cold_daemon_phase(args, fake)
 
 
 if __name__ == "__main__":
-    try:
-        run(main, __doc__ or "")
-    finally:
-        kill_seen_daemons()
+    run_with_daemons(main, __doc__ or "")

@@ -60,6 +60,7 @@ __all__ = [
     "percentile",
     "rss_bytes",
     "run",
+    "run_with_daemons",
     "running_service",
     "stop_service",
     "workspace",
@@ -106,6 +107,30 @@ def run(main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], descrip
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def run_with_daemons(
+    main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], description: str
+) -> None:
+    """``run`` for a script that starts daemons. SIGTERM/SIGINT cancel ``main``'s task, so
+    every await unwinds through the cleanups in order (an interrupt raised inside a
+    transport callback would skip some of them); every daemon seen is killed at the end."""
+
+    async def cancellable(args: argparse.Namespace) -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, task.cancel)
+        try:
+            await main(args)
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+
+    try:
+        run(cancellable, description)
+    finally:
+        kill_seen_daemons()
 
 
 # -- output ---------------------------------------------------------------------------------
