@@ -75,6 +75,22 @@ def test_importing_the_cli_loads_no_heavy_module(tmp_path: Path) -> None:
     assert present(modules, ("asyncio", "magi_code.composition", "magi_code.core")) == []
 
 
+def test_the_embedded_service_answers_initialize_without_locks_or_the_http_stack(
+    tmp_path: Path,
+) -> None:
+    # What `--app service` (embedded) imports before it reads its first request; the rest
+    # loads in the background once that answer is written (composition.DeferredDomains).
+    code = (
+        "import uvloop\n"
+        "from magi_code.composition import build_embedded_coordinator\n"
+        "from magi_code.stdio.adapter import serve_stdio\n"
+        "from magi_code.storage.launch import LaunchContext\n"
+    )
+    modules = loaded_after(code, tmp_path)
+    assert "magi_code.core.service_info" in modules
+    assert present(modules, ("filelock", "httpx", "psutil", "magi_code.sessions")) == []
+
+
 def test_the_mcp_module_and_a_toolset_without_servers_load_no_sdk(tmp_path: Path) -> None:
     code = (
         "import asyncio\n"

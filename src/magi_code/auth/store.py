@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from filelock import Timeout
-
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.files import atomic_write, locked, open_regular
 
@@ -180,7 +178,8 @@ class AuthStore:
                 }
                 data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
                 atomic_write(self._path, data, mode=0o600)
-        except (OSError, Timeout, TypeError, ValueError):
-            # Lock timeout, full disk, unserialisable record: all one fixed failure.
+        except (OSError, TypeError, ValueError):
+            # Lock timeout (filelock's Timeout is an OSError), full disk, unserialisable
+            # record: all one fixed failure.
             raise _internal() from None
         return generation, removed

@@ -9,8 +9,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-import filelock
-
 from magi_code.auth.credentials import resolve_headers
 from magi_code.auth.store import AuthStore
 from magi_code.config.effective import Effective, resolve_effective
@@ -108,7 +106,7 @@ def prepare_settings(ctx: LaunchContext) -> Prepared:
             if path.parent.is_dir():
                 try:
                     stack.enter_context(locked(path, timeout=SETTINGS_LOCK_WAIT))
-                except filelock.Timeout:
+                except TimeoutError:  # filelock.Timeout, not imported (see storage.files.locked)
                     raise ServiceError(ErrorCode.CONFIGURATION_BUSY) from None
         try:
             settings = load_settings(ctx)
