@@ -212,6 +212,9 @@ TLS_STEP: Final = "magi_code.providers.http"
 # neither before its first provider request (psutil: only when a command's process
 # group is checked).
 LATER_MODULES: Final = ("psutil",)
+# How long that later work (those modules, the settings schema file) waits after the rest
+# of the load: a turn sent at once would otherwise wait for it between its own steps.
+LATER_DELAY: Final = 0.5
 
 
 class DeferredDomains:
@@ -228,6 +231,8 @@ class DeferredDomains:
         self._task: asyncio.Task[None] | None = None
         self._roots: asyncio.Future[None] | None = None
         self._stopping = False
+        self._stop_requested = asyncio.Event()
+        self._loaded = asyncio.Event()  # the load itself ended (the later work may not)
 
     def start(self) -> None:
         if self._task is None:
@@ -250,33 +255,47 @@ class DeferredDomains:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            await self._load_in_steps()
+            loaded = await self._load_in_steps()
         finally:
             if collecting:
                 gc.freeze()
                 gc.enable()
+            self._loaded.set()
+        if loaded and await self._idle_for(LATER_DELAY):
+            try:
+                await _write_settings_schema(self._ctx)
+                await self._imported(LATER_MODULES)
+            except Exception as exc:  # noqa: BLE001 (as in the load, logged, never raised)
+                log.warning("could not load the service's modules (%s)", type(exc).__name__)
 
-    async def _load_in_steps(self) -> None:
+    async def _load_in_steps(self) -> bool:
+        """The services and what a first turn needs; False if stopped or failed first."""
         try:
             for name in LOAD_STEPS:
                 if self.stopping():
-                    return
+                    return False
                 if self.services is None:
                     self._step(name)
                 await asyncio.sleep(0)  # requests that arrived meanwhile are served
             if self.stopping():
-                return
+                return False
             self.load()
             from magi_code.turns.runtime import TURN_MODULES, warm_turn_modules
 
             if not await self._imported(TURN_MODULES):
-                return
+                return False
             warm_turn_modules()  # the rest of it (certifi's bundle path)
-            await _write_settings_schema(self._ctx)
-            await self._imported(LATER_MODULES)
+            return True
         # A broken install fails the same way again, and is answered, in load().
         except Exception as exc:  # noqa: BLE001
             log.warning("could not load the service's modules (%s)", type(exc).__name__)
+            return False
+
+    async def _idle_for(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless ``stop()`` is called first; False if it was."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
+        return not self.stopping()
 
     async def _imported(self, names: Sequence[str]) -> bool:
         """Import ``names`` one at a time, the event loop running in between; False if
@@ -308,10 +327,10 @@ class DeferredDomains:
         return self.services
 
     async def settled(self) -> None:
-        """Wait for a background load in progress."""
+        """Wait for a background load in progress (not for the later work after it)."""
         task = self._task
         if task is not None and not task.done():
-            await asyncio.shield(task)
+            await self._loaded.wait()
 
     async def ready(self) -> None:
         """Start the load if it has not started, and wait until it is done."""
@@ -323,7 +342,10 @@ class DeferredDomains:
         progress finishes first), so an exit right after ``initialize`` does not wait
         for modules nothing will use. Services already built are left as they are."""
         self._stopping = True
-        await self.settled()
+        self._stop_requested.set()
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.shield(task)
 
 
 class _StandIn:

@@ -133,8 +133,29 @@ async def test_the_written_answer_starts_the_load_in_the_background(
     await asyncio.wait_for(domains.settled(), 30)
     assert domains.services is not None
     assert set(domains.services) == {spec.key for spec in DEFERRED}
-    assert (ctx.mc_home / "settings.schema.json").is_file()
     assert gc.isenabled()  # paused during the load only
+    # The settings schema is written a little later, once a first turn would have begun.
+    assert not (ctx.mc_home / "settings.schema.json").exists()
+    await asyncio.sleep(composition.LATER_DELAY)
+    for _ in range(300):
+        if (ctx.mc_home / "settings.schema.json").is_file():
+            break
+        await asyncio.sleep(0.01)
+    assert (ctx.mc_home / "settings.schema.json").is_file()
+
+
+async def test_a_close_after_the_load_ends_the_wait_for_the_later_work(
+    embedded: ServiceCoordinator, ctx: LaunchContext
+) -> None:
+    domains = domains_of(embedded)
+    conn = embedded.open_connection(ctx)
+    assert (await call(embedded, conn, "initialize", INIT))["error"] is None
+    await asyncio.wait_for(domains.settled(), 30)
+    # stop() interrupts the wait: the background task is over when it returns, and the
+    # later work (the settings schema) was never done.
+    await asyncio.wait_for(domains.stop(), 30)
+    assert domains._task is not None and domains._task.done()
+    assert not (ctx.mc_home / "settings.schema.json").exists()
 
 
 async def test_a_request_before_the_load_is_served_by_the_real_service(
