@@ -213,7 +213,8 @@ TLS_STEP: Final = "magi_code.providers.http"
 # group is checked).
 LATER_MODULES: Final = ("psutil",)
 # How long that later work (those modules, the settings schema file) waits after the rest
-# of the load: a turn sent at once would otherwise wait for it between its own steps.
+# of the load, unless the client disconnects first: a turn sent at once would otherwise
+# wait for it between its own steps.
 LATER_DELAY: Final = 0.5
 
 
@@ -261,12 +262,16 @@ class DeferredDomains:
                 gc.freeze()
                 gc.enable()
             self._loaded.set()
-        if loaded and await self._idle_for(LATER_DELAY):
-            try:
-                await _write_settings_schema(self._ctx)
+        if not loaded:
+            return
+        stopped = not await self._idle_for(LATER_DELAY)
+        try:
+            # Written even by a client that is already gone (the docs promise the file).
+            await _write_settings_schema(self._ctx)
+            if not stopped:
                 await self._imported(LATER_MODULES)
-            except Exception as exc:  # noqa: BLE001 (as in the load, logged, never raised)
-                log.warning("could not load the service's modules (%s)", type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 (as in the load, logged, never raised)
+            log.warning("could not load the service's modules (%s)", type(exc).__name__)
 
     async def _load_in_steps(self) -> bool:
         """The services and what a first turn needs; False if stopped or failed first."""

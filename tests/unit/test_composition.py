@@ -145,17 +145,27 @@ async def test_the_written_answer_starts_the_load_in_the_background(
 
 
 async def test_a_close_after_the_load_ends_the_wait_for_the_later_work(
-    embedded: ServiceCoordinator, ctx: LaunchContext
+    embedded: ServiceCoordinator, ctx: LaunchContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     domains = domains_of(embedded)
+    imported: list[str] = []
+    real = domains._imported
+
+    async def recording(names: Any) -> bool:
+        imported.extend(names)
+        return await real(names)
+
+    monkeypatch.setattr(domains, "_imported", recording)
     conn = embedded.open_connection(ctx)
     assert (await call(embedded, conn, "initialize", INIT))["error"] is None
     await asyncio.wait_for(domains.settled(), 30)
-    # stop() interrupts the wait: the background task is over when it returns, and the
-    # later work (the settings schema) was never done.
+    assert not (ctx.mc_home / "settings.schema.json").exists()
+    # stop() ends the wait: the task is over when it returns, the schema written anyway,
+    # the later modules never imported.
     await asyncio.wait_for(domains.stop(), 30)
     assert domains._task is not None and domains._task.done()
-    assert not (ctx.mc_home / "settings.schema.json").exists()
+    assert (ctx.mc_home / "settings.schema.json").is_file()
+    assert not set(LATER_MODULES) & set(imported)
 
 
 async def test_a_request_before_the_load_is_served_by_the_real_service(
