@@ -29,12 +29,12 @@ import contextlib
 import gc
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from magi_code.core.coordinator import Connection, DomainService, ServiceCoordinator
 from magi_code.core.routes import Reply, Route, SessionRule
 from magi_code.core.service_info import ServiceInfo
+from magi_code.dataclass import dataclass
 from magi_code.protocol.envelope import Request
 from magi_code.storage.launch import LaunchContext
 

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -24,6 +23,7 @@ from magi_code.auth.loopback import CallbackListener, callback_code, state_match
 from magi_code.auth.store import AuthChanged, AuthStore
 from magi_code.auth.tokens import CODEX_PROVIDER_ID, codex_record
 from magi_code.config.settings import load_settings
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.errors import ProviderFailure
 from magi_code.providers.http import build_client, transport_options

@@ -23,7 +23,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from magi_code.auth.store import AuthSnapshot, AuthStore
@@ -35,6 +34,7 @@ from magi_code.auth.tokens import (
     api_key,
     oauth_fields,
 )
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext
 from magi_code.storage.stamps import RACY_WINDOW_NS, Probe, probe, trusted

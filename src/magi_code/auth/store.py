@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.files import atomic_write, locked, open_regular
 

@@ -20,10 +20,10 @@ import contextlib
 import itertools
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeGuard, cast
 
+from magi_code.dataclass import dataclass, field
 from magi_code.protocol import envelope
 from magi_code.protocol.frames import FrameError
 from magi_code.protocol.v2 import MAX_FILTER_TURN_IDS, MESSAGES, SERVER_FRAMES, Code, Role

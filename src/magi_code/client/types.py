@@ -6,8 +6,9 @@ dicts); :class:`Overloaded` is the one notice the client turns into a value of i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
+
+from magi_code.dataclass import dataclass
 
 
 class ErrorInfo(TypedDict):

@@ -33,11 +33,12 @@ categories and statuses, sources, login states, error codes, ...), and optional 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Final
 
 import orjson
 
+from magi_code.dataclass import dataclass, field
 from magi_code.protocol.bounds import check_bounds, string_fits
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.limits import (

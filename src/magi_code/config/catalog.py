@@ -22,7 +22,6 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -32,6 +31,7 @@ import orjson
 
 from magi_code.config.ids import fallback_levels, is_safe_id, normalize_levels, sanitize_label
 from magi_code.config.settings import ProviderDefinition, Settings, all_providers
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_CATALOG_PAGE_ITEMS
 from magi_code.providers.discovery import list_models

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from magi_code.config.catalog import (
@@ -33,6 +32,7 @@ from magi_code.config.settings import (
     load_settings,
     update_settings,
 )
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.launch import LaunchContext
 

@@ -10,12 +10,12 @@ the provider is resolved.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from magi_code.config.catalog import check_page
 from magi_code.config.ids import THINKING_LEVELS
 from magi_code.config.settings import Scope
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_CATALOG_PAGE_ITEMS
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -23,6 +22,7 @@ import orjson
 
 from magi_code.config.ids import looks_secret
 from magi_code.config.schema import HOOK_EVENTS, SETTINGS_SCHEMA, is_valid, project_schema
+from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.http import NetworkSettings
 from magi_code.providers.types import ApiKind

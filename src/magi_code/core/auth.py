@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from magi_code.auth.login import CodexLogin
@@ -21,6 +20,7 @@ from magi_code.auth.operations import auth_status, logout
 from magi_code.auth.store import AuthStore
 from magi_code.auth.tokens import CODEX_PROVIDER_ID
 from magi_code.config.settings import ProviderDefinition, all_providers, load_settings
+from magi_code.dataclass import dataclass
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 

@@ -15,9 +15,9 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 
 RETAIN_SECONDS: Final = 600.0

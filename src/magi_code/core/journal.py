@@ -15,10 +15,11 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
+
+from magi_code.dataclass import dataclass, field
 
 from .output import TurnEvent, TurnInfo
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from magi_code.dataclass import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)

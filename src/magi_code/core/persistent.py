@@ -21,9 +21,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
+from magi_code.dataclass import dataclass, field
 from magi_code.protocol import envelope
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.sessions.ids import validate_session_id

@@ -15,7 +15,7 @@ import shutil
 import stat
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Final, Literal
 
 import orjson
@@ -33,6 +33,7 @@ from magi_code.config.settings import (
     settings_path,
     settings_problem,
 )
+from magi_code.dataclass import dataclass
 from magi_code.endpoint.paths import UnsafeRuntimeDir, runtime_paths, verify_private_dir
 from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext

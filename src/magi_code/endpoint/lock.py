@@ -27,11 +27,11 @@ import socket
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final
 
+from magi_code.dataclass import dataclass
 from magi_code.endpoint.paths import UnsafeRuntimeDir, verify_private_dir
 from magi_code.storage.files import locked
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+
+from magi_code.dataclass import dataclass
 
 from .bounds import check_bounds, string_fits
 from .errors import ErrorCode, ServiceError

@@ -14,12 +14,12 @@ Failures raise ``ProviderFailure``; bodies are read with a size bound.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 import httpx
 import orjson
 
+from magi_code.dataclass import dataclass
 from magi_code.providers import anthropic
 from magi_code.providers.errors import (
     FailureLabel,

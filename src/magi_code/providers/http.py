@@ -36,11 +36,11 @@ import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import httpx
 
+from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure
 
 DEFAULT_CAPACITY: Final = 16

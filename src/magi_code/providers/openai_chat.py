@@ -11,9 +11,9 @@ verified summary and is dropped.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
+from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure, stream_failure
 from magi_code.providers.sse import SSEEvent
 from magi_code.providers.types import (

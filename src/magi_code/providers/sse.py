@@ -13,9 +13,9 @@ this module raises.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
+from magi_code.dataclass import dataclass
 from magi_code.providers.errors import FailureLabel, ProviderFailure
 
 DEFAULT_MAX_LINE_BYTES: Final = 1 << 20

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Final
@@ -33,6 +32,7 @@ from typing import Final
 import httpx
 import orjson
 
+from magi_code.dataclass import dataclass, field
 from magi_code.providers import anthropic, openai_chat, openai_responses
 from magi_code.providers.errors import (
     ProviderFailure,

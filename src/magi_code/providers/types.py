@@ -9,10 +9,11 @@ events back into the neutral ``StreamEvent`` values below. Nothing here does I/O
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 import orjson
+
+from magi_code.dataclass import dataclass, field
 
 ApiKind: TypeAlias = Literal["openai-chat", "anthropic", "openai-responses"]
 API_KINDS: Final[tuple[ApiKind, ...]] = ("openai-chat", "anthropic", "openai-responses")

@@ -9,11 +9,11 @@ raises ``provider_stream_error`` when the terminal event never came.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final, Protocol
 
 import orjson
 
+from magi_code.dataclass import dataclass
 from magi_code.providers.errors import FailureLabel, ProviderFailure
 from magi_code.providers.sse import SSEEvent
 from magi_code.providers.types import StreamEvent

@@ -32,9 +32,9 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Final
 
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.sessions.fileio import holding, write_all
 

@@ -16,9 +16,9 @@ its terminal is ignored.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Final
 
+from magi_code.dataclass import dataclass
 from magi_code.sessions.fileio import pread_all
 from magi_code.sessions.records import (
     AssistantRecord,

@@ -26,11 +26,11 @@ import binascii
 import hashlib
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
 import orjson
 
+from magi_code.dataclass import dataclass, field
 from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_PAGE_BYTES
 from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.records import (

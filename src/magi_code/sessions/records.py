@@ -15,12 +15,12 @@ to ``None`` so readers can skip it and report a gap. Unknown ``type`` values dec
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal
 
 import orjson
 
+from magi_code.dataclass import dataclass
 from magi_code.protocol.idempotency import valid_idempotency_key
 
 RECORD_VERSION: Final = 1

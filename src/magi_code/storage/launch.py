@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from magi_code.dataclass import dataclass, field
 
 # Re-exported: where the tools have always imported it from.
 from magi_code.storage.process import current_umask as current_umask

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Final
+
+from magi_code.dataclass import dataclass
 
 # (st_dev, st_ino, st_size, st_mode, st_uid, st_mtime_ns, st_ctime_ns)
 Stamp = tuple[int, int, int, int, int, int, int]

@@ -16,9 +16,10 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Final, Protocol, TypeVar
+
+from magi_code.dataclass import dataclass, field
 
 logger = logging.getLogger(__name__)
 

@@ -53,11 +53,11 @@ import os
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol, Self, TextIO
 
+from magi_code.dataclass import dataclass, field
 from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, shielded
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root

@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from magi_code.dataclass import dataclass
 from magi_code.tools.base import (
     MAX_OUTPUT_BYTES,
     BuiltinTool,

@@ -43,11 +43,11 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import httpx
 
+from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure
 from magi_code.providers.stream import stream_response
 from magi_code.providers.types import (

@@ -33,12 +33,12 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from magi_code.config.schema import HOOK_EVENTS
 from magi_code.config.settings import HookDefinition, HookTable, Settings
+from magi_code.dataclass import dataclass
 from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, bound_text
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root

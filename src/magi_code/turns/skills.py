@@ -32,10 +32,10 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from magi_code.dataclass import dataclass
 from magi_code.storage.files import open_regular
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.base import Tool, ToolContext, ToolOutcome

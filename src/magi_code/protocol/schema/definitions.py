@@ -14,9 +14,9 @@ is not made on the other fails a test.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final, Literal
 
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode
 from magi_code.protocol.limits import (
     ADVERTISED_LIMITS,

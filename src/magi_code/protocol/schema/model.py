@@ -21,9 +21,9 @@ project's tests check the first two as well.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
+from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ErrorCode
 from magi_code.protocol.limits import MAX_ARRAY_ITEMS, MAX_OBJECT_FIELDS, MAX_STRING_BYTES
 
