@@ -17,9 +17,12 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import ClassVar, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol, TypeVar
 
 from magi_code.dataclass import dataclass, field
+
+if TYPE_CHECKING:
+    from magi_code.tools.inline import ProjectFiles
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ class ToolContext:
     env: Mapping[str, str] = field(default_factory=dict)
     secret_names: frozenset[str] = frozenset()
     umask: int | None = None
+    # What the file tools learnt of a project directory (tools.inline), once per turn.
+    file_scans: dict[Path, ProjectFiles] = field(default_factory=dict, compare=False, repr=False)
 
 
 class Tool(Protocol):

@@ -1,10 +1,12 @@
 """File tools: read, write, exact-string edit, glob listing and regex search.
 
-All paths are confined to the project directory (``paths.resolve_in_project``). The file
-work itself is plain blocking code run through ``asyncio.to_thread``; each operation is
-bounded in what it reads and returns, so a cancelled call's thread finishes quickly. The
-one exception is the regular expression of ``grep``, which no bound can stop: the
-search runs in a worker process (``grep_worker``) that cancellation and a timeout kill.
+All paths are confined to the project directory (``paths.resolve_in_project``). Writes
+are plain blocking code run through ``asyncio.to_thread``; the reads are steps that run
+on the event loop where that cannot block (``tools.inline``), in a worker thread
+otherwise. Each operation is bounded in what it reads and returns, so a cancelled call's
+thread finishes quickly. The one exception is the regular expression of ``grep``, which
+no bound can stop: the search runs in a worker process (``grep_worker``) that
+cancellation and a timeout kill.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ from magi_code.tools.base import (
     require_str,
     shielded,
 )
+from magi_code.tools.inline import (
+    Marker,
+    ProjectFiles,
+    Steps,
+    project_files,
+    resolve_steps,
+    run_steps,
+    walk,
+)
 from magi_code.tools.paths import (
     display_path,
     glob_depth,
@@ -41,7 +52,6 @@ from magi_code.tools.paths import (
     project_root,
     resolve_in_project,
     validate_glob,
-    walk,
 )
 
 # read_file stays under the outcome bound on whole lines and tells the model where to go on.
@@ -108,7 +118,8 @@ class ReadFile(BuiltinTool):
         limit = optional_int(
             arguments, "limit", default=DEFAULT_READ_LINES, minimum=1, maximum=MAX_READ_LINES
         )
-        text = await asyncio.to_thread(_read_file, ctx.project_dir, raw_path, offset, limit)
+        files = await project_files(ctx)
+        text = await run_steps(_read_file(files, raw_path, offset, limit), inline=files.inline)
         return ToolOutcome(text)
 
 
@@ -126,9 +137,9 @@ def _open_regular(path: Path, shown: str) -> BinaryIO:
         raise
 
 
-def _read_file(project_dir: Path, raw_path: str, offset: int, limit: int) -> str:
-    root = project_root(project_dir)
-    path = resolve_in_project(root, raw_path)
+def _read_file(files: ProjectFiles, raw_path: str, offset: int, limit: int) -> Steps[str]:
+    root = files.root
+    path = yield from resolve_steps(files, raw_path)
     shown = display_path(root, path)
     if path.is_dir():
         raise ToolInputError(f"{shown} is a directory; use list_files.")
@@ -337,22 +348,29 @@ class ListFiles(BuiltinTool):
         pattern = require_str(arguments, "pattern")
         validate_glob(pattern)
         raw_path = optional_str(arguments, "path") or "."
-        text = await asyncio.to_thread(_list_files, ctx.project_dir, raw_path, pattern)
+        files = await project_files(ctx)
+        text = await run_steps(_list_files(files, raw_path, pattern), inline=files.inline)
         return ToolOutcome(text)
 
 
-def _list_files(project_dir: Path, raw_path: str, pattern: str) -> str:
-    root = project_root(project_dir)
-    base = resolve_in_project(root, raw_path)
+def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
+    root = files.root
+    base = yield from resolve_steps(files, raw_path)
     if not base.is_dir():
         raise ToolInputError(f"{display_path(root, base)} is not a directory.")
     regex = glob_regex(pattern)
     matches: list[str] = []
     complete = True
-    for scanned, (relative, is_dir) in enumerate(walk(base, max_depth=glob_depth(pattern))):
+    scanned = 0
+    for item in walk(files, base, max_depth=glob_depth(pattern)):
+        if isinstance(item, Marker):
+            yield item
+            continue
         if scanned >= MAX_SCAN_ENTRIES:
             complete = False
             break
+        scanned += 1
+        relative, is_dir = item
         if regex.match(relative):
             matches.append(relative + "/" if is_dir else relative)
     matches.sort()
@@ -396,7 +414,8 @@ class Grep(BuiltinTool):
             raise ToolInputError(f"Invalid regular expression: {exc}.") from None
         if file_glob is not None:
             validate_glob(file_glob)
-        candidates = await asyncio.to_thread(_grep_targets, ctx.project_dir, raw_path, file_glob)
+        files = await project_files(ctx)
+        candidates = await run_steps(_grep_targets(files, raw_path, file_glob), inline=files.inline)
         request = {
             "pattern": pattern,
             "candidates": [[shown, str(path)] for shown, path in candidates],
@@ -410,15 +429,15 @@ class Grep(BuiltinTool):
 
 
 def _grep_targets(
-    project_dir: Path, raw_path: str, file_glob: str | None
-) -> list[tuple[str, Path]]:
+    files: ProjectFiles, raw_path: str, file_glob: str | None
+) -> Steps[list[tuple[str, Path]]]:
     """The files to search, confined to the project, in search order."""
-    root = project_root(project_dir)
-    base = resolve_in_project(root, raw_path)
+    root = files.root
+    base = yield from resolve_steps(files, raw_path)
     if base.is_file():
         return [(display_path(root, base), base)]
     if base.is_dir():
-        return _grep_candidates(root, base, file_glob)
+        return (yield from _grep_candidates(files, base, file_glob))
     raise ToolInputError(f"{display_path(root, base)} does not exist.")
 
 
@@ -493,18 +512,26 @@ async def _exchange(proc: asyncio.subprocess.Process, request: bytes) -> bytes |
                 await feeding
 
 
-def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tuple[str, Path]]:
+def _grep_candidates(
+    files: ProjectFiles, base: Path, file_glob: str | None
+) -> Steps[list[tuple[str, Path]]]:
     regex = glob_regex(file_glob) if file_glob else None
     on_name = file_glob is not None and "/" not in file_glob
     found: list[tuple[str, Path]] = []
-    for scanned, (relative, is_dir) in enumerate(walk(base)):
+    scanned = 0
+    for item in walk(files, base):
+        if isinstance(item, Marker):
+            yield item
+            continue
         if scanned >= MAX_SCAN_ENTRIES:
             break
+        scanned += 1
+        relative, is_dir = item
         if is_dir:
             continue
         target = relative.rsplit("/", 1)[-1] if on_name else relative
         if regex is not None and not regex.match(target):
             continue
         path = base / relative
-        found.append((display_path(root, path), path))
+        found.append((display_path(files.root, path), path))
     return found

@@ -9,16 +9,11 @@ arbitrary commands anyway.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
 
 from magi_code.tools.base import ToolInputError
-
-SKIPPED_DIRS: Final = frozenset({".git"})
 
 
 def project_root(project_dir: Path) -> Path:
@@ -28,10 +23,14 @@ def project_root(project_dir: Path) -> Path:
         raise ToolInputError("The project directory is not available.") from None
 
 
-def resolve_in_project(root: Path, raw: str) -> Path:
-    """The real path ``raw`` names, refusing anything outside ``root`` (itself resolved)."""
+def check_raw_path(raw: str) -> None:
     if not raw or "\0" in raw:
         raise ToolInputError("The path is empty or invalid.")
+
+
+def resolve_in_project(root: Path, raw: str) -> Path:
+    """The real path ``raw`` names, refusing anything outside ``root`` (itself resolved)."""
+    check_raw_path(raw)
     candidate = Path(raw)
     if not candidate.is_absolute():
         candidate = root / candidate
@@ -101,48 +100,3 @@ def glob_depth(pattern: str) -> int | None:
     if "**" in pattern or "{" in pattern:
         return None
     return pattern.count("/")
-
-
-def walk(base: Path, *, max_depth: int | None = None) -> Iterator[tuple[str, bool]]:
-    """``(relative posix path, is_dir)`` under ``base``, sorted per directory: a
-    directory's entries (directories first), then each subdirectory's, depth first.
-
-    Never follows directory symlinks (they are listed, not entered), skips ``.git`` and
-    unreadable directories. Strings only (no ``Path`` per entry): a listing is on the
-    tool loop's path.
-    """
-    return _walk(os.fspath(base), "", 0, max_depth)
-
-
-def _walk(top: str, prefix: str, depth: int, max_depth: int | None) -> Iterator[tuple[str, bool]]:
-    try:
-        with os.scandir(top) as scan:
-            entries = list(scan)
-    except OSError:
-        return
-    dirs: list[str] = []
-    files: list[str] = []
-    links: set[str] = set()
-    for entry in entries:
-        try:
-            is_dir = entry.is_dir()
-        except OSError:
-            is_dir = False
-        if not is_dir:
-            files.append(entry.name)
-        elif entry.name not in SKIPPED_DIRS:
-            dirs.append(entry.name)
-            with contextlib.suppress(OSError):
-                if entry.is_symlink():
-                    links.add(entry.name)
-    dirs.sort()
-    files.sort()
-    for name in dirs:
-        yield prefix + name, True
-    for name in files:
-        yield prefix + name, False
-    if max_depth is not None and depth >= max_depth:
-        return
-    for name in dirs:
-        if name not in links:
-            yield from _walk(os.path.join(top, name), f"{prefix}{name}/", depth + 1, max_depth)

@@ -26,6 +26,7 @@ from magi_code.tools.files import (
     Grep,
     _grep_targets,
 )
+from magi_code.tools.inline import finish, scan_project
 
 CATASTROPHIC = {"pattern": r"(a+)+$", "path": "evil.txt"}
 
@@ -113,7 +114,8 @@ def reference_grep(project_dir: Path, raw_path: str, pattern: str, file_glob: st
     results: list[str] = []
     total = 0
     note = ""
-    for shown, path in _grep_targets(project_dir, raw_path, file_glob):
+    targets = finish(_grep_targets(scan_project(project_dir), raw_path, file_glob))
+    for shown, path in targets:
         data = _reference_read(path)
         if data is None:
             continue

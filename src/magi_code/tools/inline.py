@@ -1,0 +1,235 @@
+"""Where the read-only file tools do their work: on the event loop when that cannot block.
+
+A worker thread per call costs more than the work of a typical ``read_file`` or
+``list_files`` (~0.1 ms): about 0.13 ms of hand-offs alone, and several times that while
+other threads want the interpreter lock, as a turn's own session writer does. So these
+tools are written as *steps*: a generator that does the work and yields a marker where
+the loop may take back control. ``run_steps`` runs them on the event loop for at most
+``INLINE_SLICE_SECONDS`` and hands the rest to a worker thread, at once where a step says
+it ``MAY_BLOCK``.
+
+What may block is decided from the project's filesystem, once per turn (``ProjectFiles``,
+in a worker thread): the project root's mount must be of a local type (``LOCAL_TYPES``;
+never a network or FUSE filesystem, where a system call can wait for a server), and a
+step yields ``MAY_BLOCK`` before it follows a symbolic link, crosses into another mount
+or leaves the project, since any of those can lead anywhere. Without
+``/proc/self/mountinfo`` nothing runs on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Generator, Iterable
+from pathlib import Path
+from stat import S_ISLNK
+from typing import Final, TypeVar
+
+from magi_code.dataclass import dataclass
+from magi_code.tools.base import ToolContext
+from magi_code.tools.paths import check_raw_path, project_root, resolve_in_project
+
+_T = TypeVar("_T")
+
+# How long steps run on the event loop before the rest goes to a worker thread.
+INLINE_SLICE_SECONDS: Final = 0.002
+# Filesystems whose system calls do not wait for anything but local storage.
+LOCAL_TYPES: Final = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs", "tmpfs", "ramfs"}
+    | {"overlay", "jfs", "reiserfs", "vfat", "exfat"}
+)
+MOUNTINFO: Final = "/proc/self/mountinfo"
+SKIPPED_DIRS: Final = frozenset({".git"})
+
+
+class Marker:
+    """A point where steps may give back control (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+CHECKPOINT: Final = Marker("CHECKPOINT")  # a slice may end here
+MAY_BLOCK: Final = Marker("MAY_BLOCK")  # what follows must not run on the event loop
+
+Steps = Generator[Marker, None, _T]
+
+
+async def run_steps(steps: Steps[_T], *, inline: bool) -> _T:
+    """The result of ``steps``: on the event loop first when ``inline``, in a worker
+    thread from its first ``MAY_BLOCK`` or the end of its slice (or from the start)."""
+    if inline:
+        deadline = time.monotonic() + INLINE_SLICE_SECONDS
+        try:
+            while next(steps) is CHECKPOINT and time.monotonic() < deadline:
+                pass
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+    return await asyncio.to_thread(finish, steps)
+
+
+def finish(steps: Steps[_T]) -> _T:
+    """Run ``steps`` to their end here (a worker thread, or a test)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectFiles:
+    """The project root as the file tools see it during one turn."""
+
+    root: Path  # resolved
+    inline: bool  # on a local filesystem: steps may run on the event loop
+    mounts: frozenset[str]  # mount points inside the root
+
+    def may_block(self, path: str) -> bool:
+        """Whether entering ``path`` (a real path under the root) crosses a mount."""
+        return path in self.mounts
+
+
+def scan_project(project_dir: Path) -> ProjectFiles:
+    """Resolve the root and read its mounts. Blocking: run it in a worker thread.
+
+    Raises:
+        ToolInputError: the project directory is not available.
+    """
+    root = project_root(project_dir)
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as fh:
+            mounts = list(_mount_points(fh))
+    except OSError:
+        return ProjectFiles(root, False, frozenset())
+    text = str(root)
+    owner = max((m for m in mounts if _contains(m[0], text)), key=lambda m: len(m[0]), default=None)
+    inside = frozenset(point for point, _ in mounts if point != text and _contains(text, point))
+    return ProjectFiles(root, owner is not None and owner[1] in LOCAL_TYPES, inside)
+
+
+def _contains(parent: str, path: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _mount_points(lines: Iterable[str]) -> Iterable[tuple[str, str]]:
+    """``(mount point, filesystem type)`` of each line of ``/proc/self/mountinfo``."""
+    for line in lines:
+        fields = line.split()
+        try:
+            separator = fields.index("-", 6)
+            point, kind = fields[4], fields[separator + 1]
+        except (ValueError, IndexError):
+            continue
+        # Spaces, tabs, newlines and backslashes in a mount point are octal escapes.
+        yield _unescape(point), kind
+
+
+def _unescape(field: str) -> str:
+    if "\\" not in field:
+        return field
+    return (
+        field.encode("utf-8", "surrogateescape")
+        .decode("unicode_escape")
+        .encode("latin-1")
+        .decode("utf-8", "surrogateescape")
+    )
+
+
+async def project_files(ctx: ToolContext) -> ProjectFiles:
+    """The ``ProjectFiles`` of ``ctx``'s project, scanned by its first call (the context
+    lives for one turn)."""
+    found = ctx.file_scans.get(ctx.project_dir)
+    if found is None:
+        # A failed scan (no project directory) is tried again by the next call.
+        found = await asyncio.to_thread(scan_project, ctx.project_dir)
+        ctx.file_scans[ctx.project_dir] = found
+    return found
+
+
+def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
+    """The real path ``raw`` names, as ``paths.resolve_in_project``. Found here without
+    following a link or crossing a mount; where it would, or cannot tell (``..``, a path
+    outside the root), after ``MAY_BLOCK``, the full way."""
+    check_raw_path(raw)
+    root = str(files.root)
+    candidate = os.path.normpath(os.path.join(root, raw))
+    if ".." not in raw.split("/") and _contains(root, candidate):
+        prefix = root
+        for part in candidate[len(root) :].split("/"):
+            if not part:
+                continue
+            prefix = f"{prefix.rstrip('/')}/{part}"
+            if files.may_block(prefix):
+                break
+            try:
+                mode = os.lstat(prefix).st_mode
+            except OSError:
+                return Path(candidate)  # the rest does not exist: the caller says so
+            if S_ISLNK(mode):
+                break
+        else:
+            return Path(candidate)
+    yield MAY_BLOCK
+    return resolve_in_project(files.root, raw)
+
+
+def walk(
+    files: ProjectFiles, base: Path, *, max_depth: int | None = None
+) -> Generator[tuple[str, bool] | Marker, None, None]:
+    """``(relative posix path, is_dir)`` under ``base``, sorted per directory: a
+    directory's entries (directories first), then each subdirectory's, depth first; and
+    the markers of steps (a ``CHECKPOINT`` per directory).
+
+    Never follows directory symlinks (they are listed, not entered), skips ``.git`` and
+    unreadable directories. Strings only (no ``Path`` per entry): a listing is on the
+    tool loop's path.
+    """
+    yield from _walk(files, os.fspath(base), "", 0, max_depth)
+
+
+def _walk(
+    files: ProjectFiles, top: str, prefix: str, depth: int, max_depth: int | None
+) -> Generator[tuple[str, bool] | Marker, None, None]:
+    try:
+        with os.scandir(top) as scan:
+            entries = list(scan)
+    except OSError:
+        return
+    yield CHECKPOINT
+    dirs: list[str] = []
+    files_here: list[str] = []
+    links: set[str] = set()
+    for entry in entries:
+        # Whether a link names a directory is asked of its target, which may be anywhere.
+        linked = entry.is_symlink()
+        if linked:
+            yield MAY_BLOCK
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            files_here.append(entry.name)
+        elif entry.name not in SKIPPED_DIRS:
+            dirs.append(entry.name)
+            if linked:
+                links.add(entry.name)
+    dirs.sort()
+    files_here.sort()
+    for name in dirs:
+        yield prefix + name, True
+    for name in files_here:
+        yield prefix + name, False
+    if max_depth is not None and depth >= max_depth:
+        return
+    for name in dirs:
+        if name not in links:
+            path = os.path.join(top, name)
+            if files.may_block(path):
+                yield MAY_BLOCK
+            yield from _walk(files, path, f"{prefix}{name}/", depth + 1, max_depth)

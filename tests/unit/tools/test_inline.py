@@ -1,0 +1,250 @@
+"""Read-only file tools on the event loop: where steps run, and what counts as local."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from magi_code.tools import inline
+from magi_code.tools.base import ToolContext, ToolInputError
+from magi_code.tools.files import ListFiles, ReadFile
+from magi_code.tools.inline import (
+    CHECKPOINT,
+    MAY_BLOCK,
+    Marker,
+    ProjectFiles,
+    Steps,
+    finish,
+    resolve_steps,
+    run_steps,
+    scan_project,
+    walk,
+)
+from magi_code.tools.paths import resolve_in_project
+
+
+def threads_of(seen: list[int]) -> Steps[list[int]]:
+    seen.append(threading.get_ident())
+    yield CHECKPOINT
+    seen.append(threading.get_ident())
+    yield MAY_BLOCK
+    seen.append(threading.get_ident())
+    yield CHECKPOINT
+    seen.append(threading.get_ident())
+    return seen
+
+
+async def test_steps_run_on_the_loop_until_one_may_block() -> None:
+    here = threading.get_ident()
+    seen = await run_steps(threads_of([]), inline=True)
+    assert seen[:2] == [here, here]
+    assert here not in seen[2:] and len(set(seen[2:])) == 1
+
+
+async def test_steps_not_inline_run_in_a_worker_thread_from_the_start() -> None:
+    seen = await run_steps(threads_of([]), inline=False)
+    assert threading.get_ident() not in seen
+
+
+async def test_a_slice_that_ran_its_time_hands_the_rest_to_a_thread() -> None:
+    def slow(seen: list[int]) -> Steps[list[int]]:
+        seen.append(threading.get_ident())
+        time.sleep(inline.INLINE_SLICE_SECONDS * 2)
+        yield CHECKPOINT
+        seen.append(threading.get_ident())
+        return seen
+
+    first, second = await run_steps(slow([]), inline=True)
+    assert first == threading.get_ident() != second
+
+
+@pytest.mark.parametrize("on_loop", [True, False])
+async def test_what_steps_raise_is_raised(on_loop: bool) -> None:
+    def failing() -> Steps[None]:
+        yield CHECKPOINT
+        raise ToolInputError("no")
+
+    with pytest.raises(ToolInputError, match="no"):
+        await run_steps(failing(), inline=on_loop)
+
+
+# -- what is local -------------------------------------------------------------------------
+
+
+def mountinfo(tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mountinfo"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    monkeypatch.setattr(inline, "MOUNTINFO", str(path))
+
+
+def mount(point: str, kind: str, number: int = 30) -> str:
+    return f"{number} 1 0:{number} / {point} rw,relatime shared:1 - {kind} source rw"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "my project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "a.py").write_text("a\n")
+    return root.resolve()
+
+
+@pytest.mark.parametrize(
+    ("kind", "local"),
+    [("ext4", True), ("tmpfs", True), ("nfs4", False), ("fuse.sshfs", False), ("9p", False)],
+)
+def test_the_root_is_local_by_the_type_of_the_mount_it_is_on(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch, kind: str, local: bool
+) -> None:
+    escaped = str(project).replace(" ", "\\040")
+    inside = f"{escaped}/src"
+    mountinfo(
+        tmp_path,
+        [mount("/", "ext4", 1), mount(escaped, kind, 2), mount(inside, "nfs", 3)],
+        monkeypatch,
+    )
+    files = scan_project(project)
+    assert files.root == project and files.inline is local
+    assert files.mounts == {f"{project}/src"}
+
+
+def test_without_mountinfo_nothing_is_local(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inline, "MOUNTINFO", str(tmp_path / "absent"))
+    assert scan_project(project).inline is False
+
+
+def test_a_missing_project_is_the_tools_input_error(tmp_path: Path) -> None:
+    with pytest.raises(ToolInputError, match="not available"):
+        scan_project(tmp_path / "gone")
+
+
+# -- steps that may block --------------------------------------------------------------------
+
+
+def markers_and_result(steps: Steps[object]) -> tuple[list[Marker], object]:
+    seen: list[Marker] = []
+    while True:
+        try:
+            seen.append(next(steps))
+        except StopIteration as done:
+            return seen, done.value
+
+
+def local(root: Path, mounts: frozenset[str] = frozenset()) -> ProjectFiles:
+    return ProjectFiles(root, True, mounts)
+
+
+def test_a_plain_path_resolves_without_blocking(project: Path) -> None:
+    for raw in ("src/a.py", "src/", ".", f"{project}/src", "src/missing/deeper"):
+        seen, path = markers_and_result(resolve_steps(local(project), raw))
+        assert MAY_BLOCK not in seen, raw
+        assert path == resolve_in_project(project, raw), raw
+
+
+def test_a_link_a_parent_step_or_a_mount_on_the_way_may_block(
+    project: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (project / "out").symlink_to(outside)
+    (project / "in").symlink_to(project / "src")
+    cases = {"in/a.py": None, "src/../src/a.py": None, "/etc": "outside", "out": "outside"}
+    for raw, refused in cases.items():
+        steps = resolve_steps(local(project), raw)
+        if refused:
+            with pytest.raises(ToolInputError, match=refused):
+                markers_and_result(steps)
+            continue
+        seen, path = markers_and_result(steps)
+        assert seen == [MAY_BLOCK], raw
+        assert path == resolve_in_project(project, raw)
+    mounted = local(project, frozenset({f"{project}/src"}))
+    assert markers_and_result(resolve_steps(mounted, "src/a.py"))[0] == [MAY_BLOCK]
+
+
+def entries(steps: Iterator[tuple[str, bool] | Marker]) -> tuple[list[Marker], list[object]]:
+    marks: list[Marker] = []
+    items: list[object] = []
+    for item in steps:
+        (marks if isinstance(item, Marker) else items).append(item)
+    return marks, items
+
+
+def test_the_walk_may_block_before_a_link_or_a_mount_and_lists_the_same(project: Path) -> None:
+    (project / "src" / "sub").mkdir()
+    (project / "src" / "sub" / "b.py").write_text("b\n")
+    marks, plain = entries(walk(local(project), project))
+    assert MAY_BLOCK not in marks and CHECKPOINT in marks
+    assert plain == [("src", True), ("src/sub", True), ("src/a.py", False), ("src/sub/b.py", False)]
+    marks, items = entries(walk(local(project, frozenset({f"{project}/src/sub"})), project))
+    assert MAY_BLOCK in marks and items == plain
+    (project / "link").symlink_to(project / "src")
+    marks, items = entries(walk(local(project), project))
+    assert MAY_BLOCK in marks
+    assert ("link", True) in items and "link/a.py" not in {i[0] for i in items}  # type: ignore[index]
+
+
+# -- the tools -------------------------------------------------------------------------------
+
+
+def scandir_threads(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[int]:
+    seen: list[int] = []
+    real = os.scandir
+
+    def recording(path: str) -> object:
+        if str(path).startswith(str(under)):
+            seen.append(threading.get_ident())
+        return real(path)
+
+    monkeypatch.setattr(inline.os, "scandir", recording)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["ext4", "nfs4"])
+async def test_list_files_runs_on_the_loop_only_on_a_local_filesystem(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    mountinfo(tmp_path, [mount("/", kind, 1)], monkeypatch)
+    seen = scandir_threads(monkeypatch, project)
+    ctx = ToolContext(project_dir=project)
+    outcome = await ListFiles().run({"pattern": "**/*.py"}, ctx)
+    assert outcome.output == "src/a.py"
+    loop_thread = threading.get_ident()
+    assert seen
+    if kind == "ext4":
+        assert set(seen) == {loop_thread}
+    else:
+        assert loop_thread not in seen
+    assert set(ctx.file_scans) == {project}  # scanned once for the turn
+
+
+async def test_read_file_through_a_link_reads_its_target_in_a_thread(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mountinfo(tmp_path, [mount("/", "ext4", 1)], monkeypatch)
+    (project / "alias.py").symlink_to(project / "src" / "a.py")
+    ctx = ToolContext(project_dir=project)
+    await inline.project_files(ctx)  # the turn's scan (in a thread) is done
+    loop_thread = threading.get_ident()
+    opened: list[int] = []
+    real = inline.os.lstat
+
+    def recording(path: str) -> os.stat_result:
+        opened.append(threading.get_ident())
+        return real(path)
+
+    monkeypatch.setattr(inline.os, "lstat", recording)
+    assert (await ReadFile().run({"path": "alias.py"}, ctx)).output == "a\n"
+    # The link was seen on the loop, and followed (realpath) in a worker thread.
+    assert opened[0] == loop_thread and set(opened) - {loop_thread}
+    assert (await asyncio.to_thread(finish, resolve_steps(local(project), "alias.py"))) == (
+        project / "src" / "a.py"
+    )
