@@ -259,6 +259,26 @@ async def test_mcp_tool_call_is_projected_by_hash_only(
         assert needle not in stdout, needle
 
 
+@pytest.mark.parametrize("trusted", [False, True])
+async def test_a_project_files_mcp_servers_start_only_in_a_trusted_project(
+    home: Path, project: Path, fake: FakeProviderServer, trusted: bool
+) -> None:
+    # A cloned repository's settings must not be enough to run the commands they name.
+    write_settings(home, fake, trusted_projects=[str(project)] if trusted else [])
+    servers = {"projsrv": {"command": sys.executable, "args": [str(MCP_SERVER)]}}
+    (project / ".magi-code").mkdir()
+    (project / ".magi-code" / "settings.json").write_text(json.dumps({"mcp_servers": servers}))
+    fake.enqueue(Reply(text=["done"]))
+    async with running_service(home, project) as svc:
+        rid, accepted = await start_turn(svc, "which tools?")
+        events = await svc.events_until_terminal(rid)
+        turn = check_turn(events, accepted["turn_id"], accepted["session_id"])
+    assert turn.terminal["status"] == "completed"
+    offered = _strings(fake.requests[0].json)
+    assert ("mcp__projsrv__echo" in offered) is trusted
+    assert any("list_files" in name for name in offered)  # the built-in tools either way
+
+
 async def test_published_mcp_server_package_answers_a_tool_call(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:

@@ -87,9 +87,10 @@ _MCP_SERVER: Final[dict[str, Any]] = {
 _NETWORK: Final[dict[str, Any]] = {
     "type": "object",
     "description": (
-        "Proxy and CA bundle for provider, catalog and OAuth requests. Each key set in the "
-        "project file overrides the global one; they override the environment's proxy "
-        "variables and SSL_CERT_FILE/SSL_CERT_DIR (NO_PROXY still applies)."
+        "Proxy and CA bundle for provider, catalog and OAuth requests. Each key set in a "
+        "trusted project's file (see 'trusted_projects') overrides the global one; they "
+        "override the environment's proxy variables and SSL_CERT_FILE/SSL_CERT_DIR "
+        "(NO_PROXY still applies)."
     ),
     "properties": {
         "proxy": {
@@ -176,6 +177,10 @@ SETTINGS_SCHEMA: Final[dict[str, Any]] = {
         },
         "mcp_servers": {
             "type": "object",
+            "description": (
+                "MCP servers by name. A trusted project's entry (see 'trusted_projects') "
+                "replaces the global one with the same name."
+            ),
             "propertyNames": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
             "additionalProperties": _MCP_SERVER,
         },
@@ -187,7 +192,7 @@ SETTINGS_SCHEMA: Final[dict[str, Any]] = {
             "items": {"type": "string", "pattern": r"^/[^\x00]*$", "maxLength": 4096},
             "description": (
                 "Global only. Absolute project directories whose settings file may configure "
-                "hooks that run."
+                "hooks, mcp_servers and network (elsewhere those entries are ignored)."
             ),
         },
     },

@@ -8,12 +8,19 @@ All writes go through :func:`update_settings`, which takes the cross-process loc
 the target file, lets the caller validate and mutate the re-read document (unknown keys
 untouched), re-validates it and replaces the file atomically. All functions here block;
 callers run them off the event loop.
+
+The project file arrives with the repository, so what in it acts on the machine
+(``TRUST_GATED``: the commands of ``hooks`` and ``mcp_servers``, and ``network``, which
+could route provider traffic and its credentials through a proxy and CA of its choosing)
+is part of the merged view only when the global ``trusted_projects`` names the project
+directory; otherwise it is validated and ignored.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -33,6 +40,11 @@ log = logging.getLogger(__name__)
 # The last problem logged per settings file (a daemon reads many projects' files).
 _reported: dict[Path, str | None] = {}
 MAX_REPORTED_FILES: Final = 1024
+# Project-file keys used only in a trusted project (see the module docstring).
+TRUST_GATED: Final = ("hooks", "mcp_servers", "network")
+# Projects whose ignored keys were already logged (a daemon serves many projects).
+_untrusted_logged: set[str] = set()
+MAX_LOGGED_PROJECTS: Final = 1024
 
 MAX_SETTINGS_BYTES: Final = 1 << 20
 # Settings may carry MCP server environments (tokens), so they are private to the user.
@@ -120,10 +132,11 @@ class Settings:
     disabled_models: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # Proxy and CA for outgoing HTTP, per key project over global.
     network: NetworkSettings = field(default_factory=NetworkSettings)
-    # Hooks of each file, kept apart: the project's run only for a trusted project.
+    # Hooks of each file, kept apart (the global ones run first); the project's are empty
+    # unless the project is trusted, as are its mcp_servers and network (TRUST_GATED).
     global_hooks: HookTable = field(default_factory=dict)
     project_hooks: HookTable = field(default_factory=dict)
-    # Global only: absolute project directories whose own hooks may run.
+    # Global only: absolute project directories whose own TRUST_GATED keys are used.
     trusted_projects: tuple[str, ...] = ()
 
     @property
@@ -301,8 +314,12 @@ def _hooks(document: Mapping[str, Any]) -> dict[str, tuple[HookDefinition, ...]]
     }
 
 
-def build_settings(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]) -> Settings:
-    """Merge two validated documents (project over global where both may set a key)."""
+def build_settings(
+    global_doc: Mapping[str, Any], project_doc: Mapping[str, Any], *, trusted: bool = False
+) -> Settings:
+    """Merge two validated documents (project over global where both may set a key); the
+    project's ``TRUST_GATED`` keys only when it is ``trusted``."""
+    gated = project_doc if trusted else {}
     providers = {
         pid: _provider(pid, raw)
         for pid, raw in global_doc.get("providers", {}).items()
@@ -317,11 +334,11 @@ def build_settings(global_doc: Mapping[str, Any], project_doc: Mapping[str, Any]
         project_layer=_layer(project_doc),
         fast=bool(global_doc.get("fast", False)),
         providers=providers,
-        mcp_servers={**_mcp_servers(global_doc), **_mcp_servers(project_doc)},
+        mcp_servers={**_mcp_servers(global_doc), **_mcp_servers(gated)},
         disabled_models={pid: frozenset(ids) for pid, ids in disabled.items()},
-        network=_network(global_doc, project_doc),
+        network=_network(global_doc, gated),
         global_hooks=_hooks(global_doc),
-        project_hooks=_hooks(project_doc),
+        project_hooks=_hooks(gated),
         trusted_projects=tuple(global_doc.get("trusted_projects", ())),
     )
 
@@ -332,9 +349,33 @@ def load_settings(ctx: LaunchContext) -> Settings:
     Raises:
         ServiceError: ``configuration_unavailable`` for any unreadable or invalid file.
     """
-    return build_settings(
-        read_document(ctx.global_settings_path, Scope.GLOBAL),
-        read_document(ctx.project_settings_path, Scope.PROJECT),
+    global_doc = read_document(ctx.global_settings_path, Scope.GLOBAL)
+    project_doc = read_document(ctx.project_settings_path, Scope.PROJECT)
+    trusted = False
+    if any(key in project_doc for key in TRUST_GATED):
+        trusted = is_trusted(global_doc.get("trusted_projects", ()), ctx.project_dir)
+        if not trusted:
+            _log_untrusted(ctx.project_dir)
+    return build_settings(global_doc, project_doc, trusted=trusted)
+
+
+def is_trusted(trusted_projects: Sequence[str], project_dir: Path) -> bool:
+    """Whether ``project_dir`` is one of the listed directories (symlinks resolved on both
+    sides; a subdirectory of a listed directory is not trusted)."""
+    real = os.path.realpath(project_dir)
+    return any(os.path.realpath(entry) == real for entry in trusted_projects)
+
+
+def _log_untrusted(project_dir: Path) -> None:
+    key = str(project_dir)
+    if key in _untrusted_logged:
+        return
+    if len(_untrusted_logged) >= MAX_LOGGED_PROJECTS:
+        _untrusted_logged.clear()
+    _untrusted_logged.add(key)
+    log.info(
+        "the project settings' hooks, mcp_servers and network are ignored: "
+        "the project is not in trusted_projects"
     )
 
 

@@ -2,9 +2,10 @@
 
 Theory of operation: ``hooks`` in the settings lists, per event, entries of
 ``{"matcher", "command", "timeout_ms"}``. A turn builds one :class:`TurnHooks` from the
-settings it captured at admission: the global file's hooks always, the project file's only
-when the global ``trusted_projects`` names the project directory (a cloned repository's
-settings must not run commands on their own). The events:
+settings it captured at admission: the global file's hooks, then the project file's, which
+the settings hold only when the global ``trusted_projects`` names the project directory (a
+cloned repository's settings must not run commands on their own; ``config.settings``).
+The events:
 
 - ``user_prompt_submit``: before the first provider request, with the prompt;
 - ``pre_tool_use``: before a tool call whose name the matcher matches, with the tool name
@@ -32,8 +33,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from magi_code.config.schema import HOOK_EVENTS
@@ -53,9 +53,6 @@ BLOCK_EXIT_CODE: Final = 2
 # The most of a blocking hook's stdout the model sees.
 MAX_BLOCK_MESSAGE_BYTES: Final = 8 * 1024
 BLOCKED_PREFIX: Final = "Blocked by a pre_tool_use hook"
-# Projects whose ignored hooks were already logged (a daemon serves many projects).
-_untrusted_logged: set[str] = set()
-MAX_LOGGED_PROJECTS: Final = 1024
 
 
 class ActivitySink(Protocol):
@@ -63,34 +60,13 @@ class ActivitySink(Protocol):
         """Offer one activity; never blocks."""
 
 
-def is_trusted(trusted_projects: Sequence[str], project_dir: Path) -> bool:
-    """Whether ``project_dir`` is one of the listed directories (symlinks resolved on both
-    sides; a subdirectory of a listed directory is not trusted). Blocking."""
-    real = os.path.realpath(project_dir)
-    return any(os.path.realpath(entry) == real for entry in trusted_projects)
-
-
-def active_hooks(settings: Settings, project_dir: Path) -> dict[str, tuple[HookDefinition, ...]]:
-    """The hooks a turn in ``project_dir`` runs, by event: global first, then the project's
-    when the project is trusted. Blocking (resolves paths) only when the project has hooks."""
-    table = {event: settings.global_hooks.get(event, ()) for event in HOOK_EVENTS}
-    if settings.project_hooks:
-        if is_trusted(settings.trusted_projects, project_dir):
-            for event in HOOK_EVENTS:
-                table[event] += settings.project_hooks.get(event, ())
-        else:
-            _log_untrusted(project_dir)
+def active_hooks(settings: Settings) -> dict[str, tuple[HookDefinition, ...]]:
+    """The hooks a turn runs, by event: global first, then the (trusted) project's."""
+    table = {
+        event: settings.global_hooks.get(event, ()) + settings.project_hooks.get(event, ())
+        for event in HOOK_EVENTS
+    }
     return {event: hooks for event, hooks in table.items() if hooks}
-
-
-def _log_untrusted(project_dir: Path) -> None:
-    key = str(project_dir)
-    if key in _untrusted_logged:
-        return
-    if len(_untrusted_logged) >= MAX_LOGGED_PROJECTS:
-        _untrusted_logged.clear()
-    _untrusted_logged.add(key)
-    log.info("the project settings' hooks are ignored: the project is not in trusted_projects")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +108,7 @@ class TurnHooks:
         session_id: str,
     ) -> TurnHooks:
         """The hooks ``settings`` give a turn in ``ctx.project_dir`` (:func:`active_hooks`)."""
-        if settings.project_hooks:
-            table = await asyncio.to_thread(active_hooks, settings, ctx.project_dir)
-        else:
-            table = active_hooks(settings, ctx.project_dir)  # resolves no path
-        return cls(table, ctx, sink, turn_id=turn_id, session_id=session_id)
+        return cls(active_hooks(settings), ctx, sink, turn_id=turn_id, session_id=session_id)
 
     @property
     def has_tool_hooks(self) -> bool:

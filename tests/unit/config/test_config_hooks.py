@@ -10,10 +10,15 @@ import pytest
 from config_helpers import write_json
 
 from magi_code.config.schema import SETTINGS_SCHEMA, is_valid, project_schema
-from magi_code.config.settings import DEFAULT_HOOK_TIMEOUT_MS, HookDefinition, load_settings
+from magi_code.config.settings import (
+    DEFAULT_HOOK_TIMEOUT_MS,
+    HookDefinition,
+    is_trusted,
+    load_settings,
+)
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.launch import LaunchContext
-from magi_code.turns.hooks import active_hooks, is_trusted
+from magi_code.turns.hooks import active_hooks
 
 
 def test_hooks_are_read_from_each_file_apart(ctx: LaunchContext) -> None:
@@ -27,7 +32,7 @@ def test_hooks_are_read_from_each_file_apart(ctx: LaunchContext) -> None:
                 "stop": [{"command": ["notify"]}],
                 "unknown_event": [{"anything": True}],
             },
-            "trusted_projects": ["/src/one"],
+            "trusted_projects": [str(ctx.project_dir)],
         },
     )
     write_json(ctx.project_settings_path, {"hooks": {"stop": [{"command": ["project-stop"]}]}})
@@ -37,7 +42,7 @@ def test_hooks_are_read_from_each_file_apart(ctx: LaunchContext) -> None:
         "stop": (HookDefinition(("notify",), "*", DEFAULT_HOOK_TIMEOUT_MS),),
     }
     assert settings.project_hooks == {"stop": (HookDefinition(("project-stop",)),)}
-    assert settings.trusted_projects == ("/src/one",)
+    assert settings.trusted_projects == (str(ctx.project_dir),)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +76,7 @@ def test_trusted_projects_is_global_only(ctx: LaunchContext) -> None:
 def test_project_hooks_run_only_in_a_trusted_project(ctx: LaunchContext, tmp_path: Path) -> None:
     write_json(ctx.project_settings_path, {"hooks": {"stop": [{"command": ["project"]}]}})
     write_json(ctx.global_settings_path, {"hooks": {"stop": [{"command": ["global"]}]}})
-    commands = [h.command for h in active_hooks(load_settings(ctx), ctx.project_dir)["stop"]]
+    commands = [h.command for h in active_hooks(load_settings(ctx))["stop"]]
     assert commands == [("global",)]
     # Listed through a symlink: both sides are resolved. Global hooks come first.
     link = tmp_path / "project-link"
@@ -80,7 +85,7 @@ def test_project_hooks_run_only_in_a_trusted_project(ctx: LaunchContext, tmp_pat
         ctx.global_settings_path,
         {"hooks": {"stop": [{"command": ["global"]}]}, "trusted_projects": [str(link)]},
     )
-    commands = [h.command for h in active_hooks(load_settings(ctx), ctx.project_dir)["stop"]]
+    commands = [h.command for h in active_hooks(load_settings(ctx))["stop"]]
     assert commands == [("global",), ("project",)]
     # A subdirectory of a trusted project is not trusted.
     assert not is_trusted([str(ctx.project_dir)], ctx.project_dir / "sub")

@@ -20,12 +20,14 @@ def test_missing_network_entry_is_empty(ctx: LaunchContext) -> None:
     assert load_settings(ctx).network == NetworkSettings()
 
 
-def test_project_keys_override_global_keys_one_by_one(ctx: LaunchContext) -> None:
-    write_json(
-        ctx.global_settings_path,
-        {"network": {"proxy": "http://global:3128", "ca_file": "/etc/global.pem"}},
-    )
+def test_a_trusted_projects_keys_override_global_keys_one_by_one(ctx: LaunchContext) -> None:
+    global_network = {"proxy": "http://global:3128", "ca_file": "/etc/global.pem"}
+    write_json(ctx.global_settings_path, {"network": global_network})
     write_json(ctx.project_settings_path, {"network": {"proxy": "https://project:8443"}})
+    # Untrusted: the project cannot route provider traffic (and credentials) elsewhere.
+    assert load_settings(ctx).network == NetworkSettings(**global_network)
+    trust = {"network": global_network, "trusted_projects": [str(ctx.project_dir)]}
+    write_json(ctx.global_settings_path, trust)
     assert load_settings(ctx).network == NetworkSettings(
         proxy="https://project:8443", ca_file="/etc/global.pem"
     )

@@ -269,19 +269,26 @@ def test_custom_providers_are_merged_sorted(ctx: LaunchContext) -> None:
     assert providers["zeta"].credential == "none"
 
 
-def test_mcp_servers_merge_with_project_entries_winning(ctx: LaunchContext) -> None:
+@pytest.mark.parametrize("trusted", [True, False])
+def test_mcp_servers_merge_with_a_trusted_projects_entries_winning(
+    ctx: LaunchContext, trusted: bool
+) -> None:
     write_json(
         ctx.global_settings_path,
         {
             "mcp_servers": {
                 "shared": {"command": "global-cmd"},
                 "only-global": {"command": "g", "args": ["-v"], "env": {"TOKEN": "t"}},
-            }
+            },
+            "trusted_projects": [str(ctx.project_dir)] if trusted else [],
         },
     )
-    write_json(ctx.project_settings_path, {"mcp_servers": {"shared": {"command": "project-cmd"}}})
+    project = {"shared": {"command": "project-cmd"}, "only-project": {"command": "p"}}
+    write_json(ctx.project_settings_path, {"mcp_servers": project})
     servers = load_settings(ctx).mcp_servers
-    assert servers["shared"].command == "project-cmd"
+    # An untrusted project's servers are ignored: a cloned repository names no command.
+    assert set(servers) == {"shared", "only-global", *(["only-project"] if trusted else [])}
+    assert servers["shared"].command == ("project-cmd" if trusted else "global-cmd")
     assert servers["shared"].args == ()
     assert servers["only-global"].args == ("-v",)
     assert dict(servers["only-global"].env) == {"TOKEN": "t"}
