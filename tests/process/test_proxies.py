@@ -162,11 +162,9 @@ async def test_lower_case_variable_and_no_proxy_bypass(
     assert proxy.lines == [f"POST {fake.base_url}/v1/chat/completions HTTP/1.1"]
 
 
-async def test_an_untrusted_projects_network_proxy_is_ignored(
+async def one_turn_with_a_project_proxy(
     home: Path, project: Path, fake: FakeProviderServer, proxy: ForwardingProxy
 ) -> None:
-    # A cloned repository must not route provider traffic (and its key) through a proxy.
-    write_settings(home, fake)
     fake.enqueue(Reply(text=["ok"]))
     (project / ".magi-code").mkdir()
     (project / ".magi-code" / "settings.json").write_text(
@@ -175,6 +173,14 @@ async def test_an_untrusted_projects_network_proxy_is_ignored(
     async with running_service(home, project) as service:
         _, turn = await run_turn(service, "hello")
         assert turn.terminal["status"] == "completed"
+
+
+async def test_an_untrusted_projects_network_proxy_is_ignored(
+    home: Path, project: Path, fake: FakeProviderServer, proxy: ForwardingProxy
+) -> None:
+    # A cloned repository must not route provider traffic (and its key) through a proxy.
+    write_settings(home, fake)
+    await one_turn_with_a_project_proxy(home, project, fake, proxy)
     assert proxy.lines == []
     assert len(fake.requests) == 1
 
@@ -186,16 +192,9 @@ async def test_settings_network_proxy_trusted_project_over_global(
     write_settings(
         home, fake, network={"proxy": "http://127.0.0.1:9"}, trusted_projects=[str(project)]
     )
-    fake.enqueue(Reply(text=["ok"]))
-    (project / ".magi-code").mkdir()
-    (project / ".magi-code" / "settings.json").write_text(
-        json.dumps({"network": {"proxy": proxy.url}})
-    )
-    async with running_service(home, project) as service:
-        _, turn = await run_turn(service, "hello")
-        assert turn.terminal["status"] == "completed"
-        # The environment's NO_PROXY still applies to the settings proxy.
+    await one_turn_with_a_project_proxy(home, project, fake, proxy)
     assert proxy.lines == [f"POST {fake.base_url}/v1/chat/completions HTTP/1.1"]
+    # The environment's NO_PROXY still applies to the settings proxy.
     fake.enqueue(Reply(text=["ok"]))
     async with running_service(home, project, {"NO_PROXY": "127.0.0.1"}) as service:
         _, turn = await run_turn(service, "hello")
