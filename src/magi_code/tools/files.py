@@ -37,6 +37,7 @@ from magi_code.tools.base import (
     shielded,
 )
 from magi_code.tools.inline import (
+    CHECKPOINT,
     Marker,
     ProjectFiles,
     Steps,
@@ -59,6 +60,8 @@ READ_BUDGET_BYTES: Final = 30 * 1024
 DEFAULT_READ_LINES: Final = 2000
 MAX_READ_LINES: Final = 100_000
 BINARY_SNIFF_BYTES: Final = 8192
+# Lines read_file reads between two checkpoints of its steps (tools.inline).
+READ_STEP_LINES: Final = 1024
 MAX_EDIT_FILE_BYTES: Final = 16 * 1024 * 1024
 MAX_LIST_RESULTS: Final = 500
 MAX_SCAN_ENTRIES: Final = 100_000
@@ -148,14 +151,14 @@ def _read_file(files: ProjectFiles, raw_path: str, offset: int, limit: int) -> S
             if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
                 raise ToolInputError(f"{shown} is a binary file.")
             fh.seek(0)
-            return _read_lines(fh, shown, offset, limit)
+            return (yield from _read_lines(fh, shown, offset, limit))
     except FileNotFoundError:
         raise ToolInputError(f"{shown} does not exist.") from None
     except OSError as exc:
         raise _os_failure(exc) from None
 
 
-def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> str:
+def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> Steps[str]:
     chunks: list[bytes] = []
     used = 0
     line_no = 0
@@ -164,15 +167,17 @@ def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> str:
         if not line:
             break
         line_no += 1
+        if line_no % READ_STEP_LINES == 0:
+            yield CHECKPOINT  # an offset far into a long file reads all the way there
         if line_no < offset:
-            _finish_line(fh, line)
+            yield from _finish_line(fh, line)
             continue
         if len(chunks) >= limit or used + len(line) > READ_BUDGET_BYTES:
             if chunks:
                 text = b"".join(chunks).decode("utf-8", errors="replace")
                 return f"{text}\n[more lines follow; continue with offset={line_no}]"
             # A single line longer than the whole budget: show its start.
-            _finish_line(fh, line)
+            yield from _finish_line(fh, line)
             head = line[:READ_BUDGET_BYTES].decode("utf-8", errors="ignore")
             return f"{head}\n[line {line_no} truncated; continue with offset={line_no + 1}]"
         chunks.append(line)
@@ -184,9 +189,10 @@ def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _finish_line(fh: BinaryIO, line: bytes) -> None:
+def _finish_line(fh: BinaryIO, line: bytes) -> Steps[None]:
     """Consume the rest of a line that ``readline`` cut at its size bound."""
     while line and not line.endswith(b"\n"):
+        yield CHECKPOINT
         line = fh.readline(READ_BUDGET_BYTES)
 
 

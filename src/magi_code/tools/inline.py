@@ -19,7 +19,9 @@ or leaves the project, since any of those can lead anywhere. Without
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import select
 import time
 from collections.abc import Generator, Iterable
 from pathlib import Path
@@ -41,6 +43,8 @@ LOCAL_TYPES: Final = frozenset(
 )
 MOUNTINFO: Final = "/proc/self/mountinfo"
 SKIPPED_DIRS: Final = frozenset({".git"})
+# Directory entries handled between two checkpoints of a walk.
+WALK_STEP_ENTRIES: Final = 512
 
 
 class Marker:
@@ -88,13 +92,14 @@ class ProjectFiles:
     root: Path  # resolved
     inline: bool  # on a local filesystem: steps may run on the event loop
     mounts: frozenset[str]  # mount points inside the root
+    generation: int = 0  # of the mount table it was read from (MountTable)
 
     def may_block(self, path: str) -> bool:
         """Whether entering ``path`` (a real path under the root) crosses a mount."""
         return path in self.mounts
 
 
-def scan_project(project_dir: Path) -> ProjectFiles:
+def scan_project(project_dir: Path, generation: int = 0) -> ProjectFiles:
     """Resolve the root and read its mounts. Blocking: run it in a worker thread.
 
     Raises:
@@ -105,11 +110,17 @@ def scan_project(project_dir: Path) -> ProjectFiles:
         with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as fh:
             mounts = list(_mount_points(fh))
     except OSError:
-        return ProjectFiles(root, False, frozenset())
+        return ProjectFiles(root, False, frozenset(), generation)
     text = str(root)
-    owner = max((m for m in mounts if _contains(m[0], text)), key=lambda m: len(m[0]), default=None)
+    # The root's filesystem: the longest mount point above it, the last of those listed
+    # (a mount stacked on the same point hides the ones before it).
+    owner: tuple[str, str] | None = None
+    for mount in mounts:
+        if _contains(mount[0], text) and (owner is None or len(mount[0]) >= len(owner[0])):
+            owner = mount
     inside = frozenset(point for point, _ in mounts if point != text and _contains(text, point))
-    return ProjectFiles(root, owner is not None and owner[1] in LOCAL_TYPES, inside)
+    local = owner is not None and owner[1] in LOCAL_TYPES
+    return ProjectFiles(root, local, inside, generation)
 
 
 def _contains(parent: str, path: str) -> bool:
@@ -142,13 +153,49 @@ def _unescape(field: str) -> str:
 
 async def project_files(ctx: ToolContext) -> ProjectFiles:
     """The ``ProjectFiles`` of ``ctx``'s project, scanned by its first call (the context
-    lives for one turn)."""
+    lives for one turn) and again after a mount or unmount anywhere."""
+    generation = MOUNT_TABLE.generation()
     found = ctx.file_scans.get(ctx.project_dir)
-    if found is None:
+    if found is None or found.generation != generation:
         # A failed scan (no project directory) is tried again by the next call.
-        found = await asyncio.to_thread(scan_project, ctx.project_dir)
+        found = await asyncio.to_thread(scan_project, ctx.project_dir, generation)
         ctx.file_scans[ctx.project_dir] = found
     return found
+
+
+class MountTable:
+    """Counts changes of this process's mount table: ``poll`` reports ``POLLPRI`` on an
+    open ``/proc/self/mountinfo`` after a mount or unmount, until it is read again. Its
+    one file descriptor is opened by the first call and kept; reading procfs never waits
+    for a filesystem."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._poller: select.poll | None = None
+        self._generation = 0
+
+    def generation(self) -> int:
+        if self._poller is None:
+            try:
+                self._fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return self._generation  # no mountinfo: nothing is local anyway
+            self._drain()
+            self._poller = select.poll()
+            self._poller.register(self._fd, select.POLLPRI | select.POLLERR)
+        if self._poller.poll(0):
+            self._drain()
+            self._generation += 1
+        return self._generation
+
+    def _drain(self) -> None:
+        assert self._fd is not None
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        while os.read(self._fd, 65536):
+            pass
+
+
+MOUNT_TABLE: Final = MountTable()
 
 
 def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
@@ -158,7 +205,8 @@ def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
     check_raw_path(raw)
     root = str(files.root)
     candidate = os.path.normpath(os.path.join(root, raw))
-    if ".." not in raw.split("/") and _contains(root, candidate):
+    # (``normpath`` keeps a leading ``//``, which ``realpath`` does not.)
+    if ".." not in raw.split("/") and _contains(root, candidate) and candidate[:2] != "//":
         prefix = root
         for part in candidate[len(root) :].split("/"):
             if not part:
@@ -195,19 +243,29 @@ def walk(
 def _walk(
     files: ProjectFiles, top: str, prefix: str, depth: int, max_depth: int | None
 ) -> Generator[tuple[str, bool] | Marker, None, None]:
+    entries: list[os.DirEntry[str]] = []
     try:
         with os.scandir(top) as scan:
-            entries = list(scan)
+            for entry in scan:
+                entries.append(entry)
+                if len(entries) % WALK_STEP_ENTRIES == 0:
+                    yield CHECKPOINT
     except OSError:
         return
     yield CHECKPOINT
     dirs: list[str] = []
     files_here: list[str] = []
     links: set[str] = set()
-    for entry in entries:
-        # Whether a link names a directory is asked of its target, which may be anywhere.
-        linked = entry.is_symlink()
-        if linked:
+    for count, entry in enumerate(entries, 1):
+        if count % WALK_STEP_ENTRIES == 0:
+            yield CHECKPOINT
+        try:
+            linked: bool | None = entry.is_symlink()
+        except OSError:
+            linked = None  # unknown: still not followed as a link, but may block
+        # Whether a link names a directory is asked of its target, which may be anywhere;
+        # without the type in the directory itself, a mount point is asked of the mount.
+        if linked is not False or (files.mounts and os.path.join(top, entry.name) in files.mounts):
             yield MAY_BLOCK
         try:
             is_dir = entry.is_dir()
@@ -221,10 +279,12 @@ def _walk(
                 links.add(entry.name)
     dirs.sort()
     files_here.sort()
-    for name in dirs:
-        yield prefix + name, True
-    for name in files_here:
-        yield prefix + name, False
+    for count, (name, is_dir) in enumerate(
+        itertools.chain(((n, True) for n in dirs), ((n, False) for n in files_here)), 1
+    ):
+        if count % WALK_STEP_ENTRIES == 0:
+            yield CHECKPOINT
+        yield prefix + name, is_dir
     if max_depth is not None and depth >= max_depth:
         return
     for name in dirs:

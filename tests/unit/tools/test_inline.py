@@ -13,7 +13,7 @@ import pytest
 
 from magi_code.tools import inline
 from magi_code.tools.base import ToolContext, ToolInputError
-from magi_code.tools.files import ListFiles, ReadFile
+from magi_code.tools.files import ListFiles, ReadFile, _read_file
 from magi_code.tools.inline import (
     CHECKPOINT,
     MAY_BLOCK,
@@ -248,3 +248,55 @@ async def test_read_file_through_a_link_reads_its_target_in_a_thread(
     assert (await asyncio.to_thread(finish, resolve_steps(local(project), "alias.py"))) == (
         project / "src" / "a.py"
     )
+
+
+def test_stacked_mounts_take_the_one_on_top(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    escaped = str(project).replace(" ", "\\040")
+    lines = [mount("/", "ext4", 1), mount(escaped, "ext4", 2), mount(escaped, "fuse.sshfs", 3)]
+    mountinfo(tmp_path, lines, monkeypatch)
+    assert scan_project(project).inline is False
+    mountinfo(tmp_path, [lines[0], lines[2], lines[1]], monkeypatch)
+    assert scan_project(project).inline is True
+
+
+def test_a_double_slash_path_under_the_filesystem_root_resolves_the_full_way() -> None:
+    seen, path = markers_and_result(resolve_steps(local(Path("/")), "//etc"))
+    assert seen == [MAY_BLOCK]
+    assert path == resolve_in_project(Path("/"), "//etc") == Path("/etc")
+
+
+def test_long_reads_and_large_directories_reach_checkpoints(project: Path) -> None:
+    # The slice ends at a checkpoint: a step between two must stay short.
+    (project / "long.txt").write_text("line\n" * 5000)
+    files = local(project)
+    seen, text = markers_and_result(_read_file(files, "long.txt", 10**9, 10))
+    assert seen.count(CHECKPOINT) >= 4 and "offset 1000000000 is past the end" in str(text)
+    crowded = project / "crowded"
+    crowded.mkdir()
+    for i in range(inline.WALK_STEP_ENTRIES * 2):
+        (crowded / f"f{i:05}").touch()
+    marks, items = entries(walk(files, crowded))
+    assert marks.count(CHECKPOINT) >= 4 and len(items) == inline.WALK_STEP_ENTRIES * 2
+
+
+async def test_a_mount_or_unmount_makes_the_next_call_scan_again(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generation = [0]
+    scans: list[int] = []
+    real = inline.scan_project
+
+    def counting(project_dir: Path, at: int = 0) -> ProjectFiles:
+        scans.append(at)
+        return real(project_dir, at)
+
+    monkeypatch.setattr(inline.MOUNT_TABLE, "generation", lambda: generation[0])
+    monkeypatch.setattr(inline, "scan_project", counting)
+    ctx = ToolContext(project_dir=project)
+    await inline.project_files(ctx)
+    await inline.project_files(ctx)
+    generation[0] = 1
+    assert (await inline.project_files(ctx)).generation == 1
+    assert scans == [0, 1]
