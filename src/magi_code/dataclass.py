@@ -6,24 +6,29 @@ standard library writes and compiles the source of every method it adds to each 
 ``__setattr__`` and ``__delattr__``): about 0.35 ms a class, a third of the service's
 import time. Here the standard library still makes the class a dataclass (its fields,
 ``__slots__``, ``__match_args__``; ``fields``, ``replace`` and ``asdict`` work as ever),
-but adds no method: ``__init__`` is compiled alone, and the rest are shared functions
-bound to the class's field names, none compiled.
+but adds no method: ``__init__`` is compiled alone (in the class's module, as the
+standard library does), and the rest are shared functions bound to the class's field
+names, none compiled.
 
 The behaviour is the standard library's for what the product uses: ``frozen``, ``slots``,
-``eq``, ``kw_only``, defaults, ``field(default_factory=..., repr=False)`` and
-``__post_init__``. A method the class defines itself is kept. Not supported: ``order``,
-``unsafe_hash``, ``InitVar``, ``init=False`` fields (mypy does not know that, so a test
-checks every dataclass of the product for them). ``__dataclass_params__`` describes what
-the standard library generated, which is nothing.
+``eq``, ``kw_only``, defaults, ``field(default_factory=..., repr=False, compare=False)``,
+``__post_init__``, inheritance (frozen and mutable dataclasses are not mixed). A method
+the class defines itself is kept. Not supported: ``order``, ``unsafe_hash``, ``InitVar``,
+``field(hash=...)``, a recursion guard in ``__repr__``, and ``init=False`` fields (refused
+with ``TypeError`` when the class is defined). ``__dataclass_params__`` describes what the
+standard library generated, which is nothing; an undocumented class keeps ``__doc__``
+``None``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import MISSING, Field, FrozenInstanceError, field
-from typing import Any, TypeVar, cast, dataclass_transform, overload
+from typing import Any, Final, TypeVar, cast, dataclass_transform, overload
 
 __all__ = ["dataclass", "field"]
 
@@ -39,6 +44,9 @@ class _Factory:
 
 
 _FACTORY = _Factory()
+# The frozen classes made here (their __dataclass_params__ say what the standard library
+# generated, which is nothing).
+_FROZEN: Final[weakref.WeakSet[type]] = weakref.WeakSet()
 
 
 @overload
@@ -77,6 +85,7 @@ def dataclass(
 
 def _process(cls: _T, *, frozen: bool, slots: bool, eq: bool, kw_only: bool) -> _T:
     own = cls.__dict__
+    _check_bases(cls, frozen)
     # Whether the class body sets __hash__ itself (Python sets it to None for a body that
     # defines __eq__ alone: that is not an explicit one).
     explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
@@ -106,7 +115,8 @@ def _process(cls: _T, *, frozen: bool, slots: bool, eq: bool, kw_only: bool) -> 
     if frozen:
         methods["__setattr__"], methods["__delattr__"] = _frozen(made, frozenset(names))
         if slots:
-            methods["__getstate__"], methods["__setstate__"] = _slot_state(names)
+            methods["__getstate__"], methods["__setstate__"] = _getstate, _setstate
+        _FROZEN.add(made)
     for name, method in methods.items():
         if name in own and name != "__hash__":
             continue  # the class's own
@@ -118,7 +128,24 @@ def _process(cls: _T, *, frozen: bool, slots: bool, eq: bool, kw_only: bool) -> 
     return made
 
 
+def _check_bases(cls: type, frozen: bool) -> None:
+    """Refuse what the standard library refuses: frozen and mutable dataclasses mixed."""
+    bases = [base for base in cls.__mro__[1:] if "__dataclass_fields__" in base.__dict__]
+    if not bases:
+        return
+    frozen_bases = any(
+        base in _FROZEN or base.__dict__["__dataclass_params__"].frozen for base in bases
+    )
+    if frozen_bases and not frozen:
+        raise TypeError("cannot inherit non-frozen dataclass from a frozen one")
+    if frozen and not frozen_bases:
+        raise TypeError("cannot inherit frozen dataclass from a non-frozen one")
+
+
 def _init(cls: type, every: tuple[Field[Any], ...], frozen: bool) -> Callable[..., None]:
+    # Compiled as the standard library does, inside a function whose parameters hold what
+    # the body refers to, so that __init__ has the class's module as its globals (its
+    # __module__, and typing.get_type_hints, resolve there).
     scope: dict[str, Any] = {"__set": object.__setattr__, "__factory": _FACTORY}
     positional: list[str] = []
     keyword: list[str] = []
@@ -141,9 +168,17 @@ def _init(cls: type, every: tuple[Field[Any], ...], frozen: bool) -> Callable[..
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
     params = ["self", *positional, *(["*", *keyword] if keyword else [])]
-    source = f"def __init__({', '.join(params)}):\n" + ("\n".join(body) or "    pass")
-    exec(source, scope)  # built from the field names alone
-    init: Callable[..., None] = scope["__init__"]
+    source = (
+        f"def __create__({', '.join(scope)}):\n"
+        f" def __init__({', '.join(params)}):\n"
+        + ("\n".join(f" {line}" for line in body) or "     pass")
+        + "\n return __init__"
+    )
+    created: dict[str, Any] = {}
+    module = sys.modules.get(cls.__module__)
+    # Built from the field names alone.
+    exec(source, module.__dict__ if module is not None else {}, created)
+    init: Callable[..., None] = created["__create__"](**scope)
     init.__annotations__ = {f.name: f.type for f in every} | {"return": None}
     return init
 
@@ -197,16 +232,12 @@ def _frozen(
     return __setattr__, __delattr__
 
 
-def _slot_state(
-    names: tuple[str, ...],
-) -> tuple[Callable[[Any], list[Any]], Callable[[Any, list[Any]], None]]:
-    # A frozen class with slots has no __dict__ for copy and pickle to fill in: its state
-    # is its fields' values, set back past the frozen __setattr__.
-    def __getstate__(self: Any) -> list[Any]:
-        return [getattr(self, name) for name in names]
+# A frozen class with slots has no __dict__ for copy and pickle to fill in: its state is
+# its fields' values (a subclass's too), set back past the frozen __setattr__.
+def _getstate(self: Any) -> list[Any]:
+    return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
-    def __setstate__(self: Any, state: list[Any]) -> None:
-        for name, value in zip(names, state, strict=True):
-            object.__setattr__(self, name, value)
 
-    return __getstate__, __setstate__
+def _setstate(self: Any, state: list[Any]) -> None:
+    for f, value in zip(dataclasses.fields(self), state, strict=True):
+        object.__setattr__(self, f.name, value)

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import itertools
 import pickle
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,37 @@ def test_no_product_module_uses_the_standard_dataclass_decorator() -> None:
             ):
                 uses.append(f"{path.name}: dataclasses.dataclass")
     assert uses == []
+
+
+def test_init_belongs_to_the_classs_module_and_its_hints_resolve() -> None:
+    assert Frozen.__init__.__module__ == __name__
+    assert typing.get_type_hints(Frozen.__init__) == {
+        "name": str,
+        "items": tuple[int, ...],
+        "return": type(None),
+    }
+
+
+def test_frozen_and_mutable_dataclasses_are_not_mixed() -> None:
+    with pytest.raises(TypeError, match="non-frozen dataclass from a frozen one"):
+
+        @dataclass
+        class MutableChild(Frozen):
+            extra: int = 0
+
+    with pytest.raises(TypeError, match="frozen dataclass from a non-frozen one"):
+
+        @dataclass(frozen=True)
+        class FrozenChild(Mutable):
+            extra: int = 0
+
+
+@dataclass(frozen=True)
+class FrozenSubclass(Frozen):
+    extra: int = 0
+
+
+def test_a_subclass_of_a_slotted_frozen_class_copies_and_pickles_its_own_fields() -> None:
+    value = FrozenSubclass("a", (1,), 7)
+    for duplicate in (copy.copy(value), copy.deepcopy(value), pickle.loads(pickle.dumps(value))):
+        assert duplicate == value and duplicate.extra == 7
