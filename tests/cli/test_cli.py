@@ -214,6 +214,15 @@ def test_doctor_names_what_blocks_a_turn_and_passes_when_one_can_run(
     (fail,) = [c for c in missing["checks"] if c["status"] == "fail"]
     assert fail["check"] == "credentials" and "magi-code login" in fail["remedy"]
     assert magi(home, "doctor", cwd=project).returncode == 1
+    # A project file's servers in an untrusted project: said, not failed.
+    write_settings(home, fake)
+    (project / ".magi-code").mkdir()
+    servers = {"mcp_servers": {"repo": {"command": "/bin/true"}}}
+    (project / ".magi-code" / "settings.json").write_text(json.dumps(servers))
+    report = json.loads(magi(home, "doctor", "--json", cwd=project).stdout)
+    (trust,) = [c for c in report["checks"] if c["check"] == "trust"]
+    assert trust["status"] == "warn" and "mcp_servers" in trust["detail"]
+    assert report["turn_ready"] is True
 
 
 def test_protocol_schema_prints_the_bundle_and_writes_files(home: Path, tmp_path: Path) -> None:

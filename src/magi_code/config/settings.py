@@ -138,6 +138,8 @@ class Settings:
     project_hooks: HookTable = field(default_factory=dict)
     # Global only: absolute project directories whose own TRUST_GATED keys are used.
     trusted_projects: tuple[str, ...] = ()
+    # The TRUST_GATED keys the project file sets but an untrusted project does not get.
+    ignored_project_keys: tuple[str, ...] = ()
 
     @property
     def configured_thinking_level(self) -> str:
@@ -320,6 +322,7 @@ def build_settings(
     """Merge two validated documents (project over global where both may set a key); the
     project's ``TRUST_GATED`` keys only when it is ``trusted``."""
     gated = project_doc if trusted else {}
+    ignored = () if trusted else tuple(key for key in TRUST_GATED if key in project_doc)
     providers = {
         pid: _provider(pid, raw)
         for pid, raw in global_doc.get("providers", {}).items()
@@ -340,6 +343,7 @@ def build_settings(
         global_hooks=_hooks(global_doc),
         project_hooks=_hooks(gated),
         trusted_projects=tuple(global_doc.get("trusted_projects", ())),
+        ignored_project_keys=ignored,
     )
 
 

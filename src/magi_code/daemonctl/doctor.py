@@ -78,6 +78,8 @@ def run_checks(ctx: LaunchContext, *, network: bool) -> list[Finding]:
     findings.append(selection)
     findings.extend(_credentials(ctx, settings, provider))
     findings.extend(_mcp_servers(ctx, settings))
+    if settings.ignored_project_keys:
+        findings.append(_untrusted(settings.ignored_project_keys))
     if network and provider is not None:
         findings.append(_reachable(ctx, settings, provider))
     return findings
@@ -252,6 +254,15 @@ def _credentials(
                 Finding("credentials", "fail" if chosen else "warn", detail, _remedy(provider))
             )
     return findings
+
+
+def _untrusted(keys: tuple[str, ...]) -> Finding:
+    return Finding(
+        "trust",
+        "warn",
+        f"the project settings' {', '.join(keys)} are ignored: the project is not trusted",
+        "if you trust this project, add its directory to `trusted_projects` in the global settings",
+    )
 
 
 def _mcp_servers(ctx: LaunchContext, settings: Settings) -> list[Finding]:
