@@ -8,12 +8,14 @@ the loop may take back control. ``run_steps`` runs them on the event loop for at
 ``INLINE_SLICE_SECONDS`` and hands the rest to a worker thread, at once where a step says
 it ``MAY_BLOCK``.
 
-What may block is decided from the project's filesystem, once per turn (``ProjectFiles``,
-in a worker thread): the project root's mount must be of a local type (``LOCAL_TYPES``;
-never a network or FUSE filesystem, where a system call can wait for a server), and a
-step yields ``MAY_BLOCK`` before it follows a symbolic link, crosses into another mount
-or leaves the project, since any of those can lead anywhere. Without
-``/proc/self/mountinfo`` nothing runs on the loop.
+What may block is decided from the project's filesystem, once per turn and again after
+any mount or unmount (``ProjectFiles``, in a worker thread; ``MountTable``): the project
+root's mount must be of a local type (``LOCAL_TYPES``; never a network or FUSE
+filesystem, where a system call can wait for a server), and a step yields ``MAY_BLOCK``
+before it follows a symbolic link, crosses into another mount or leaves the project,
+since any of those can lead anywhere. Without ``/proc/self/mountinfo`` nothing runs on
+the loop. Steps yield a ``CHECKPOINT`` at least every few hundred directory entries or
+thousand lines, so a slice ends on time.
 """
 
 from __future__ import annotations
