@@ -130,7 +130,7 @@ class Settings:
     providers: Mapping[str, ProviderDefinition] = field(default_factory=dict)
     mcp_servers: Mapping[str, McpServerDefinition] = field(default_factory=dict)
     disabled_models: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    # Proxy and CA for outgoing HTTP, per key project over global.
+    # Proxy and CA for outgoing HTTP, per key a trusted project's over global.
     network: NetworkSettings = field(default_factory=NetworkSettings)
     # Hooks of each file, kept apart (the global ones run first); the project's are empty
     # unless the project is trusted, as are its mcp_servers and network (TRUST_GATED).
