@@ -98,7 +98,7 @@ class TurnHooks:
         self._count = itertools.count(1)
 
     @classmethod
-    async def for_turn(
+    def for_turn(
         cls,
         settings: Settings,
         ctx: ToolContext,
@@ -107,7 +107,7 @@ class TurnHooks:
         turn_id: str,
         session_id: str,
     ) -> TurnHooks:
-        """The hooks ``settings`` give a turn in ``ctx.project_dir`` (:func:`active_hooks`)."""
+        """The hooks ``settings`` give a turn (:func:`active_hooks`)."""
         return cls(active_hooks(settings), ctx, sink, turn_id=turn_id, session_id=session_id)
 
     @property

@@ -192,7 +192,7 @@ class TurnRuntime:
         )
         async with http.lease(provider.base_url, headers) as client, toolset:
             env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
-            hooks = await TurnHooks.for_turn(
+            hooks = TurnHooks.for_turn(
                 settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
             )
             builtins = hooks.wrap(turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id))
