@@ -14,11 +14,15 @@ network, no writes. Mapping (documented in ``docs/authentication.md``):
 :class:`ReadinessMemo` lets ``status`` answer without re-reading unchanged files: it keeps
 each launch context's last answer while the settings files and the auth store show the
 same stamps (:mod:`magi_code.storage.stamps`), the environment is equal, and the clock
-has not reached an access token's expiry.
+has not reached an access token's expiry. Those ``stat`` calls run on the event loop only
+where the files are on a local filesystem (:mod:`magi_code.storage.mounts`, or where no
+mount table says otherwise), and only while the mount table is the one the answer was
+computed under; otherwise every ``status`` computes in a worker thread.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -37,6 +41,7 @@ from magi_code.auth.tokens import (
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext
+from magi_code.storage.mounts import MOUNT_TABLE, is_local, read_mounts
 from magi_code.storage.stamps import RACY_WINDOW_NS, Probe, probe, trusted
 
 
@@ -161,6 +166,18 @@ class _Answer:
     # The answer holds for a clock in [since, until); ``until`` None: no expiry involved.
     since: float
     until: float | None
+    # The probes may be stat'ed on the event loop (local files), under this mount table.
+    local: bool
+    mounts: int
+
+
+def _local(probes: Iterable[Probe]) -> bool:
+    """Whether every probe's file is on a local filesystem (True without a mount table:
+    nothing says otherwise). Blocking: resolves the paths."""
+    mounts = read_mounts()
+    if mounts is None:
+        return True
+    return all(is_local(mounts, os.path.realpath(item.path)) for item in probes)
 
 
 class ReadinessMemo:
@@ -217,6 +234,8 @@ class ReadinessMemo:
         now = self._clock()
         if now < answer.since or (answer.until is not None and now >= answer.until):
             return None
+        if not answer.local or answer.mounts != MOUNT_TABLE.generation():
+            return None
         for item in answer.probes:
             if not item.unchanged():
                 return None
@@ -232,6 +251,7 @@ class ReadinessMemo:
         env = dict(ctx.env)
         start = self._clock()
         taken = self._clock_ns()
+        generation = MOUNT_TABLE.generation()
         # Probes come before the reads: a change during the check leaves a stamp that no
         # longer matches, so the next request computes again.
         try:
@@ -245,7 +265,7 @@ class ReadinessMemo:
             until = time_bound(AuthStore(ctx.auth_path).read(), start)
         except ServiceError:  # an unreadable store: the check decides, nothing is kept
             return ready
-        answer = _Answer(env, probes, ready, self._clock(), until)
+        answer = _Answer(env, probes, ready, self._clock(), until, _local(probes), generation)
         with self._lock:
             answers = self._answers.pop(key, [])
             answers = [answer, *(a for a in answers if a.env != env)][:MAX_MEMO_ENVIRONMENTS]

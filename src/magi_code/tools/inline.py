@@ -10,7 +10,7 @@ it ``MAY_BLOCK``.
 
 What may block is decided from the project's filesystem, once per turn and again after
 any mount or unmount (``ProjectFiles``, in a worker thread; ``MountTable``): the project
-root's mount must be of a local type (``LOCAL_TYPES``; never a network or FUSE
+root's mount must be of a local type (``storage.mounts``; never a network or FUSE
 filesystem, where a system call can wait for a server), and a step yields ``MAY_BLOCK``
 before it follows a symbolic link, crosses into another mount or leaves the project,
 since any of those can lead anywhere. Without ``/proc/self/mountinfo`` nothing runs on
@@ -23,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import select
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from pathlib import Path
 from stat import S_ISLNK
 from typing import Final, TypeVar
 
 from magi_code.dataclass import dataclass
+from magi_code.storage.mounts import MOUNT_TABLE, contains, is_local, mounts_inside, read_mounts
 from magi_code.tools.base import ToolContext
 from magi_code.tools.paths import check_raw_path, project_root, resolve_in_project
 
@@ -38,12 +38,6 @@ _T = TypeVar("_T")
 
 # How long steps run on the event loop before the rest goes to a worker thread.
 INLINE_SLICE_SECONDS: Final = 0.002
-# Filesystems whose system calls do not wait for anything but local storage.
-LOCAL_TYPES: Final = frozenset(
-    {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs", "tmpfs", "ramfs"}
-    | {"overlay", "jfs", "reiserfs", "vfat", "exfat"}
-)
-MOUNTINFO: Final = "/proc/self/mountinfo"
 SKIPPED_DIRS: Final = frozenset({".git"})
 # Directory entries handled between two checkpoints of a walk.
 WALK_STEP_ENTRIES: Final = 512
@@ -108,49 +102,9 @@ def scan_project(project_dir: Path, generation: int = 0) -> ProjectFiles:
         ToolInputError: the project directory is not available.
     """
     root = project_root(project_dir)
-    try:
-        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as fh:
-            mounts = list(_mount_points(fh))
-    except OSError:
-        return ProjectFiles(root, False, frozenset(), generation)
+    mounts = read_mounts()
     text = str(root)
-    # The root's filesystem: the longest mount point above it, the last of those listed
-    # (a mount stacked on the same point hides the ones before it).
-    owner: tuple[str, str] | None = None
-    for mount in mounts:
-        if _contains(mount[0], text) and (owner is None or len(mount[0]) >= len(owner[0])):
-            owner = mount
-    inside = frozenset(point for point, _ in mounts if point != text and _contains(text, point))
-    local = owner is not None and owner[1] in LOCAL_TYPES
-    return ProjectFiles(root, local, inside, generation)
-
-
-def _contains(parent: str, path: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
-def _mount_points(lines: Iterable[str]) -> Iterable[tuple[str, str]]:
-    """``(mount point, filesystem type)`` of each line of ``/proc/self/mountinfo``."""
-    for line in lines:
-        fields = line.split()
-        try:
-            separator = fields.index("-", 6)
-            point, kind = fields[4], fields[separator + 1]
-        except (ValueError, IndexError):
-            continue
-        # Spaces, tabs, newlines and backslashes in a mount point are octal escapes.
-        yield _unescape(point), kind
-
-
-def _unescape(field: str) -> str:
-    if "\\" not in field:
-        return field
-    return (
-        field.encode("utf-8", "surrogateescape")
-        .decode("unicode_escape")
-        .encode("latin-1")
-        .decode("utf-8", "surrogateescape")
-    )
+    return ProjectFiles(root, is_local(mounts, text), mounts_inside(mounts, text), generation)
 
 
 async def project_files(ctx: ToolContext) -> ProjectFiles:
@@ -165,41 +119,6 @@ async def project_files(ctx: ToolContext) -> ProjectFiles:
     return found
 
 
-class MountTable:
-    """Counts changes of this process's mount table: ``poll`` reports ``POLLPRI`` on an
-    open ``/proc/self/mountinfo`` after a mount or unmount, until it is read again. Its
-    one file descriptor is opened by the first call and kept; reading procfs never waits
-    for a filesystem."""
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self._poller: select.poll | None = None
-        self._generation = 0
-
-    def generation(self) -> int:
-        if self._poller is None:
-            try:
-                self._fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return self._generation  # no mountinfo: nothing is local anyway
-            self._drain()
-            self._poller = select.poll()
-            self._poller.register(self._fd, select.POLLPRI | select.POLLERR)
-        if self._poller.poll(0):
-            self._drain()
-            self._generation += 1
-        return self._generation
-
-    def _drain(self) -> None:
-        assert self._fd is not None
-        os.lseek(self._fd, 0, os.SEEK_SET)
-        while os.read(self._fd, 65536):
-            pass
-
-
-MOUNT_TABLE: Final = MountTable()
-
-
 def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
     """The real path ``raw`` names, as ``paths.resolve_in_project``. Found here without
     following a link or crossing a mount; where it would, or cannot tell (``..``, a path
@@ -208,7 +127,7 @@ def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
     root = str(files.root)
     candidate = os.path.normpath(os.path.join(root, raw))
     # (``normpath`` keeps a leading ``//``, which ``realpath`` does not.)
-    if ".." not in raw.split("/") and _contains(root, candidate) and candidate[:2] != "//":
+    if ".." not in raw.split("/") and contains(root, candidate) and candidate[:2] != "//":
         prefix = root
         for part in candidate[len(root) :].split("/"):
             if not part:

@@ -20,6 +20,7 @@ from magi_code.auth.readiness import ReadinessMemo
 from magi_code.auth.store import AuthStore
 from magi_code.composition import provider_auth_ready
 from magi_code.protocol.errors import ServiceError
+from magi_code.storage import mounts
 from magi_code.storage.files import atomic_write
 from magi_code.storage.launch import LaunchContext
 
@@ -292,3 +293,42 @@ def test_a_dangling_symlink_is_never_remembered_and_its_target_is_seen(
     target.write_text(json.dumps(READY))
     assert _answer(memo, ctx) is True
     assert memo.cached(ctx) is True  # now a regular target: remembered
+
+
+def _mount_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_type: str) -> None:
+    path = tmp_path / "mountinfo"
+    path.write_text(f"1 0 0:1 / / rw,relatime shared:1 - {root_type} source rw\n")
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(path))
+
+
+@pytest.mark.parametrize(("root_type", "remembered"), [("ext4", True), ("nfs4", False)])
+def test_files_on_a_network_filesystem_are_never_stated_on_the_event_loop(
+    ctx: LaunchContext,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    root_type: str,
+    remembered: bool,
+) -> None:
+    # A stat there may wait for a server: the fast path declines, the thread computes.
+    _mount_table(tmp_path, monkeypatch, root_type)
+    _write_settings(ctx, READY)
+    check = Counting()
+    memo = _memo(check)
+    for _ in range(3):
+        assert _answer(memo, ctx) is True
+    assert check.runs == (1 if remembered else 3)
+
+
+def test_a_mount_or_unmount_ends_the_answer(
+    ctx: LaunchContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _mount_table(tmp_path, monkeypatch, "ext4")
+    generation = [0]
+    monkeypatch.setattr(mounts.MOUNT_TABLE, "generation", lambda: generation[0])
+    _write_settings(ctx, READY)
+    check = Counting()
+    memo = _memo(check)
+    assert _answer(memo, ctx) is True
+    assert memo.cached(ctx) is True
+    generation[0] = 1
+    assert memo.cached(ctx) is None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from magi_code.storage import mounts
 from magi_code.tools import inline
 from magi_code.tools.base import ToolContext, ToolInputError
 from magi_code.tools.files import ListFiles, ReadFile, _read_file
@@ -80,7 +81,7 @@ async def test_what_steps_raise_is_raised(on_loop: bool) -> None:
 def mountinfo(tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "mountinfo"
     path.write_text("".join(f"{line}\n" for line in lines))
-    monkeypatch.setattr(inline, "MOUNTINFO", str(path))
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(path))
 
 
 def mount(point: str, kind: str, number: int = 30) -> str:
@@ -117,7 +118,7 @@ def test_the_root_is_local_by_the_type_of_the_mount_it_is_on(
 def test_without_mountinfo_nothing_is_local(
     tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(inline, "MOUNTINFO", str(tmp_path / "absent"))
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "absent"))
     assert scan_project(project).inline is False
 
 
@@ -292,7 +293,7 @@ async def test_a_mount_or_unmount_makes_the_next_call_scan_again(
         scans.append(at)
         return real(project_dir, at)
 
-    monkeypatch.setattr(inline.MOUNT_TABLE, "generation", lambda: generation[0])
+    monkeypatch.setattr(mounts.MOUNT_TABLE, "generation", lambda: generation[0])
     monkeypatch.setattr(inline, "scan_project", counting)
     ctx = ToolContext(project_dir=project)
     await inline.project_files(ctx)
