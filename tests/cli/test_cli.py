@@ -223,6 +223,27 @@ def test_doctor_names_what_blocks_a_turn_and_passes_when_one_can_run(
     (trust,) = [c for c in report["checks"] if c["check"] == "trust"]
     assert trust["status"] == "warn" and "mcp_servers" in trust["detail"]
     assert report["turn_ready"] is True
+    checks = {c["check"]: c for c in report["checks"]}
+    assert checks["hooks"]["detail"] == "none configured"
+    assert checks["skills"]["detail"] == "none found"
+
+
+def test_doctor_lists_the_hooks_and_skills_a_turn_here_gets(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake, hooks={"stop": [{"command": ["notify"]}]})
+    skill = project / ".magi-code" / "skills" / "release"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: release\ndescription: Ship it.\n---\nSteps.\n")
+    (project / ".magi-code" / "settings.json").write_text(
+        json.dumps({"hooks": {"stop": [{"command": ["project-notify"]}]}})
+    )
+    report = json.loads(magi(home, "doctor", "--json", cwd=project).stdout)
+    checks = {c["check"]: c for c in report["checks"]}
+    # The untrusted project's hook is not counted: a turn here does not run it.
+    assert checks["hooks"]["detail"] == "a turn here runs: 1 stop"
+    assert checks["skills"]["detail"] == "1: release (project)"
+    assert checks["trust"]["status"] == "warn" and "hooks" in checks["trust"]["detail"]
 
 
 def test_protocol_schema_prints_the_bundle_and_writes_files(home: Path, tmp_path: Path) -> None:

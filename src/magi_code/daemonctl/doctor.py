@@ -37,6 +37,8 @@ from magi_code.dataclass import dataclass
 from magi_code.endpoint.paths import UnsafeRuntimeDir, runtime_paths, verify_private_dir
 from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext
+from magi_code.turns.hooks import active_hooks
+from magi_code.turns.skills import discover_skills
 from magi_code.version import build_id, package_version
 
 Status = Literal["ok", "warn", "fail"]
@@ -78,6 +80,8 @@ def run_checks(ctx: LaunchContext, *, network: bool) -> list[Finding]:
     findings.append(selection)
     findings.extend(_credentials(ctx, settings, provider))
     findings.extend(_mcp_servers(ctx, settings))
+    findings.append(_hooks(settings))
+    findings.append(_skills(ctx))
     if settings.ignored_project_keys:
         findings.append(_untrusted(settings.ignored_project_keys))
     if network and provider is not None:
@@ -254,6 +258,23 @@ def _credentials(
                 Finding("credentials", "fail" if chosen else "warn", detail, _remedy(provider))
             )
     return findings
+
+
+def _hooks(settings: Settings) -> Finding:
+    # The hooks a turn in this project runs (the project's only when it is trusted).
+    table = active_hooks(settings)
+    if not table:
+        return Finding("hooks", "ok", "none configured")
+    counts = ", ".join(f"{len(hooks)} {event}" for event, hooks in table.items())
+    return Finding("hooks", "ok", f"a turn here runs: {counts}")
+
+
+def _skills(ctx: LaunchContext) -> Finding:
+    catalog = discover_skills(ctx.project_dir, ctx.mc_home)
+    if not catalog:
+        return Finding("skills", "ok", "none found")
+    shown = ", ".join(f"{name} ({skill.scope})" for name, skill in catalog.skills.items())
+    return Finding("skills", "ok", f"{len(catalog.skills)}: {shown}")
 
 
 def _untrusted(keys: tuple[str, ...]) -> Finding:
