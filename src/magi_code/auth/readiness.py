@@ -15,9 +15,11 @@ network, no writes. Mapping (documented in ``docs/authentication.md``):
 each launch context's last answer while the settings files and the auth store show the
 same stamps (:mod:`magi_code.storage.stamps`), the environment is equal, and the clock
 has not reached an access token's expiry. Those ``stat`` calls run on the event loop only
-where the files are on a local filesystem (:mod:`magi_code.storage.mounts`, or where no
-mount table says otherwise), and only while the mount table is the one the answer was
-computed under; otherwise every ``status`` computes in a worker thread.
+where the paths to the files had no symbolic link and only local filesystems when the
+answer was computed (:mod:`magi_code.storage.mounts`, or where no mount table says
+otherwise), and only while the mount table is the one it was computed under; otherwise
+every ``status`` computes in a worker thread. (A directory on the way replaced by a link
+later is followed once, by the ``stat`` that then sees the change.)
 """
 
 from __future__ import annotations
@@ -172,12 +174,25 @@ class _Answer:
 
 
 def _local(probes: Iterable[Probe]) -> bool:
-    """Whether every probe's file is on a local filesystem (True without a mount table:
-    nothing says otherwise). Blocking: resolves the paths."""
+    """Whether a ``stat`` of every probe stays on local filesystems: no symbolic link on
+    the way (a link can be pointed elsewhere without a mount changing) and every directory
+    looked up on a local filesystem. True without a mount table, where nothing says
+    otherwise (as before there was this check). Blocking: resolves the paths."""
     mounts = read_mounts()
     if mounts is None:
         return True
-    return all(is_local(mounts, os.path.realpath(item.path)) for item in probes)
+    for item in probes:
+        path = os.path.abspath(item.path)
+        if os.path.realpath(path) != path:
+            return False
+        while True:
+            if not is_local(mounts, path):
+                return False
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    return True
 
 
 class ReadinessMemo:

@@ -4,7 +4,8 @@ A system call on a network or FUSE filesystem can wait for a server, for good wh
 server is gone; on a local one it waits for local storage at most. Code that would do
 file work on the event loop asks here first (``tools.inline``, ``auth.readiness``): only
 paths on a filesystem of a ``LOCAL_TYPES`` type qualify. Without ``/proc/self/mountinfo``
-(not Linux, or no procfs) nothing does. ``MOUNT_TABLE`` tells when the table changed.
+(not Linux, or no procfs) ``read_mounts`` answers ``None`` and each caller says what that
+means for it. ``MOUNT_TABLE`` tells when the table changed.
 """
 
 from __future__ import annotations
@@ -81,10 +82,10 @@ def _unescape(field: str) -> str:
 
 
 class MountTable:
-    """Counts changes of this process's mount table: ``poll`` reports ``POLLPRI`` on an
-    open ``/proc/self/mountinfo`` after a mount or unmount, until it is read again. Its
-    one file descriptor is opened by the first call and kept; reading procfs never waits
-    for a filesystem. Thread-safe."""
+    """Counts changes of this process's mount table: ``poll`` on an open
+    ``/proc/self/mountinfo`` reports ``POLLPRI`` once after each mount or unmount (the poll
+    itself takes the event; nothing needs to be read). Its one file descriptor is opened
+    by the first call and kept; procfs never waits for a filesystem. Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -101,20 +102,12 @@ class MountTable:
             try:
                 self._fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
-                return self._generation  # no mountinfo: nothing is local anyway
-            self._drain()
+                return self._generation  # no mountinfo: it never changes
             self._poller = select.poll()
             self._poller.register(self._fd, select.POLLPRI | select.POLLERR)
         if self._poller.poll(0):
-            self._drain()
             self._generation += 1
         return self._generation
-
-    def _drain(self) -> None:
-        assert self._fd is not None
-        os.lseek(self._fd, 0, os.SEEK_SET)
-        while os.read(self._fd, 65536):
-            pass
 
 
 MOUNT_TABLE: Final = MountTable()

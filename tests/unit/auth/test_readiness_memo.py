@@ -292,13 +292,24 @@ def test_a_dangling_symlink_is_never_remembered_and_its_target_is_seen(
     assert memo.cached(ctx) is None
     target.write_text(json.dumps(READY))
     assert _answer(memo, ctx) is True
-    assert memo.cached(ctx) is True  # now a regular target: remembered
+    # Still a link on the way (it could be pointed elsewhere without a stamp of its own
+    # changing first): answered from the files each time, never from memory.
+    assert memo.cached(ctx) is None
+    target.write_text(json.dumps(NOT_READY))
+    assert _answer(memo, ctx) is False
 
 
-def _mount_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_type: str) -> None:
+def _mount_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_type: str, *extra: tuple[Path, str]
+) -> None:
+    lines = [f"1 0 0:1 / / rw,relatime shared:1 - {root_type} source rw"]
+    lines += [f"{n} 1 0:{n} / {p} rw - {kind} source rw" for n, (p, kind) in enumerate(extra, 2)]
     path = tmp_path / "mountinfo"
-    path.write_text(f"1 0 0:1 / / rw,relatime shared:1 - {root_type} source rw\n")
+    path.write_text("".join(f"{line}\n" for line in lines))
     monkeypatch.setattr(mounts, "MOUNTINFO", str(path))
+    # The process-wide table opens its file once: make it open this one.
+    monkeypatch.setattr(mounts.MOUNT_TABLE, "_fd", None)
+    monkeypatch.setattr(mounts.MOUNT_TABLE, "_poller", None)
 
 
 @pytest.mark.parametrize(("root_type", "remembered"), [("ext4", True), ("nfs4", False)])
@@ -332,3 +343,27 @@ def test_a_mount_or_unmount_ends_the_answer(
     assert memo.cached(ctx) is True
     generation[0] = 1
     assert memo.cached(ctx) is None
+
+
+def test_a_link_on_the_way_or_a_network_directory_above_keeps_the_stat_off_the_loop(
+    ctx: LaunchContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A link can be pointed elsewhere without a mount changing; a lookup in a network
+    # directory above a local mount can wait for its server.
+    real = tmp_path / "real-settings.json"
+    real.write_bytes(json.dumps(READY).encode())
+    ctx.global_settings_path.symlink_to(real)
+    _mount_table(tmp_path, monkeypatch, "ext4")
+    check = Counting()
+    memo = _memo(check)
+    for _ in range(2):
+        assert _answer(memo, ctx) is True
+    assert check.runs == 2
+    ctx.global_settings_path.unlink()
+    _write_settings(ctx, READY)
+    _mount_table(tmp_path, monkeypatch, "ext4", (tmp_path.parent, "nfs"), (tmp_path, "ext4"))
+    check = Counting()
+    memo = _memo(check)
+    for _ in range(2):
+        assert _answer(memo, ctx) is True
+    assert check.runs == 2

@@ -82,6 +82,9 @@ def mountinfo(tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch)
     path = tmp_path / "mountinfo"
     path.write_text("".join(f"{line}\n" for line in lines))
     monkeypatch.setattr(mounts, "MOUNTINFO", str(path))
+    # The process-wide table opens its file once: make it open this one.
+    monkeypatch.setattr(mounts.MOUNT_TABLE, "_fd", None)
+    monkeypatch.setattr(mounts.MOUNT_TABLE, "_poller", None)
 
 
 def mount(point: str, kind: str, number: int = 30) -> str:
