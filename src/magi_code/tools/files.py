@@ -364,21 +364,21 @@ def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
     base = yield from resolve_steps(files, raw_path)
     if not base.is_dir():
         raise ToolInputError(f"{display_path(root, base)} is not a directory.")
-    regex = glob_regex(pattern)
+    match = glob_regex(pattern).match
     matches: list[str] = []
     complete = True
     scanned = 0
-    for item in walk(files, base, max_depth=glob_depth(pattern)):
-        if isinstance(item, Marker):
-            yield item
+    for batch in walk(files, base, max_depth=glob_depth(pattern)):
+        if isinstance(batch, Marker):
+            yield batch
             continue
-        if scanned >= MAX_SCAN_ENTRIES:
+        if len(batch) > MAX_SCAN_ENTRIES - scanned:
+            batch = batch[: MAX_SCAN_ENTRIES - scanned]
             complete = False
+        scanned += len(batch)
+        matches += [path + "/" if is_dir else path for path, is_dir in batch if match(path)]
+        if not complete:
             break
-        scanned += 1
-        relative, is_dir = item
-        if regex.match(relative):
-            matches.append(relative + "/" if is_dir else relative)
     matches.sort()
     lines = matches[:MAX_LIST_RESULTS]
     if not lines:
@@ -525,19 +525,20 @@ def _grep_candidates(
     on_name = file_glob is not None and "/" not in file_glob
     found: list[tuple[str, Path]] = []
     scanned = 0
-    for item in walk(files, base):
-        if isinstance(item, Marker):
-            yield item
+    for batch in walk(files, base):
+        if isinstance(batch, Marker):
+            yield batch
             continue
+        batch = batch[: MAX_SCAN_ENTRIES - scanned]
+        scanned += len(batch)
+        for relative, is_dir in batch:
+            if is_dir:
+                continue
+            target = relative.rsplit("/", 1)[-1] if on_name else relative
+            if regex is not None and not regex.match(target):
+                continue
+            path = base / relative
+            found.append((display_path(files.root, path), path))
         if scanned >= MAX_SCAN_ENTRIES:
             break
-        scanned += 1
-        relative, is_dir = item
-        if is_dir:
-            continue
-        target = relative.rsplit("/", 1)[-1] if on_name else relative
-        if regex is not None and not regex.match(target):
-            continue
-        path = base / relative
-        found.append((display_path(files.root, path), path))
     return found

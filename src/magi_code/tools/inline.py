@@ -21,7 +21,6 @@ thousand lines, so a slice ends on time.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import time
 from collections.abc import Generator
@@ -147,70 +146,79 @@ def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
     return resolve_in_project(files.root, raw)
 
 
+Entry = tuple[str, bool]  # (relative posix path, is_dir)
+
+
 def walk(
     files: ProjectFiles, base: Path, *, max_depth: int | None = None
-) -> Generator[tuple[str, bool] | Marker, None, None]:
-    """``(relative posix path, is_dir)`` under ``base``, sorted per directory: a
-    directory's entries (directories first), then each subdirectory's, depth first; and
-    the markers of steps (a ``CHECKPOINT`` per directory).
+) -> Generator[list[Entry] | Marker, None, None]:
+    """The entries under ``base`` in batches, sorted per directory: a directory's entries
+    (directories first), then each subdirectory's, depth first; and the markers of steps
+    (a ``CHECKPOINT`` per directory and between batches, each at most
+    ``WALK_STEP_ENTRIES``).
 
     Never follows directory symlinks (they are listed, not entered), skips ``.git`` and
-    unreadable directories. Strings only (no ``Path`` per entry): a listing is on the
-    tool loop's path.
+    unreadable directories. Strings only (no ``Path`` per entry), handed over a directory
+    at a time: a listing is on the tool loop's path.
     """
-    yield from _walk(files, os.fspath(base), "", 0, max_depth)
-
-
-def _walk(
-    files: ProjectFiles, top: str, prefix: str, depth: int, max_depth: int | None
-) -> Generator[tuple[str, bool] | Marker, None, None]:
-    entries: list[os.DirEntry[str]] = []
-    try:
-        with os.scandir(top) as scan:
-            for entry in scan:
-                entries.append(entry)
-                if len(entries) % WALK_STEP_ENTRIES == 0:
-                    yield CHECKPOINT
-    except OSError:
-        return
-    yield CHECKPOINT
-    dirs: list[str] = []
-    files_here: list[str] = []
-    links: set[str] = set()
-    for count, entry in enumerate(entries, 1):
-        if count % WALK_STEP_ENTRIES == 0:
-            yield CHECKPOINT
-        try:
-            linked: bool | None = entry.is_symlink()
-        except OSError:
-            linked = None  # unknown: still not followed as a link, but may block
-        # Whether a link names a directory is asked of its target, which may be anywhere;
-        # without the type in the directory itself, a mount point is asked of the mount.
-        if linked is not False or (files.mounts and os.path.join(top, entry.name) in files.mounts):
+    # (directory, its relative prefix, depth), depth first: children pushed in reverse.
+    pending: list[tuple[str, str, int]] = [(os.fspath(base), "", 0)]
+    mounts = files.mounts
+    while pending:
+        top, prefix, depth = pending.pop()
+        if depth and files.may_block(top):
             yield MAY_BLOCK
+        entries: list[os.DirEntry[str]] = []
         try:
-            is_dir = entry.is_dir()
+            with os.scandir(top) as scan:
+                for entry in scan:
+                    entries.append(entry)
+                    if len(entries) % WALK_STEP_ENTRIES == 0:
+                        yield CHECKPOINT
         except OSError:
-            is_dir = False
-        if not is_dir:
-            files_here.append(entry.name)
-        elif entry.name not in SKIPPED_DIRS:
-            dirs.append(entry.name)
-            if linked:
-                links.add(entry.name)
-    dirs.sort()
-    files_here.sort()
-    for count, (name, is_dir) in enumerate(
-        itertools.chain(((n, True) for n in dirs), ((n, False) for n in files_here)), 1
-    ):
-        if count % WALK_STEP_ENTRIES == 0:
-            yield CHECKPOINT
-        yield prefix + name, is_dir
-    if max_depth is not None and depth >= max_depth:
-        return
-    for name in dirs:
-        if name not in links:
-            path = os.path.join(top, name)
-            if files.may_block(path):
-                yield MAY_BLOCK
-            yield from _walk(files, path, f"{prefix}{name}/", depth + 1, max_depth)
+            continue
+        yield CHECKPOINT
+        dirs: list[str] = []
+        files_here: list[str] = []
+        links: set[str] = set()
+        for start in range(0, len(entries), WALK_STEP_ENTRIES):
+            if start:
+                yield CHECKPOINT
+            for entry in entries[start : start + WALK_STEP_ENTRIES]:
+                name = entry.name
+                try:
+                    linked: bool | None = entry.is_symlink()
+                except OSError:
+                    linked = None  # unknown: still not followed as a link, but may block
+                # Whether a link names a directory is asked of its target, which may be
+                # anywhere; without the type in the directory itself, a mount point is
+                # asked of the mount.
+                if linked is not False or (mounts and os.path.join(top, name) in mounts):
+                    yield MAY_BLOCK
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    is_dir = False
+                if not is_dir:
+                    files_here.append(name)
+                elif name not in SKIPPED_DIRS:
+                    dirs.append(name)
+                    if linked:
+                        links.add(name)
+        dirs.sort()
+        files_here.sort()
+        listed = [(prefix + name, True) for name in dirs]
+        listed += [(prefix + name, False) for name in files_here]
+        if len(listed) <= WALK_STEP_ENTRIES:
+            if listed:
+                yield listed
+        else:
+            for start in range(0, len(listed), WALK_STEP_ENTRIES):
+                yield listed[start : start + WALK_STEP_ENTRIES]
+                yield CHECKPOINT
+        if max_depth is None or depth < max_depth:
+            pending += [
+                (os.path.join(top, name), f"{prefix}{name}/", depth + 1)
+                for name in reversed(dirs)
+                if name not in links
+            ]

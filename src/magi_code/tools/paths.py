@@ -9,6 +9,7 @@ arbitrary commands anyway.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -46,6 +47,7 @@ def display_path(root: Path, path: Path) -> str:
     return relative if relative != "." else "."
 
 
+@functools.lru_cache(maxsize=256)  # a tool loop repeats its patterns
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """A regex for a glob over ``/``-separated relative paths.
 

@@ -18,6 +18,7 @@ from magi_code.tools.files import ListFiles, ReadFile, _read_file
 from magi_code.tools.inline import (
     CHECKPOINT,
     MAY_BLOCK,
+    Entry,
     Marker,
     ProjectFiles,
     Steps,
@@ -174,11 +175,15 @@ def test_a_link_a_parent_step_or_a_mount_on_the_way_may_block(
     assert markers_and_result(resolve_steps(mounted, "src/a.py"))[0] == [MAY_BLOCK]
 
 
-def entries(steps: Iterator[tuple[str, bool] | Marker]) -> tuple[list[Marker], list[object]]:
+def entries(steps: Iterator[list[Entry] | Marker]) -> tuple[list[Marker], list[Entry]]:
     marks: list[Marker] = []
-    items: list[object] = []
+    items: list[Entry] = []
     for item in steps:
-        (marks if isinstance(item, Marker) else items).append(item)
+        if isinstance(item, Marker):
+            marks.append(item)
+        else:
+            assert 0 < len(item) <= inline.WALK_STEP_ENTRIES
+            items += item
     return marks, items
 
 
@@ -193,7 +198,7 @@ def test_the_walk_may_block_before_a_link_or_a_mount_and_lists_the_same(project:
     (project / "link").symlink_to(project / "src")
     marks, items = entries(walk(local(project), project))
     assert MAY_BLOCK in marks
-    assert ("link", True) in items and "link/a.py" not in {i[0] for i in items}  # type: ignore[index]
+    assert ("link", True) in items and "link/a.py" not in {i[0] for i in items}
 
 
 # -- the tools -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from magi_code.tools import files
 from magi_code.tools.base import Tool, ToolContext, ToolOutcome, run_tool
 from magi_code.tools.files import (
     MAX_GREP_MATCHES,
@@ -221,6 +222,23 @@ async def test_list_files_is_bounded(ctx: ToolContext) -> None:
     lines = outcome.output.split("\n")
     assert lines[0] == "many/f0000.txt"
     assert lines[-1] == "[5 more matches not shown]"
+
+
+@pytest.mark.parametrize("bound", [3, 4])
+async def test_list_files_and_grep_stop_scanning_at_the_bound(
+    ctx: ToolContext, monkeypatch: pytest.MonkeyPatch, bound: int
+) -> None:
+    # Walk order: the root's directories, its files, then each subdirectory's entries.
+    monkeypatch.setattr(files, "MAX_SCAN_ENTRIES", bound)
+    listed = (await call(ListFiles(), ctx, pattern="**/*")).output.split("\n")
+    grepped = (await call(Grep(), ctx, pattern="return")).output.split("\n")
+    if bound == 4:  # exactly every entry: the scan is complete
+        assert listed == ["README.md", "src/", "src/app.py", "src/util.py"]
+        assert grepped == ["src/app.py:4:    return 1", "src/util.py:2:    return 'x'"]
+    else:
+        stopped = f"[scan stopped after {bound} entries; narrow pattern or path]"
+        assert listed == ["README.md", "src/", "src/app.py", stopped]
+        assert grepped == ["src/app.py:4:    return 1"]
 
 
 async def test_list_files_rejects_escaping_patterns(ctx: ToolContext) -> None:
