@@ -2,9 +2,11 @@
 
 Figures: ``turn.activity`` events/s (and drops) for a tool-heavy scripted turn (many
 ``list_files`` calls per provider reply, over many replies), embedded and through the
-shim to a daemon; and the tool loop's cost per iteration (embedded): the time of a turn
-with K provider round trips that each make one cheap tool call, minus the time of a turn
-without tools, divided by K.
+shim to a daemon; the CPU time the service's processes (and the fake provider) spent on
+that turn, and the events per CPU-second of the service, which bounds the rate however
+fast the provider were; and the tool loop's cost per iteration (embedded): the time of
+a turn with K provider round trips that each make one cheap tool call, minus the time
+of a turn without tools, divided by K.
 
     .venv/bin/python benchmarks/bench_activity.py [--quick]
 """
@@ -17,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 from benchlib import (
     DAEMON_ENV,
     EMBEDDED_ENV,
     FakeProvider,
     ServiceProcess,
+    Workspace,
+    daemon_process,
     daemon_workspace,
     figure,
     heading,
@@ -82,16 +87,34 @@ async def timed_turn(service: ServiceProcess) -> tuple[float, dict[str, int]]:
             return elapsed, counts
 
 
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+
 async def activity_rate(
-    service: ServiceProcess, fake: FakeProvider, turns: int, rounds: int, mode: str
+    service: ServiceProcess,
+    fake: FakeProvider,
+    turns: int,
+    rounds: int,
+    mode: str,
+    service_processes: list[psutil.Process],
 ) -> None:
     calls = 16
     rates: list[float] = []
+    service_cpu: list[float] = []
+    fake_cpu: list[float] = []
+    per_cpu_second: list[float] = []
     delivered = dropped = 0
+    provider = psutil.Process(fake.proc.pid)
     for _ in range(turns):
         await fake.enqueue(*(tool_reply(calls, r) for r in range(rounds)), FINAL_REPLY)
+        before = cpu_seconds(service_processes), cpu_seconds([provider])
         elapsed, counts = await timed_turn(service)
+        used = cpu_seconds(service_processes) - before[0]
         rates.append(counts["activity"] / elapsed)
+        service_cpu.append(used)
+        fake_cpu.append(cpu_seconds([provider]) - before[1])
+        per_cpu_second.append(counts["activity"] / used if used else float("inf"))
         delivered += counts["activity"]
         dropped += counts["dropped"]
     figure(
@@ -101,6 +124,17 @@ async def activity_rate(
     )
     figure(f"  activity events per turn (delivered, {turns} turns)", delivered // turns, "events")
     figure("  activity dropped per turn (queue full)", dropped // turns, "events")
+    figure("  service CPU per turn (user + sys)", median(service_cpu) * 1e3, "ms")
+    figure("  fake provider CPU per turn", median(fake_cpu) * 1e3, "ms")
+    figure("  activity events per service CPU-second", median(per_cpu_second), "events/s")
+
+
+def service_processes(service: ServiceProcess, ws: Workspace, mode: str) -> list[psutil.Process]:
+    """The processes doing a turn's work: the service itself, and in daemon mode the daemon."""
+    found = [psutil.Process(service.proc.pid)]
+    if mode == "daemon":
+        found.append(daemon_process(ws))
+    return found
 
 
 async def tool_loop_overhead(
@@ -143,7 +177,8 @@ async def main(args: argparse.Namespace) -> None:
                 write_provider_settings(ws.home, fake.base_url)
                 async with running_service(ws, env) as service:
                     await warm_up(service, fake)
-                    await activity_rate(service, fake, turns, rounds, mode)
+                    processes = service_processes(service, ws, mode)
+                    await activity_rate(service, fake, turns, rounds, mode, processes)
                     if mode == "embedded":
                         await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
 
