@@ -7,8 +7,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.service import ServiceProcess, running_service
+
+# Property tests judge behaviour, never speed: a loaded machine (the suite runs on all
+# cores beside real daemons) must not fail an example for taking long.
+settings.register_profile("magi-code", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("magi-code")
 
 
 @pytest.fixture(autouse=True)
