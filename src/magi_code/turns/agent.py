@@ -74,6 +74,7 @@ from magi_code.tools.base import Tool, ToolContext, run_named_tool
 from . import activity
 from .context import (
     RESUME_PROMPT,
+    GrowingEstimate,
     estimate_tokens,
     leading_user,
     needs_compaction,
@@ -232,6 +233,7 @@ class Agent:
         self.final_text = ""
         self.output_truncated = False
         self._context = _Context()
+        self._fallback = GrowingEstimate()
         self._continuing = False  # the next response continues ``streamed``
         self._accepted_text = False  # the response in flight streamed text
         self._last_seq: int | None = None  # the last record this agent appended
@@ -408,7 +410,7 @@ class Agent:
         if measured is not None:
             count, tokens = measured
             return tokens + estimate_tokens("", items[count:]), "fallback_projection"
-        return estimate_tokens(self.system, items), "fallback_estimate"
+        return self._fallback.tokens(self.system, items), "fallback_estimate"
 
     # -- usage ---------------------------------------------------------------------------
 
@@ -537,7 +539,7 @@ class Agent:
         context.measured = None
         self.system = system_with_summary(self.plan.system, text)
         items[:] = kept
-        after = estimate_tokens(self.system, items)
+        after = self._fallback.tokens(self.system, items)
         self._compaction_activity(activity.compaction(compaction_id, "completed", after, window))
         return True
 

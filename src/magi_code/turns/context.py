@@ -125,8 +125,37 @@ def _item_size(item: ConversationItem) -> int:
 
 def estimate_tokens(system: str, items: Sequence[ConversationItem]) -> int:
     """The fallback estimate: UTF-8 bytes / 4, plus 16 bytes of framing per item."""
-    total = len(system.encode()) + sum(_item_size(item) + 16 for item in items)
-    return total // BYTES_PER_TOKEN
+    return (len(system.encode()) + _items_size(items)) // BYTES_PER_TOKEN
+
+
+def _items_size(items: Sequence[ConversationItem]) -> int:
+    return sum(_item_size(item) + 16 for item in items)
+
+
+class GrowingEstimate:
+    """``estimate_tokens`` of one conversation that grows at its end, as a tool loop's
+    does: each call counts only the items added since the last one (without usage from
+    the provider the whole conversation is estimated before every request).
+
+    The items counted before are recognised by the last of them, still in its place; a
+    conversation that shrank or was replaced (a compaction) is counted again in full.
+    """
+
+    __slots__ = ("_count", "_last", "_size")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._size = 0
+        self._last: ConversationItem | None = None
+
+    def tokens(self, system: str, items: Sequence[ConversationItem]) -> int:
+        count = self._count
+        if count > len(items) or (count and items[count - 1] is not self._last):
+            count = self._size = 0
+        self._size += _items_size(items[count:])
+        self._count = len(items)
+        self._last = items[-1] if items else None
+        return (len(system.encode()) + self._size) // BYTES_PER_TOKEN
 
 
 def needs_compaction(tokens: int, context_window: int) -> bool:

@@ -3,6 +3,8 @@ user-first rule, the estimate behind the threshold, and the bounded summary tran
 
 from __future__ import annotations
 
+import random
+
 from magi_code.providers.types import AssistantText, ToolCall, ToolResult, UserText
 from magi_code.sessions.records import (
     AssistantRecord,
@@ -15,6 +17,7 @@ from magi_code.turns.context import (
     EARLIER_NOTE,
     MAX_TRANSCRIPT_PART_BYTES,
     MIN_SUMMARY_INPUT_BYTES,
+    GrowingEstimate,
     estimate_tokens,
     items_from_records,
     leading_user,
@@ -69,6 +72,30 @@ def test_the_estimate_and_the_threshold() -> None:
     assert not needs_compaction(799, 1000)
     assert needs_compaction(800, 1000)
     assert not needs_compaction(10**9, 0)  # an unknown window never compacts
+
+
+def test_the_growing_estimate_is_the_estimate_through_growth_and_compaction() -> None:
+    rng = random.Random(7)
+    growing = GrowingEstimate()
+    items: list[ToolCall | ToolResult | UserText | AssistantText] = [UserText("start")]
+    system = "system"
+    for step in range(400):
+        action = rng.random()
+        if action < 0.7:
+            n = rng.randrange(3)
+            items += [
+                ToolResult(f"c{step}-{i}", "t", "é" * rng.randrange(50), False) for i in range(n)
+            ]
+        elif action < 0.8:
+            items[:] = items[rng.randrange(len(items)) :]  # a compaction keeps a tail
+        elif action < 0.85:
+            items[:] = [UserText("resume")]  # or replaces it all
+        elif action < 0.9:
+            # A tail replaced by as many new items: the last counted one is gone.
+            items[-1:] = [AssistantText("other")]
+        else:
+            system = "system with a summary " * rng.randrange(4)
+        assert growing.tokens(system, items) == estimate_tokens(system, items), step
 
 
 def test_the_transcript_keeps_the_newest_part_within_its_budget() -> None:
