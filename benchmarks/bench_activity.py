@@ -2,11 +2,12 @@
 
 Figures: ``turn.activity`` events/s (and drops) for a tool-heavy scripted turn (many
 ``list_files`` calls per provider reply, over many replies), embedded and through the
-shim to a daemon; the CPU time the service's processes (and the fake provider) spent on
-that turn, and the events per CPU-second of the service, which bounds the rate however
-fast the provider were; and the tool loop's cost per iteration (embedded): the time of
-a turn with K provider round trips that each make one cheap tool call, minus the time
-of a turn without tools, divided by K.
+shim to a daemon, and for the same calls in 8 times fewer replies; the CPU time the
+service's processes (and the fake provider) spent on each turn, and the events per
+CPU-second of the service, which bounds the rate however fast the provider were; and the
+tool loop's cost per iteration (embedded): the time of a turn with K provider round
+trips that each make one cheap tool call, minus the time of a turn without tools,
+divided by K.
 
     .venv/bin/python benchmarks/bench_activity.py [--quick]
 """
@@ -98,8 +99,8 @@ async def activity_rate(
     rounds: int,
     mode: str,
     service_processes: list[psutil.Process],
+    calls: int = 16,
 ) -> None:
-    calls = 16
     rates: list[float] = []
     service_cpu: list[float] = []
     fake_cpu: list[float] = []
@@ -179,6 +180,11 @@ async def main(args: argparse.Namespace) -> None:
                     await warm_up(service, fake)
                     processes = service_processes(service, ws, mode)
                     await activity_rate(service, fake, turns, rounds, mode, processes)
+                    # The same calls in 8 times fewer replies: what each provider request
+                    # costs the turn, besides its calls.
+                    await activity_rate(
+                        service, fake, turns, max(1, rounds // 8), mode, processes, calls=126
+                    )
                     if mode == "embedded":
                         await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
 
