@@ -31,6 +31,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -64,6 +65,9 @@ MAX_SERVICE_TURNS: Final = 64
 TURN_QUEUE_CAPACITY: Final = 256
 # Turn events released together, in one batch (one write).
 PUMP_BATCH: Final = 32
+# A turn's batches queued for output and not yet written before its pump waits (through
+# the daemon, written means acknowledged by the shim: a round trip per batch).
+PUMP_IN_FLIGHT: Final = 4
 # A queued turn event: (name, payload, the seq of the last record submitted before it).
 _Queued = tuple[str, dict[str, Any], int]
 # Provider deltas are split so that one delta event always fits its record.
@@ -270,11 +274,13 @@ class TurnRun:
     async def _pump(self) -> None:
         """Release the queued events in order, each once the records before it are
         durable. The events queued behind it whose records are durable already go in the
-        same batch (one write), at most ``PUMP_BATCH``; the next batch waits until this
-        one is written. Once a record failed (the turn fails), activity is dropped and
-        counted, and text is released without waiting."""
+        same batch (one write), at most ``PUMP_BATCH``; at most ``PUMP_IN_FLIGHT`` batches
+        are queued for output and not yet written, and the pump returns once all are. Once
+        a record failed (the turn fails), activity is dropped and counted, and text is
+        released without waiting."""
         lease = self.attachment.lease
         held = False  # a record an event depends on failed: no more activity
+        in_flight: deque[Batch] = deque()
         item = await self._queue.get()
         while item is not None:
             events: list[TurnEvent] = []
@@ -304,11 +310,15 @@ class TurnRun:
                     break
                 item = next_item
             if events:
+                if len(in_flight) >= PUMP_IN_FLIGHT:
+                    await in_flight.popleft().done.wait()
                 batch = Batch([e.envelope for e in events], turn_events=tuple(events))
-                await self.conn.output.put(batch).done.wait()
+                in_flight.append(self.conn.output.put(batch))
             if ended:
-                return
+                break
             item = carried if carried is not None else await self._queue.get()
+        for batch in in_flight:
+            await batch.done.wait()
 
     async def _run(self) -> None:
         assert self.agent_task is not None

@@ -1,5 +1,6 @@
 """A turn's events leave in batches: while one write is open, the events queued behind
-it (their records durable) go out together in the next write, in order.
+it (their records durable) go out together in the next write, in order; at most
+``PUMP_IN_FLIGHT`` of a turn's batches are out and not yet written.
 
 Real coordinator and domains on a temporary home, a real loopback fake provider; the
 stdout writer is an in-memory one the test holds open.
@@ -17,7 +18,8 @@ import orjson
 import pytest
 
 from magi_code.composition import build_coordinator
-from magi_code.core.turns import PUMP_BATCH
+from magi_code.core.output import Batch
+from magi_code.core.turns import PUMP_BATCH, PUMP_IN_FLIGHT
 from magi_code.protocol import envelope
 from magi_code.stdio.adapter import write_loop
 from magi_code.storage.launch import LaunchContext
@@ -74,9 +76,7 @@ async def test_events_queued_behind_an_open_write_leave_together_in_order(
             ("t1", "turn.start", {"prompt": "list", "options": {}}),
         ):
             record = orjson.dumps(envelope.request(request_id, method, payload))
-            batch = await coordinator.handle_record(conn, record)
-            if batch is not None:
-                conn.output.put(batch)
+            await coordinator.handle_record(conn, record)  # its answer is queued for output
         # The turn runs to its end while the write of its first activity is open.
         async with asyncio.timeout(WAIT):
             while len([r for r in fake.requests if r.method == "POST"]) < 2:
@@ -111,3 +111,65 @@ async def test_events_queued_behind_an_open_write_leave_together_in_order(
     assert max(len(batch) for batch in per_write) > 1
     assert all(len(batch) <= PUMP_BATCH + 1 for batch in per_write)
     assert len(per_write) < len(events) // 2
+
+
+async def test_a_turn_has_at_most_its_window_of_batches_unwritten(
+    tmp_path: Path, fake: FakeProviderServer
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    project = tmp_path / "project"
+    project.mkdir()
+    write_settings(home, fake)
+    calls = [FakeToolCall(f"c{i}", "list_files", json.dumps({"pattern": "*"})) for i in range(40)]
+    fake.enqueue(Reply(text=[], tool_calls=calls), Reply(text=["done"]))
+    ctx = LaunchContext(home, project, {"MC_HOME": str(home)})
+    coordinator = await build_coordinator(ctx)
+    conn = coordinator.open_connection(ctx)
+    held: list[Batch] = []
+    messages: list[dict[str, Any]] = []
+    holding = True
+
+    async def consume() -> None:
+        # Answers are written at once (the acceptance, with ``turn.started``, starts the
+        # turn); the batches of the turn's pump are held until the test settles them.
+        while (batch := await conn.output.get()) is not None:
+            messages.extend(batch.messages)
+            if holding and all(m["kind"] == "event" for m in batch.messages):
+                held.append(batch)
+            else:
+                batch.written()
+
+    consuming = asyncio.create_task(consume())
+    try:
+        for request_id, method, payload in (
+            ("init", "initialize", {"supported_protocol_versions": [1]}),
+            ("t1", "turn.start", {"prompt": "list", "options": {}}),
+        ):
+            record = orjson.dumps(envelope.request(request_id, method, payload))
+            await coordinator.handle_record(conn, record)  # its answer is queued for output
+        async with asyncio.timeout(WAIT):
+            while len(held) < PUMP_IN_FLIGHT:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # were the window unbounded, more would be out by now
+        assert len(held) == PUMP_IN_FLIGHT
+        settled = 0
+        async with asyncio.timeout(WAIT):
+            while not any(m.get("event") == "turn.terminal" for m in messages):
+                # Each batch written lets one more out, never more than the window.
+                while settled < len(held):
+                    held[settled].written()
+                    settled += 1
+                await asyncio.sleep(0.01)
+                assert len(held) - settled <= PUMP_IN_FLIGHT
+    finally:
+        holding = False
+        for batch in held:
+            batch.written()
+        await coordinator.close_connection(conn)
+        conn.output.finish()
+        await asyncio.wait_for(consuming, WAIT)
+    events = [m for m in messages if m.get("event", "").startswith("turn.")]
+    sequences = [m["payload"]["sequence"] for m in events]
+    assert sequences == list(range(len(sequences)))  # in order, nothing dropped
+    assert events[-1]["payload"]["activity_dropped"] == 0
