@@ -182,8 +182,9 @@ async def main(args: argparse.Namespace) -> None:
                     await activity_rate(service, fake, turns, rounds, mode, processes)
                     # The same calls in 8 times fewer replies: what each provider request
                     # costs the turn, besides its calls.
+                    few = max(1, rounds // 8)
                     await activity_rate(
-                        service, fake, turns, max(1, rounds // 8), mode, processes, calls=126
+                        service, fake, turns, few, mode, processes, calls=16 * rounds // few
                     )
                     if mode == "embedded":
                         await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)

@@ -529,7 +529,8 @@ def _grep_candidates(
         if isinstance(batch, Marker):
             yield batch
             continue
-        batch = batch[: MAX_SCAN_ENTRIES - scanned]
+        if len(batch) > MAX_SCAN_ENTRIES - scanned:
+            batch = batch[: MAX_SCAN_ENTRIES - scanned]
         scanned += len(batch)
         for relative, is_dir in batch:
             if is_dir:

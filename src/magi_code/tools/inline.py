@@ -166,6 +166,7 @@ def walk(
     mounts = files.mounts
     while pending:
         top, prefix, depth = pending.pop()
+        # (A mount on the way to ``base`` itself was seen by ``resolve_steps``.)
         if depth and files.may_block(top):
             yield MAY_BLOCK
         entries: list[os.DirEntry[str]] = []

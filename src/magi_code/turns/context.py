@@ -138,7 +138,9 @@ class GrowingEstimate:
     the provider the whole conversation is estimated before every request).
 
     The items counted before are recognised by the last of them, still in its place; a
-    conversation that shrank or was replaced (a compaction) is counted again in full.
+    conversation that shrank or was replaced (a compaction) is counted again in full. An
+    item before the last is never replaced in place (the agent only appends, and a
+    compaction replaces the whole list): that would go unnoticed.
     """
 
     __slots__ = ("_count", "_last", "_size")

@@ -224,7 +224,7 @@ async def test_list_files_is_bounded(ctx: ToolContext) -> None:
     assert lines[-1] == "[5 more matches not shown]"
 
 
-@pytest.mark.parametrize("bound", [3, 4])
+@pytest.mark.parametrize("bound", [2, 3, 4])
 async def test_list_files_and_grep_stop_scanning_at_the_bound(
     ctx: ToolContext, monkeypatch: pytest.MonkeyPatch, bound: int
 ) -> None:
@@ -232,13 +232,16 @@ async def test_list_files_and_grep_stop_scanning_at_the_bound(
     monkeypatch.setattr(files, "MAX_SCAN_ENTRIES", bound)
     listed = (await call(ListFiles(), ctx, pattern="**/*")).output.split("\n")
     grepped = (await call(Grep(), ctx, pattern="return")).output.split("\n")
+    stopped = f"[scan stopped after {bound} entries; narrow pattern or path]"
     if bound == 4:  # exactly every entry: the scan is complete
         assert listed == ["README.md", "src/", "src/app.py", "src/util.py"]
         assert grepped == ["src/app.py:4:    return 1", "src/util.py:2:    return 'x'"]
-    else:
-        stopped = f"[scan stopped after {bound} entries; narrow pattern or path]"
+    elif bound == 3:
         assert listed == ["README.md", "src/", "src/app.py", stopped]
         assert grepped == ["src/app.py:4:    return 1"]
+    else:  # the bound at the end of a directory's batch, more to come
+        assert listed == ["README.md", "src/", stopped]
+        assert grepped == ["No matches."]
 
 
 async def test_list_files_rejects_escaping_patterns(ctx: ToolContext) -> None:
