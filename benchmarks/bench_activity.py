@@ -2,7 +2,7 @@
 
 Figures: ``turn.activity`` events/s (and drops) for a tool-heavy scripted turn (many
 ``list_files`` calls per provider reply, over many replies), embedded and through the
-shim to a daemon, and for the same calls in 8 times fewer replies; the CPU time the
+shim to a daemon, and for the same calls in 7 times fewer replies; the CPU time the
 service's processes (and the fake provider) spent on each turn, and the events per
 CPU-second of the service, which bounds the rate however fast the provider were; and the
 tool loop's cost per iteration (embedded): the time of a turn with K provider round
@@ -180,9 +180,10 @@ async def main(args: argparse.Namespace) -> None:
                     await warm_up(service, fake)
                     processes = service_processes(service, ws, mode)
                     await activity_rate(service, fake, turns, rounds, mode, processes)
-                    # The same calls in 8 times fewer replies: what each provider request
-                    # costs the turn, besides its calls.
-                    few = max(1, rounds // 8)
+                    # The same calls in 7 times fewer replies: what each provider request
+                    # costs the turn, besides its calls (more calls per reply would
+                    # overflow the turn's event queue while their records become durable).
+                    few = max(1, rounds // 7)
                     await activity_rate(
                         service, fake, turns, few, mode, processes, calls=16 * rounds // few
                     )
