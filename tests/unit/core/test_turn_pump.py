@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from magi_code.composition import build_coordinator
+from magi_code.core.coordinator import Connection, ServiceCoordinator
 from magi_code.core.output import Batch
 from magi_code.core.turns import PUMP_BATCH, PUMP_IN_FLIGHT
 from magi_code.protocol import envelope
@@ -53,30 +54,41 @@ class HeldWriter:
         return [orjson.loads(line) for line in data.splitlines()]
 
 
-async def test_events_queued_behind_an_open_write_leave_together_in_order(
-    tmp_path: Path, fake: FakeProviderServer
-) -> None:
+async def connected(
+    tmp_path: Path, fake: FakeProviderServer, calls: int
+) -> tuple[ServiceCoordinator, Connection]:
+    """A coordinator on a new home, and a connection; the provider will answer with
+    ``calls`` ``list_files`` calls, then with text."""
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     project = tmp_path / "project"
     project.mkdir()
     write_settings(home, fake)
-    calls = [
-        FakeToolCall(f"c{i}", "list_files", json.dumps({"pattern": "*"})) for i in range(CALLS)
-    ]
-    fake.enqueue(Reply(text=[], tool_calls=calls), Reply(text=["done"]))
+    listing = json.dumps({"pattern": "*"})
+    tool_calls = [FakeToolCall(f"c{i}", "list_files", listing) for i in range(calls)]
+    fake.enqueue(Reply(text=[], tool_calls=tool_calls), Reply(text=["done"]))
     ctx = LaunchContext(home, project, {"MC_HOME": str(home)})
     coordinator = await build_coordinator(ctx)
-    conn = coordinator.open_connection(ctx)
+    return coordinator, coordinator.open_connection(ctx)
+
+
+async def start_turn(coordinator: ServiceCoordinator, conn: Connection) -> None:
+    for request_id, method, payload in (
+        ("init", "initialize", {"supported_protocol_versions": [1]}),
+        ("t1", "turn.start", {"prompt": "list", "options": {}}),
+    ):
+        record = orjson.dumps(envelope.request(request_id, method, payload))
+        await coordinator.handle_record(conn, record)  # its answer is queued for output
+
+
+async def test_events_queued_behind_an_open_write_leave_together_in_order(
+    tmp_path: Path, fake: FakeProviderServer
+) -> None:
+    coordinator, conn = await connected(tmp_path, fake, CALLS)
     writer = HeldWriter()
     writing = asyncio.create_task(write_loop(conn.output, writer))
     try:
-        for request_id, method, payload in (
-            ("init", "initialize", {"supported_protocol_versions": [1]}),
-            ("t1", "turn.start", {"prompt": "list", "options": {}}),
-        ):
-            record = orjson.dumps(envelope.request(request_id, method, payload))
-            await coordinator.handle_record(conn, record)  # its answer is queued for output
+        await start_turn(coordinator, conn)
         # The turn runs to its end while the write of its first activity is open.
         async with asyncio.timeout(WAIT):
             while len([r for r in fake.requests if r.method == "POST"]) < 2:
@@ -116,16 +128,7 @@ async def test_events_queued_behind_an_open_write_leave_together_in_order(
 async def test_a_turn_has_at_most_its_window_of_batches_unwritten(
     tmp_path: Path, fake: FakeProviderServer
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    project = tmp_path / "project"
-    project.mkdir()
-    write_settings(home, fake)
-    calls = [FakeToolCall(f"c{i}", "list_files", json.dumps({"pattern": "*"})) for i in range(40)]
-    fake.enqueue(Reply(text=[], tool_calls=calls), Reply(text=["done"]))
-    ctx = LaunchContext(home, project, {"MC_HOME": str(home)})
-    coordinator = await build_coordinator(ctx)
-    conn = coordinator.open_connection(ctx)
+    coordinator, conn = await connected(tmp_path, fake, 40)
     held: list[Batch] = []
     messages: list[dict[str, Any]] = []
     holding = True
@@ -142,12 +145,7 @@ async def test_a_turn_has_at_most_its_window_of_batches_unwritten(
 
     consuming = asyncio.create_task(consume())
     try:
-        for request_id, method, payload in (
-            ("init", "initialize", {"supported_protocol_versions": [1]}),
-            ("t1", "turn.start", {"prompt": "list", "options": {}}),
-        ):
-            record = orjson.dumps(envelope.request(request_id, method, payload))
-            await coordinator.handle_record(conn, record)  # its answer is queued for output
+        await start_turn(coordinator, conn)
         async with asyncio.timeout(WAIT):
             while len(held) < PUMP_IN_FLIGHT:
                 await asyncio.sleep(0.01)
