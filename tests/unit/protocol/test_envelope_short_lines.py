@@ -117,7 +117,7 @@ json_values = st.recursive(
 )  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(json_values)
 def test_random_payloads_get_the_walks_verdict(value: Any) -> None:
     record = _record({"v": value})
@@ -151,7 +151,7 @@ def test_outbound_verdicts_match_the_walk(name: str, payload: Any) -> None:
     assert _outbound(message) == _reference_outbound(message), name
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(json_values)
 def test_random_answers_get_the_walks_verdict(value: Any) -> None:
     message = response(Identity("r", None, "status"), {"v": value})

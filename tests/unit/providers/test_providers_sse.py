@@ -94,7 +94,7 @@ def test_feed_after_close_is_a_stream_error() -> None:
         parser.feed(b"data: x\n\n")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(data=st.binary(max_size=400), cuts=st.lists(st.integers(0, 400), max_size=8))
 def test_fuzz_any_bytes_any_chunking_same_events_or_stream_error(
     data: bytes, cuts: list[int]
@@ -118,7 +118,7 @@ def line_text(forbidden: str, max_size: int) -> st.SearchStrategy[str]:
     return st.text(alphabet=chars, max_size=max_size)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     events=st.lists(
         st.tuples(

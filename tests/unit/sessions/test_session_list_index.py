@@ -161,7 +161,7 @@ def apply(store: SessionStore, op: tuple[object, ...]) -> None:
 
 @settings(
     max_examples=12,
-    deadline=None,
+    # (This list replaces the profile's: it names ``too_slow`` again.)
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(st.lists(OPS, min_size=1, max_size=14), st.integers(1, 8))

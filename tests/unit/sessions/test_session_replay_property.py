@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from magi_code.protocol.limits import MAX_SESSION_REPLAY_PAGE_BYTES
@@ -157,7 +157,7 @@ def expected(records: list[dict[str, object]]) -> list[dict[str, object]]:
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(
     before=st.lists(ops, max_size=12),
     later=st.lists(ops.filter(lambda op: op[0] != "compaction"), max_size=6),
