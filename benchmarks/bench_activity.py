@@ -181,8 +181,9 @@ async def main(args: argparse.Namespace) -> None:
                     processes = service_processes(service, ws, mode)
                     await activity_rate(service, fake, turns, rounds, mode, processes)
                     # The same calls in 7 times fewer replies: what each provider request
-                    # costs the turn, besides its calls (more calls per reply would
-                    # overflow the turn's event queue while their records become durable).
+                    # costs the turn, besides its calls (with more calls per reply, their
+                    # events can outrun this script's reading them, sharing the 2 cores:
+                    # a full turn queue, 256 events, drops activity).
                     few = max(1, rounds // 7)
                     await activity_rate(
                         service, fake, turns, few, mode, processes, calls=16 * rounds // few
