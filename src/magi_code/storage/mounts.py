@@ -99,12 +99,13 @@ class MountTable:
 
     def _current(self) -> int:
         if self._poller is None:
+            self._poller = select.poll()
             try:
                 self._fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
-                return self._generation  # no mountinfo: it never changes
-            self._poller = select.poll()
-            self._poller.register(self._fd, select.POLLPRI | select.POLLERR)
+                pass  # no mountinfo: nothing to watch, the table never changes (tried once)
+            else:
+                self._poller.register(self._fd, select.POLLPRI | select.POLLERR)
         if self._poller.poll(0):
             self._generation += 1
         return self._generation
