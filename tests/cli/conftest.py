@@ -14,5 +14,4 @@ from tests.support import service
 @pytest.fixture(autouse=True)
 def stop_daemons(tmp_path: Path) -> Iterator[None]:
     yield
-    for home in tmp_path.glob("mc-home*"):
-        service.stop_daemon(home)
+    service.stop_daemons(tmp_path)

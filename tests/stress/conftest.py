@@ -23,8 +23,7 @@ def service_mode(tmp_path: Path) -> Iterator[str]:
         yield "daemon"
     finally:
         service.set_mode(service.DEFAULT_MODE)
-        for home in tmp_path.glob("mc-home*"):
-            service.stop_daemon(home)
+        service.stop_daemons(tmp_path)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -72,6 +72,12 @@ def stop_daemon(home: Path, timeout: float = 60.0) -> None:
     kill_leftover_daemon(home)
 
 
+def stop_daemons(root: Path) -> None:
+    """Stop the daemon of every ``mc-home*`` directory under ``root`` (a test's tmp_path)."""
+    for home in root.glob("mc-home*"):
+        stop_daemon(home)
+
+
 def kill_leftover_daemon(home: Path) -> None:
     """Last resort at teardown: SIGKILL the daemon recorded for ``home`` if it still runs."""
     import signal

@@ -31,7 +31,7 @@ from magi_code.protocol.frames import FrameDecoder, encode_frame
 from tests.process.daemon.support import alive, cli, context, paths, persistent, status, wait_for
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
-from tests.support.service import service_env
+from tests.support.service import service_env, stop_daemons
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
@@ -44,13 +44,15 @@ def fake() -> Iterator[FakeProviderServer]:
 
 
 @pytest.fixture
-def shared_runtime_dir() -> Iterator[Path]:
+def shared_runtime_dir(tmp_path: Path) -> Iterator[Path]:
     """One short private MC_RUNTIME_DIR (pytest's tmp_path can be too long for a socket)."""
     path = Path(tempfile.mkdtemp(prefix="mc-rt-", dir="/tmp"))
     os.chmod(path, 0o700)
     try:
         yield path
     finally:
+        # Daemons first: one whose socket directory vanished re-creates it to re-bind.
+        stop_daemons(tmp_path)
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -20,7 +20,7 @@ from magi_code.client import Client, DaemonUnavailable
 from magi_code.endpoint.lock import is_held
 from magi_code.endpoint.paths import runtime_paths
 from tests.process.daemon.support import alive, cli, context, paths, status, wait_for
-from tests.support.service import ServiceProcess
+from tests.support.service import ServiceProcess, stop_daemon
 
 
 def test_five_concurrent_starts_make_exactly_one_daemon(home: Path) -> None:
@@ -140,6 +140,7 @@ async def test_peer_with_another_uid_is_refused_before_any_byte(
     # Under /tmp, not tmp_path: pytest's base directory is closed to other users.
     sock_dir = Path(tempfile.mkdtemp(prefix="mc-peer-", dir="/tmp"))
     request.addfinalizer(lambda: shutil.rmtree(sock_dir, ignore_errors=True))
+    request.addfinalizer(lambda: stop_daemon(home))  # runs first: it may re-bind
     ctx = context(home, project, {"MC_RUNTIME_DIR": str(sock_dir)})
     client = await Client.connect(ctx, "control")
     await client.close()
