@@ -7,7 +7,8 @@ socket directories; the log (``daemon.log``, or the journal alone when systemd r
 daemon); the lifetime lock (waiting a bounded time for a draining
 predecessor); the coordinator; only then remove a stale socket and bind ours (0600, under
 umask 0177), so a socket that accepts always answers at once; ``daemon.json``; serve; on
-exit remove the socket only if it is still ours, and release the lock last. A daemon a
+exit remove the socket only if it is still ours (and this home's own socket directory once
+empty), and release the lock last. A daemon a
 service manager started tells it ``READY=1`` when it serves and ``STOPPING=1`` when it
 decides to stop (``notify.py``, ``supervised.py``). A process that
 cannot take the lock exits :data:`EXIT_ALREADY_RUNNING` without touching the socket.
@@ -221,10 +222,21 @@ class SocketKeeper:
             raise
 
     def close(self) -> None:
-        """Remove the socket if it is still the one we bound (holder only; idempotent)."""
+        """Remove the socket if it is still the one we bound (holder only; idempotent),
+        then its directory if that is this home's own and now empty.
+
+        A successor that created the directory before taking the lock creates it again
+        when it binds.
+        """
         identity, self.identity = self.identity, None
-        if identity is not None and self.lock.held:
+        if identity is None or not self.lock.held:
+            return
+        if (
             remove_own_socket(self.paths.socket, self.lock, identity)
+            and self.paths.socket_dir_is_own
+        ):
+            with contextlib.suppress(OSError):  # not empty, or already gone
+                os.rmdir(self.paths.socket_dir)
 
 
 def _serve(

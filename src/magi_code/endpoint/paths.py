@@ -85,6 +85,12 @@ class RuntimePaths:
         return socket_path(self.socket_dir, self.socket_name)
 
     @property
+    def socket_dir_is_own(self) -> bool:
+        """The socket directory belongs to this ``MC_HOME`` alone (named by its hash): not
+        a shared ``MC_RUNTIME_DIR`` and not the state directory."""
+        return self.socket_name == SOCKET_NAME and self.socket_dir != self.state_dir
+
+    @property
     def lock(self) -> Path:
         return self.state_dir / LOCK_NAME
 

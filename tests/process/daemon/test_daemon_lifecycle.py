@@ -18,7 +18,7 @@ import pytest
 
 from magi_code.client import Client, DaemonUnavailable
 from magi_code.endpoint.lock import is_held
-from magi_code.endpoint.paths import runtime_paths
+from magi_code.endpoint.paths import home_hash, runtime_paths
 from tests.process.daemon.support import alive, cli, context, paths, status, wait_for
 from tests.support.service import ServiceProcess, stop_daemon
 
@@ -48,6 +48,33 @@ def test_runtime_files_are_private(home: Path) -> None:
         assert os.stat(path).st_mode & 0o777 == mode, path
     for path in (p.lock, p.info, p.log):
         assert os.stat(path).st_mode & 0o077 == 0, path
+
+
+def test_an_exiting_daemon_removes_its_own_socket_directory_and_no_shared_one(
+    home: Path, request: pytest.FixtureRequest
+) -> None:
+    # Under /tmp: the socket path must fit in 100 bytes.
+    xdg, shared = (Path(tempfile.mkdtemp(prefix=p, dir="/tmp")) for p in ("mc-xdg-", "mc-rt-"))
+    for base in (xdg, shared):
+        request.addfinalizer(lambda base=base: shutil.rmtree(base, ignore_errors=True))
+    request.addfinalizer(lambda: stop_daemon(home))  # runs first
+    own_dir = xdg / "magi-code" / home_hash(home)
+    for extra, socket_dir in (
+        ({"XDG_RUNTIME_DIR": str(xdg)}, own_dir),
+        ({"MC_RUNTIME_DIR": str(shared)}, shared),
+    ):
+        assert cli(home, "daemon", "start", extra=extra).returncode == 0
+        answer = cli(home, "daemon", "status", "--json", extra=extra)
+        sock = Path(orjson.loads(answer.stdout)["socket"])
+        assert sock.parent == socket_dir and sock.exists()
+        assert cli(home, "daemon", "stop", extra=extra).returncode == 0
+        assert not sock.exists()
+    # The hash-named directory was this home's alone; its parent and the shared directory,
+    # empty now, are not the daemon's to remove, nor is the state directory.
+    assert not own_dir.exists()
+    assert list((xdg / "magi-code").iterdir()) == []
+    assert shared.is_dir() and list(shared.iterdir()) == []
+    assert paths(home).lock.exists()
 
 
 def _lock_inode(home: Path) -> int:
