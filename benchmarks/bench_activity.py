@@ -4,7 +4,9 @@ Figures: ``turn.activity`` events/s (and drops) for a tool-heavy scripted turn (
 ``list_files`` calls per provider reply, over many replies), embedded and through the
 shim to a daemon, and for the same calls in 7 times fewer replies; the CPU time the
 service's processes (and the fake provider) spent on each turn, and the events per
-CPU-second of the service, which bounds the rate however fast the provider were; and the
+CPU-second of the service; the CPU of the event-loop thread that runs the turn (the
+embedded service's, or the daemon's) and the events per second of it, the rate with a
+provider that cost nothing, since the turn's loop and the provider take turns; and the
 tool loop's cost per iteration (embedded): the time of a turn with K provider round
 trips that each make one cheap tool call, minus the time of a turn without tools,
 divided by K.
@@ -92,6 +94,14 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in processes)
 
 
+def loop_cpu_seconds(process: psutil.Process) -> float:
+    """CPU of ``process``'s main thread: its event loop, which runs the whole turn."""
+    for thread in process.threads():
+        if thread.id == process.pid:
+            return float(thread.user_time + thread.system_time)
+    raise RuntimeError("the service's main thread is gone")
+
+
 async def activity_rate(
     service: ServiceProcess,
     fake: FakeProvider,
@@ -105,13 +115,20 @@ async def activity_rate(
     service_cpu: list[float] = []
     fake_cpu: list[float] = []
     per_cpu_second: list[float] = []
+    loop_cpu: list[float] = []
+    per_loop_second: list[float] = []
     delivered = dropped = 0
     provider = psutil.Process(fake.proc.pid)
+    turn_process = service_processes[-1]  # the embedded service, or the daemon
     for _ in range(turns):
         await fake.enqueue(*(tool_reply(calls, r) for r in range(rounds)), FINAL_REPLY)
         before = cpu_seconds(service_processes), cpu_seconds([provider])
+        loop_before = loop_cpu_seconds(turn_process)
         elapsed, counts = await timed_turn(service)
         used = cpu_seconds(service_processes) - before[0]
+        loop_used = loop_cpu_seconds(turn_process) - loop_before
+        loop_cpu.append(loop_used)
+        per_loop_second.append(counts["activity"] / loop_used if loop_used else float("inf"))
         rates.append(counts["activity"] / elapsed)
         service_cpu.append(used)
         fake_cpu.append(cpu_seconds([provider]) - before[1])
@@ -128,6 +145,8 @@ async def activity_rate(
     figure("  service CPU per turn (user + sys)", median(service_cpu) * 1e3, "ms")
     figure("  fake provider CPU per turn", median(fake_cpu) * 1e3, "ms")
     figure("  activity events per service CPU-second", median(per_cpu_second), "events/s")
+    figure("  event-loop thread CPU per turn", median(loop_cpu) * 1e3, "ms")
+    figure("  activity events per event-loop CPU-second", median(per_loop_second), "events/s")
 
 
 def service_processes(service: ServiceProcess, ws: Workspace, mode: str) -> list[psutil.Process]:

@@ -325,6 +325,7 @@ class FakeProvider:
             "tests.support.fake_providers",
             "--port",
             "0",
+            "--no-record",  # a turn's tens of MiB of request bodies, kept, would grow it
             cwd=ROOT,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

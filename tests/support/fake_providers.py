@@ -415,9 +415,12 @@ class _ClientGone(Exception):
 class FakeProviderServer:
     """The fake server; ``start()`` runs it on its own event loop in a daemon thread."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, record: bool = True) -> None:
         self.host = host
         self.port = port
+        # Without ``record`` no request is parsed or kept: a benchmark's long tool loop
+        # sends tens of MiB of bodies a turn, which would grow this process and its CPU.
+        self.record = record
         self.models: list[FakeModel] = [
             FakeModel("fake-model", "Fake Model", 200_000, 8192, ("low", "medium", "high"))
         ]
@@ -579,14 +582,16 @@ class FakeProviderServer:
         if url.path.startswith("/__fake__/"):
             await self._control(method, url.path, body, writer)
             return True
-        try:
-            # orjson: a stand-in for a remote server should cost the machine little (the
-            # bodies of a long tool loop reach hundreds of KiB).
-            parsed = orjson.loads(body) if body else None
-        except ValueError:
-            parsed = None
-        with self._lock:
-            self._requests.append(RecordedRequest(method, url.path, query, headers, body, parsed))
+        if self.record:
+            try:
+                # orjson: a stand-in for a remote server should cost the machine little
+                # (the bodies of a long tool loop reach hundreds of KiB).
+                parsed = orjson.loads(body) if body else None
+            except ValueError:
+                parsed = None
+            with self._lock:
+                request = RecordedRequest(method, url.path, query, headers, body, parsed)
+                self._requests.append(request)
         if method == "GET" and url.path.endswith("/models"):
             await asyncio.sleep(self.listing_delay)
             if self.listing_reply is not None:
@@ -811,7 +816,7 @@ def _load_script(path: str, server: FakeProviderServer) -> None:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    server = FakeProviderServer(args.host, args.port)
+    server = FakeProviderServer(args.host, args.port, record=not args.no_record)
     if args.script:
         _load_script(args.script, server)
     loop = asyncio.get_running_loop()
@@ -830,6 +835,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", help="JSON file of scripted replies")
+    parser.add_argument(
+        "--no-record", action="store_true", help="parse and keep no requests (benchmarks)"
+    )
     asyncio.run(_main(parser.parse_args(argv)))
 
 
