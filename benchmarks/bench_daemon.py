@@ -47,6 +47,7 @@ from benchlib import (
 
 from magi_code.client import Client, Overloaded
 from magi_code.core.turns import MAX_ACTIVE_TURNS
+from magi_code.daemon.heap import TRIM_INTERVAL_SECONDS
 from magi_code.protocol.limits import MAX_STRING_BYTES
 
 MIB = 2**20
@@ -126,8 +127,8 @@ async def persistent_clients(ws: Workspace, count: int) -> AsyncIterator[list[Cl
             await client.close()
 
 
-async def settled_rss(proc: psutil.Process) -> float:
-    await asyncio.sleep(0.5)
+async def settled_rss(proc: psutil.Process, wait: float = 0.5) -> float:
+    await asyncio.sleep(wait)
     return rss_bytes(proc.pid) / MIB
 
 
@@ -238,7 +239,8 @@ async def daemon_phase(args: argparse.Namespace, embedded: list[tuple[float, flo
             daemon = daemon_process(ws)
             await clients_rss(ws, daemon, 10 if args.quick else 100)
             await concurrent_turns(ws, daemon, fake, 200 if args.quick else TURN_DELTAS)
-            after = await settled_rss(daemon)
+            # Long enough for the daemon to give back the heap those turns freed.
+            after = await settled_rss(daemon, TRIM_INTERVAL_SECONDS + 1)
 
             # A long-lived shim keeps the daemon warm: the measured shims are never the
             # last one of this MC_HOME, so stopping them leaves the daemon running.

@@ -259,6 +259,7 @@ def _serve(
         from magi_code.providers.http import warm_bundled_roots
         from magi_code.turns.runtime import warm_turn_modules
 
+        from .heap import HeapTrimmer
         from .preload import import_product_modules
         from .supervised import SupervisedServer
 
@@ -286,6 +287,7 @@ def _serve(
             endpoint=keeper,
             outbound_limit=outbound_limit(ctx),
             client_timeout=client_timeout(ctx),
+            heap=HeapTrimmer.for_this_process(),
         )
         server.notifier = notifier
         server.log_target = "journal" if journal else None

@@ -16,6 +16,8 @@ Theory of operation:
   running turns and open connections alone; a path some other live process now listens on
   is never unlinked (the daemon stops accepting, serves its open connections, and re-binds
   when the path is free again); a replaced lifetime-lock file stops the daemon.
+- Once quiet after a connection or turn ended, the heap the C allocator keeps free is
+  given back to the system (``heap.py``).
 - Owner drop (``stop``, SIGTERM, idle) stops accepting, drains the coordinator (every
   turn cancelled, every connection's work drained and its terminal output sent), and only
   then returns to the caller, which removes the socket and releases the lifetime lock.
@@ -42,6 +44,7 @@ from magi_code.protocol.limits import ADVERTISED_LIMITS
 from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS, Code, refused
 
 from .connection import FRAME_DEADLINE_SECONDS, PeerConnection, Transport
+from .heap import HeapTrimmer
 from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES
 from .waits import bounded
 
@@ -102,8 +105,10 @@ class DaemonServer:
         endpoint: Endpoint | None = None,
         outbound_limit: int = DEFAULT_LIMIT_BYTES,
         client_timeout: float = CLIENT_TIMEOUT_SECONDS,
+        heap: HeapTrimmer | None = None,
     ) -> None:
         self.core = PersistentCoordinator(coordinator)
+        self._heap = heap
         self.client_timeout = client_timeout
         # A short client timeout (tests, tight deployments) shortens the frame deadline too.
         self.frame_deadline = min(FRAME_DEADLINE_SECONDS, client_timeout)
@@ -181,6 +186,8 @@ class DaemonServer:
             if self.idle_seconds is not None and idle >= self.idle_seconds:
                 self.request_stop("idle")
                 return
+            if self._heap is not None:  # after the decisions: this may await a thread
+                await self._heap.tick(len(self.peers), self.core.counts()["active_turns"])
 
     async def _check_endpoint(self, endpoint: Endpoint) -> None:
         try:
