@@ -24,7 +24,6 @@ later is followed once, by the ``stat`` that then sees the change.)
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -43,7 +42,7 @@ from magi_code.auth.tokens import (
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext
-from magi_code.storage.mounts import MOUNT_TABLE, is_local, read_mounts
+from magi_code.storage.mounts import MOUNT_TABLE, local_lookup, read_mounts
 from magi_code.storage.stamps import RACY_WINDOW_NS, Probe, probe, trusted
 
 
@@ -174,25 +173,11 @@ class _Answer:
 
 
 def _local(probes: Iterable[Probe]) -> bool:
-    """Whether a ``stat`` of every probe stays on local filesystems: no symbolic link on
-    the way (a link can be pointed elsewhere without a mount changing) and every directory
-    looked up on a local filesystem. True without a mount table, where nothing says
-    otherwise (as before there was this check). Blocking: resolves the paths."""
+    """Whether a ``stat`` of every probe stays on local filesystems (``local_lookup``).
+    True without a mount table, where nothing says otherwise (as before there was this
+    check). Blocking: resolves the paths."""
     mounts = read_mounts()
-    if mounts is None:
-        return True
-    for item in probes:
-        path = os.path.abspath(item.path)
-        if os.path.realpath(path) != path:
-            return False
-        while True:
-            if not is_local(mounts, path):
-                return False
-            parent = os.path.dirname(path)
-            if parent == path:
-                break
-            path = parent
-    return True
+    return mounts is None or all(local_lookup(mounts, item.path) for item in probes)
 
 
 class ReadinessMemo:

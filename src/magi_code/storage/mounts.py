@@ -46,6 +46,22 @@ def is_local(mounts: list[Mount] | None, real_path: str) -> bool:
     return owner is not None and owner[1] in LOCAL_TYPES
 
 
+def local_lookup(mounts: list[Mount], path: str) -> bool:
+    """Whether looking ``path`` up stays on local filesystems: no symbolic link on the way
+    (a link can be pointed elsewhere without a mount changing), and ``path`` and every
+    directory above it on a local filesystem. Blocking: resolves the path."""
+    path = os.path.abspath(path)
+    if os.path.realpath(path) != path:
+        return False
+    while True:
+        if not is_local(mounts, path):
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
 def mounts_inside(mounts: list[Mount] | None, real_path: str) -> frozenset[str]:
     """The mount points strictly under ``real_path``."""
     return frozenset(

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.support.mounts import mount, use_mountinfo
 
 from magi_code.auth.readiness import ReadinessMemo
 from magi_code.auth.store import AuthStore
@@ -302,14 +303,9 @@ def test_a_dangling_symlink_is_never_remembered_and_its_target_is_seen(
 def _mount_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_type: str, *extra: tuple[Path, str]
 ) -> None:
-    lines = [f"1 0 0:1 / / rw,relatime shared:1 - {root_type} source rw"]
-    lines += [f"{n} 1 0:{n} / {p} rw - {kind} source rw" for n, (p, kind) in enumerate(extra, 2)]
-    path = tmp_path / "mountinfo"
-    path.write_text("".join(f"{line}\n" for line in lines))
-    monkeypatch.setattr(mounts, "MOUNTINFO", str(path))
-    # The process-wide table opens its file once: make it open this one.
-    monkeypatch.setattr(mounts.MOUNT_TABLE, "_fd", None)
-    monkeypatch.setattr(mounts.MOUNT_TABLE, "_poller", None)
+    lines = [mount("/", root_type, 1)]
+    lines += [mount(str(p), kind, n) for n, (p, kind) in enumerate(extra, 2)]
+    use_mountinfo(tmp_path, lines, monkeypatch)
 
 
 @pytest.mark.parametrize(("root_type", "remembered"), [("ext4", True), ("nfs4", False)])

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.mounts import mount, use_mountinfo
 
 from magi_code.storage import mounts
 from magi_code.tools import inline
@@ -79,19 +80,6 @@ async def test_what_steps_raise_is_raised(on_loop: bool) -> None:
 # -- what is local -------------------------------------------------------------------------
 
 
-def mountinfo(tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "mountinfo"
-    path.write_text("".join(f"{line}\n" for line in lines))
-    monkeypatch.setattr(mounts, "MOUNTINFO", str(path))
-    # The process-wide table opens its file once: make it open this one.
-    monkeypatch.setattr(mounts.MOUNT_TABLE, "_fd", None)
-    monkeypatch.setattr(mounts.MOUNT_TABLE, "_poller", None)
-
-
-def mount(point: str, kind: str, number: int = 30) -> str:
-    return f"{number} 1 0:{number} / {point} rw,relatime shared:1 - {kind} source rw"
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     root = tmp_path / "my project"
@@ -107,13 +95,8 @@ def project(tmp_path: Path) -> Path:
 def test_the_root_is_local_by_the_type_of_the_mount_it_is_on(
     tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch, kind: str, local: bool
 ) -> None:
-    escaped = str(project).replace(" ", "\\040")
-    inside = f"{escaped}/src"
-    mountinfo(
-        tmp_path,
-        [mount("/", "ext4", 1), mount(escaped, kind, 2), mount(inside, "nfs", 3)],
-        monkeypatch,
-    )
+    lines = [mount("/", "ext4", 1), mount(str(project), kind, 2)]
+    use_mountinfo(tmp_path, [*lines, mount(f"{project}/src", "nfs", 3)], monkeypatch)
     files = scan_project(project)
     assert files.root == project and files.inline is local
     assert files.mounts == {f"{project}/src"}
@@ -221,7 +204,7 @@ def scandir_threads(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[int]:
 async def test_list_files_runs_on_the_loop_only_on_a_local_filesystem(
     tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    mountinfo(tmp_path, [mount("/", kind, 1)], monkeypatch)
+    use_mountinfo(tmp_path, [mount("/", kind, 1)], monkeypatch)
     seen = scandir_threads(monkeypatch, project)
     ctx = ToolContext(project_dir=project)
     outcome = await ListFiles().run({"pattern": "**/*.py"}, ctx)
@@ -238,7 +221,7 @@ async def test_list_files_runs_on_the_loop_only_on_a_local_filesystem(
 async def test_read_file_through_a_link_reads_its_target_in_a_thread(
     tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mountinfo(tmp_path, [mount("/", "ext4", 1)], monkeypatch)
+    use_mountinfo(tmp_path, [mount("/", "ext4", 1)], monkeypatch)
     (project / "alias.py").symlink_to(project / "src" / "a.py")
     ctx = ToolContext(project_dir=project)
     await inline.project_files(ctx)  # the turn's scan (in a thread) is done
@@ -262,11 +245,11 @@ async def test_read_file_through_a_link_reads_its_target_in_a_thread(
 def test_stacked_mounts_take_the_one_on_top(
     tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    escaped = str(project).replace(" ", "\\040")
-    lines = [mount("/", "ext4", 1), mount(escaped, "ext4", 2), mount(escaped, "fuse.sshfs", 3)]
-    mountinfo(tmp_path, lines, monkeypatch)
+    lines = [mount("/", "ext4", 1), mount(str(project), "ext4", 2)]
+    lines.append(mount(str(project), "fuse.sshfs", 3))
+    use_mountinfo(tmp_path, lines, monkeypatch)
     assert scan_project(project).inline is False
-    mountinfo(tmp_path, [lines[0], lines[2], lines[1]], monkeypatch)
+    use_mountinfo(tmp_path, [lines[0], lines[2], lines[1]], monkeypatch)
     assert scan_project(project).inline is True
 
 
