@@ -31,7 +31,8 @@ replay window, so a restarted daemon can answer for any turn; ``close_interrupte
 gives a turn whose process died mid-turn its ``failed`` terminal record.
 
 Every method is blocking file I/O; async callers run it in a worker thread (the lease's
-``submit``, ``durable``, ``append_async`` and ``enqueue`` never block).
+``submit``, ``durable``, ``append_async`` and ``enqueue`` never block), except
+``replay_at_once``: the next page of a replay, at once where that cannot block.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ from magi_code.sessions.records import (
 )
 from magi_code.sessions.titles import title_from_prompt
 from magi_code.storage.files import atomic_write, open_regular
+from magi_code.storage.mounts import MOUNT_TABLE, local_lookup, mounts_inside, read_mounts
 
 # One record line; larger records would crowd the replay window (tools must bound output).
 MAX_APPEND_RECORD_BYTES: Final = 1024 * 1024
@@ -115,6 +117,30 @@ _CONTEXT_TYPES: Final = (
 
 _CacheKey = tuple[int, int, int, int]
 _Parsed = tuple[ParsedWindow, Projection | None]
+
+
+def _cache_key(info: os.stat_result) -> _CacheKey:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _replay_arguments(
+    session_id: object, after: object, limit: object
+) -> tuple[str, str | None, int]:
+    """A replay's session name, cursor and page limit (see ``SessionStore.replay``)."""
+    name = validate_session_id(session_id)
+    page_limit = check_page_limit(limit)
+    if after is not None and (
+        not isinstance(after, str) or len(after.encode("utf-8", "replace")) > MAX_ID_BYTES
+    ):
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    return name, after, page_limit
+
+
+def _page(
+    name: str, window: ParsedWindow, projection: Projection, after: str | None, limit: int
+) -> dict[str, object]:
+    gap = window.gap or window_omits_history(window, window.compaction)
+    return build_page(name, projection, after, limit, gap)
 
 
 class _WindowCache:
@@ -322,6 +348,8 @@ class SessionStore:
         self._root = sessions_dir
         self._cache = _WindowCache()
         self._index = SessionIndex()
+        # (mount table generation, whether replay pages may be read on the event loop)
+        self._inline: tuple[int, bool] | None = None
         self._committer = ThreadPoolExecutor(
             self.COMMIT_THREADS, thread_name_prefix="mc-session-commit"
         )
@@ -466,7 +494,7 @@ class SessionStore:
                 holding(lock_fd, fcntl.LOCK_SH, wait),
             ):
                 info = os.fstat(history_fd)
-                key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+                key = _cache_key(info)
                 cached = self._cache.get(session_id, key)
                 if cached is not None and (cached[1] is not None or not with_projection):
                     return cached
@@ -516,18 +544,60 @@ class SessionStore:
                 ``SESSION_UNAVAILABLE`` for a missing/unreadable session; ``SESSION_BUSY``
                 while an append holds the append lock.
         """
-        name = validate_session_id(session_id)
-        page_limit = check_page_limit(limit)
-        if after is not None and (
-            not isinstance(after, str) or len(after.encode("utf-8", "replace")) > MAX_ID_BYTES
-        ):
-            raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+        name, cursor, page_limit = _replay_arguments(session_id, after, limit)
+        self._check_inline()
         window, projection = self._window_and_projection(
             name, REPLAY_LOCK_WAIT, with_projection=True
         )
         assert projection is not None
-        gap = window.gap or window_omits_history(window, window.compaction)
-        return build_page(name, projection, after, page_limit, gap)
+        return _page(name, window, projection, cursor, page_limit)
+
+    def replay_at_once(
+        self, session_id: object, after: object, limit: object
+    ) -> dict[str, object] | None:
+        """The page ``replay`` answers, where that needs no wait; ``None`` otherwise (then
+        call ``replay`` in a worker thread, which also says why a session is missing,
+        unreadable or busy). For the event loop.
+
+        A page is answered at once from the window an earlier ``replay`` parsed, while the
+        history file still has the identity, size and mtime it had then and its append
+        lock is free now. Its system calls (three opens, a non-blocking ``flock``, an
+        ``fstat``) are made only where the store's directory was found on a local
+        filesystem, reached without a symbolic link (``storage.mounts.local_lookup``), by
+        an earlier ``replay`` under the current mount table: there they wait for local
+        storage at most. Without a mount table, never.
+
+        Raises:
+            ServiceError: as ``replay`` for its arguments.
+        """
+        name, cursor, page_limit = _replay_arguments(session_id, after, limit)
+        inline = self._inline
+        if inline is None or not inline[1] or inline[0] != MOUNT_TABLE.generation():
+            return None
+        try:
+            with (
+                self._history(name) as (lock_fd, history_fd),
+                holding(lock_fd, fcntl.LOCK_SH, 0.0),
+            ):
+                cached = self._cache.get(name, _cache_key(os.fstat(history_fd)))
+        except (OSError, ServiceError):
+            return None
+        if cached is None or cached[1] is None:
+            return None
+        return _page(name, cached[0], cached[1], cursor, page_limit)
+
+    def _check_inline(self) -> None:
+        """Find out (again, after a mount or unmount) whether ``replay_at_once`` may open
+        the store's files on the event loop. Blocking: resolves the path."""
+        generation = MOUNT_TABLE.generation()
+        if self._inline is not None and self._inline[0] == generation:
+            return
+        mounts = read_mounts()
+        root = os.path.abspath(self._root)
+        self._inline = (
+            generation,
+            mounts is not None and local_lookup(mounts, root) and not mounts_inside(mounts, root),
+        )
 
     def turn_outcome(self, session_id: object, turn_id: str) -> TurnOutcome | None:
         """What the whole durable history says about ``turn_id`` (``None``: no such turn).

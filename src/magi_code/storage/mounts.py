@@ -2,10 +2,10 @@
 
 A system call on a network or FUSE filesystem can wait for a server, for good when the
 server is gone; on a local one it waits for local storage at most. Code that would do
-file work on the event loop asks here first (``tools.inline``, ``auth.readiness``): only
-paths on a filesystem of a ``LOCAL_TYPES`` type qualify. Without ``/proc/self/mountinfo``
-(not Linux, or no procfs) ``read_mounts`` answers ``None`` and each caller says what that
-means for it. ``MOUNT_TABLE`` tells when the table changed.
+file work on the event loop asks here first (``tools.inline``, ``auth.readiness``,
+``sessions.store``): only paths on a filesystem of a ``LOCAL_TYPES`` type qualify. Without
+``/proc/self/mountinfo`` (not Linux, or no procfs) ``read_mounts`` answers ``None`` and
+each caller says what that means for it. ``MOUNT_TABLE`` tells when the table changed.
 """
 
 from __future__ import annotations
