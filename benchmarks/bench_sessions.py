@@ -1,12 +1,12 @@
 """Durable sessions through the real stdio process (issue 3).
 
-Figures: paged ``session.replay`` of a ~2 MiB session (pages/s, bytes/s), embedded and
-through the shim to a daemon; ``session.list``
+Figures: paged ``session.replay`` of a ~2 MiB session (pages/s, bytes/s); ``session.list``
 paging over a 20,000-entry sessions directory (the scan budget), ms per page, and the
-first page after the directory changed (a full scan); the ``session.create`` rate (each
-create is closed again: attachments are capped at 16); and, in-process through
-``SessionStore``, appends per second to one session with 1 and with 16 concurrent
-writers (group commit: records queued during an fsync share the next one).
+first page after the directory changed (a full scan), each embedded and through the shim
+to a daemon; the ``session.create`` rate (each create is closed again: attachments are
+capped at 16); and, in-process through ``SessionStore``, appends per second to one
+session with 1 and with 16 concurrent writers (group commit: records queued during an
+fsync share the next one).
 
     .venv/bin/python benchmarks/bench_sessions.py [--quick]
 """
@@ -115,14 +115,16 @@ async def replay(
     figure("  replay: whole session", best * 1e3, "ms")
 
 
-async def listing(service: ServiceProcess, count: int, pages: int) -> None:
+async def listing(service: ServiceProcess, count: int, pages: int, mode: str) -> None:
     # The first request after the directory changed scans it; wait until a scan may be
     # kept (the directory's timestamps must be older than the racy window).
     await asyncio.sleep(0.2)
     start = time.perf_counter()
     response = await service.request("session.list", {"after": None})
     figure(
-        "session.list first page (scans the directory)", (time.perf_counter() - start) * 1e3, "ms"
+        f"session.list, {mode}: first page (scans the directory)",
+        (time.perf_counter() - start) * 1e3,
+        "ms",
     )
     samples: list[float] = []
     after: str | None = None
@@ -139,7 +141,7 @@ async def listing(service: ServiceProcess, count: int, pages: int) -> None:
         if after is None:
             break
     per_page = median(samples)
-    figure(f"session.list over {count:,} sessions, median/page", per_page * 1e3, "ms")
+    figure(f"  session.list over {count:,} sessions, median/page", per_page * 1e3, "ms")
     figure(
         f"  whole list ({-(-count // MAX_SESSION_PAGE_ITEMS)} pages), extrapolated",
         per_page * -(-count // MAX_SESSION_PAGE_ITEMS),
@@ -213,13 +215,17 @@ async def main(args: argparse.Namespace) -> None:
         session_id, size = build_session(ws.home / "sessions", (256 if args.quick else 2000) * 1024)
         async with running_service(ws, DAEMON_ENV) as service:
             await replay(service, session_id, size, 1 if args.quick else 7, "through the shim")
-    with workspace() as ws:
-        count = 500 if args.quick else MAX_SESSION_LIST_SCAN_ENTRIES
-        start = time.perf_counter()
-        populate_sessions(ws.home / "sessions", count)
-        figure("  (setup) write session directories", time.perf_counter() - start, "s")
-        async with running_service(ws) as service:
-            await listing(service, count, 10 if args.quick else 40)
+    count = 500 if args.quick else MAX_SESSION_LIST_SCAN_ENTRIES
+    for mode, env, place in (
+        ("embedded", EMBEDDED_ENV, workspace),
+        ("through the shim", DAEMON_ENV, daemon_workspace),
+    ):
+        with place() as ws:
+            start = time.perf_counter()
+            populate_sessions(ws.home / "sessions", count)
+            figure("  (setup) write session directories", time.perf_counter() - start, "s")
+            async with running_service(ws, env) as service:
+                await listing(service, count, 10 if args.quick else 40, mode)
     with workspace() as ws:
         records = 100 if args.quick else 1000
         await appends(ws.home / "sessions", 1, records)
