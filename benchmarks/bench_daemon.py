@@ -2,7 +2,8 @@
 
 Figures: sequential ``status`` round trip (median, p99) and pipelined throughput through
 ``magi-code --app service`` with ``MC_SERVICE_MODE=daemon`` (a shim bridged to a warm
-daemon) beside ``embedded``; spawn -> first ``initialize`` response with no daemon
+daemon) beside ``embedded`` (after the fresh home's racy window, as in
+``bench_protocol.py``); spawn -> first ``initialize`` response with no daemon
 running (the shim starts it: cold) and with one already running (warm); the daemon's RSS
 idle and with N persistent ``magi_code.client`` connections; and aggregate
 ``turn.assistant_delta`` throughput of 16 concurrent turns, one per persistent v2
@@ -41,6 +42,7 @@ from benchlib import (
     rss_bytes,
     run_with_daemons,
     running_service,
+    settle,
     workspace,
     write_provider_settings,
 )
@@ -212,6 +214,7 @@ async def embedded_phase(args: argparse.Namespace) -> list[tuple[float, float]]:
     """Embedded figures; returns the spawn -> initialize / EOF -> exit samples."""
     with workspace() as ws:
         async with running_service(ws, EMBEDDED_ENV) as service:
+            await settle(service)
             await status_figures(service, *counts(args))
         return [await spawn_to_initialize(ws, EMBEDDED_ENV) for _ in range(spawns(args))]
 

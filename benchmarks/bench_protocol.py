@@ -33,6 +33,7 @@ from benchlib import (
     pipelined_status_rate,
     run,
     running_service,
+    settle,
     workspace,
 )
 
@@ -45,13 +46,6 @@ from magi_code.protocol.limits import (
     MAX_STRING_BYTES,
 )
 from magi_code.storage.stamps import RACY_WINDOW_NS
-
-
-async def settle(service: ServiceProcess) -> None:
-    """Let the fresh home go quiet: the first ``status`` waits for the service's background
-    load (which writes the settings schema), then the racy window passes."""
-    await service.request("status")
-    await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
 
 
 async def sequential(service: ServiceProcess, warmup: int, count: int) -> None:

@@ -40,6 +40,7 @@ from tests.support.service import ServiceProcess, service_env, stop_daemon  # no
 from magi_code.endpoint.paths import read_info, runtime_paths  # noqa: E402
 from magi_code.protocol import envelope  # noqa: E402
 from magi_code.storage.launch import LaunchContext  # noqa: E402
+from magi_code.storage.stamps import RACY_WINDOW_NS  # noqa: E402
 
 __all__ = [
     "DAEMON_ENV",
@@ -62,6 +63,7 @@ __all__ = [
     "run",
     "run_with_daemons",
     "running_service",
+    "settle",
     "stop_service",
     "workspace",
     "write_provider_settings",
@@ -358,6 +360,15 @@ class FakeProvider:
         response.raise_for_status()
         pending: int = response.json()["pending"]
         return pending
+
+
+async def settle(service: ServiceProcess) -> None:
+    """Let a fresh home go quiet before ``status`` is measured: the first ``status`` waits
+    for the service's background load (which writes the settings schema), then the racy
+    window passes (``status`` re-reads settings and the auth store while anything it
+    stamps changed less than ``RACY_WINDOW_NS`` ago)."""
+    await service.request("status")
+    await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
 
 
 async def pipelined_status_rate(service: ServiceProcess, count: int) -> float:
