@@ -144,7 +144,8 @@ def _page(
 
 
 class _WindowCache:
-    """A few recently parsed windows; callers run in worker threads, hence the lock."""
+    """A few recently parsed windows; used from worker threads and (``replay_at_once``)
+    the event loop, hence the lock, held only for a dictionary operation."""
 
     CAPACITY: Final = 8
 
