@@ -3,7 +3,8 @@
 Figures: paged ``session.replay`` of a ~2 MiB session (pages/s, bytes/s); ``session.list``
 paging over a 20,000-entry sessions directory (the scan budget), ms per page, and the
 first page after the directory changed (a full scan), each embedded and through the shim
-to a daemon; the ``session.create`` rate (each create is closed again: attachments are
+to a daemon; in-process, a replay page of that session while a turn appends to it (a
+record between pages); the ``session.create`` rate (each create is closed again: attachments are
 capped at 16); and, in-process through ``SessionStore``, appends per second to one
 session with 1 and with 16 concurrent writers (group commit: records queued during an
 fsync share the next one).
@@ -169,6 +170,23 @@ async def creates(service: ServiceProcess, count: int) -> None:
     figure("  session.close latency, median", median(close_times) * 1e3, "ms")
 
 
+def replay_while_appending(sessions_dir: Path, session_id: str, pages: int) -> None:
+    """ms per ``SessionStore.replay`` page when each page follows an append, as while a
+    turn runs."""
+    store = SessionStore(sessions_dir)
+    timings: list[float] = []
+    after: object = None
+    with store.acquire_writer_lease(session_id) as lease:
+        for index in range(pages + 1):
+            lease.append({"type": "user", "turn_id": "growing", "text": f"prompt {index}"})
+            start = time.perf_counter()
+            page = store.replay(session_id, after, 20)
+            timings.append(time.perf_counter() - start)
+            after = page["next_cursor"] if page["truncated"] else None
+    # The first page parses the whole window, as any first replay does.
+    figure("replay page after each append, in-process", median(timings[1:]) * 1e3, "ms")
+
+
 async def appends(sessions_dir: Path, writers: int, per_writer: int) -> float:
     """Records/s appended to one session by ``writers`` tasks, each awaiting every record."""
     store = SessionStore(sessions_dir)
@@ -211,6 +229,7 @@ async def main(args: argparse.Namespace) -> None:
         async with running_service(ws, EMBEDDED_ENV) as service:
             await replay(service, session_id, size, 1 if args.quick else 7, "embedded")
             await creates(service, 20 if args.quick else 200)
+        replay_while_appending(sessions_dir, session_id, 20 if args.quick else 200)
     with daemon_workspace() as ws:
         session_id, size = build_session(ws.home / "sessions", (256 if args.quick else 2000) * 1024)
         async with running_service(ws, DAEMON_ENV) as service:

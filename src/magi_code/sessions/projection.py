@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -62,24 +63,36 @@ class ParsedWindow:
     omitted_prefix: bool = False
     # The latest compaction checkpoint among ``records`` (found once per parse).
     compaction: CompactionRecord | None = None
+    # Where each record's line starts in the file, the file offset just past the window
+    # and the last record's line: what ``extend_window`` needs to go on from here.
+    starts: list[int] = field(default_factory=list)
+    end: int = 0
+    last_line: bytes = b""
 
 
-def parse_window(data: bytes, at_file_start: bool, session_id: str) -> ParsedWindow:
-    """Records in a window of history bytes; see the module docstring for ``gap``."""
-    out = ParsedWindow(omitted_prefix=not at_file_start)
-    if not at_file_start:
+def parse_window(data: bytes, offset: int, session_id: str) -> ParsedWindow:
+    """Records in a window of history bytes read from file offset ``offset``; see the
+    module docstring for ``gap``."""
+    out = ParsedWindow(omitted_prefix=offset > 0, end=offset + len(data))
+    position = offset
+    if offset > 0:
         # The first segment may be the tail of a record that started before the window.
         newline = data.find(b"\n")
+        position += newline + 1 if newline >= 0 else len(data)
         data = data[newline + 1 :] if newline >= 0 else b""
     lines = data.split(b"\n")
     if lines[-1]:
         out.gap = True  # torn tail: a crash interrupted an append
     lines.pop()
     if len(lines) > MAX_WINDOW_RECORDS:
+        dropped = lines[:-MAX_WINDOW_RECORDS]
+        position += sum(map(len, dropped)) + len(dropped)
         lines = lines[-MAX_WINDOW_RECORDS:]
         out.omitted_prefix = True
     last_seq = -1
     for line in lines:
+        start = position
+        position += len(line) + 1
         record = decode_line(line)
         if record is None or record.seq <= last_seq:
             out.gap = True
@@ -89,10 +102,50 @@ def parse_window(data: bytes, at_file_start: bool, session_id: str) -> ParsedWin
             continue
         last_seq = record.seq
         out.records.append(record)
-    if at_file_start and not (out.records and isinstance(out.records[0], HeaderRecord)):
+        out.starts.append(start)
+        out.last_line = line
+    if offset == 0 and not (out.records and isinstance(out.records[0], HeaderRecord)):
         out.gap = True
     out.compaction = latest_compaction(out.records)
     return out
+
+
+def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedWindow | None:
+    """What ``parse_window`` gives for the window from ``offset`` (at or after
+    ``window``'s) once ``appended`` follows ``window.end`` in the file, parsing only
+    ``appended``; ``window`` is not changed.
+
+    ``None`` where only a whole parse can say: a gap in ``window``, a torn tail, or an
+    appended line that is not a well-formed record after the last one (a header too).
+    """
+    if window.gap or not window.records or not appended.endswith(b"\n"):
+        return None
+    lines = appended.split(b"\n")
+    lines.pop()
+    records = window.records[:]
+    starts = window.starts[:]
+    position = window.end
+    last_seq = records[-1].seq
+    compaction = window.compaction
+    for line in lines:
+        record = decode_line(line)
+        if record is None or record.seq <= last_seq or isinstance(record, HeaderRecord):
+            return None
+        last_seq = record.seq
+        records.append(record)
+        starts.append(position)
+        position += len(line) + 1
+        if isinstance(record, CompactionRecord):
+            compaction = record
+    # The window keeps the lines that start after its first byte (see ``parse_window``).
+    first = bisect.bisect_left(starts, offset + 1) if offset > 0 else 0
+    if len(records) - first > MAX_WINDOW_RECORDS:
+        return None
+    del records[:first], starts[:first]
+    if compaction is not None and not (records and compaction.seq >= records[0].seq):
+        compaction = None  # the checkpoint left the window, and no later one is in it
+    last_line = lines[-1] if records else b""
+    return ParsedWindow(records, False, offset > 0, compaction, starts, position, last_line)
 
 
 def latest_compaction(records: Sequence[Record]) -> CompactionRecord | None:
@@ -124,16 +177,36 @@ class Item:
     digest: bytes
 
 
+# What a record's text projects to: (seq, first part number, kind of text) -> (the text,
+# its items). Items depend on nothing else, so a projection may take them from an earlier
+# one wherever the text is equal.
+_TextKey = tuple[int, int, str]
+_TextItems = dict[_TextKey, tuple[str, list[Item]]]
+
+
 @dataclass(frozen=True, slots=True)
 class Projection:
     items: list[Item]
     basis: int  # seq of the compaction checkpoint in effect, or -1
     # (seq, sub, part) -> index in ``items``: a cursor resolves without a scan
-    positions: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    positions: dict[tuple[int, int, int], int]
+    # Where ``project`` left off, for a later projection to go on from.
+    fold: _Fold = field(repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        for index, item in enumerate(self.items):
-            self.positions[(item.seq, item.sub, item.part)] = index
+
+@dataclass(slots=True)
+class _Fold:
+    """``project``'s state after the records it has seen."""
+
+    cutoff: int  # of the compaction checkpoint in effect, or -1
+    # Turns that settled an assistant message. Only earlier records count, so a later
+    # append can never change an already projected item.
+    answered: set[str]
+    open_reply: tuple[str, int] | None  # (turn_id, next part number)
+    texts: _TextItems  # of the records seen
+    count: int = 0
+    first: Record | None = None
+    last: Record | None = None
 
 
 def _text_items(
@@ -153,20 +226,89 @@ def _digest(body: dict[str, object]) -> bytes:
     return hashlib.blake2b(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=12).digest()
 
 
-def project(records: Sequence[Record]) -> Projection:
-    compaction = latest_compaction(records)
-    cutoff = compaction.cutoff_seq if compaction else -1
-    # Turns that settled an assistant message before their terminal. Only earlier records
-    # count, so a later append can never change an already projected item.
-    answered: set[str] = set()
-    items: list[Item] = []
-    if compaction is not None:
-        items += _text_items(compaction.seq, 0, {"kind": "summary"}, compaction.summary)
-    # A reply persisted in increments while it streamed is one message: an increment
-    # (``continued``) leaves it open, and its parts go on in the turn's next assistant
-    # record. Nothing already projected changes: a message still open when anything else
-    # comes (the turn died mid-reply) is closed by an empty last part.
-    open_reply: tuple[str, int] | None = None  # (turn_id, next part number)
+# Records that are not part of the conversation.
+_OUTSIDE_CONVERSATION: Final = frozenset({UnknownRecord, HeaderRecord, CompactionRecord})
+# The head of each kind of text item; an increment is assistant text that goes on.
+_HEADS: Final[dict[str, dict[str, object]]] = {
+    "summary": {"kind": "summary"},
+    "user": {"kind": "message", "role": "user"},
+    "assistant": {"kind": "message", "role": "assistant"},
+    "increment": {"kind": "message", "role": "assistant"},
+}
+
+
+def _items(seq: int, first: int, kind: str, text: str) -> list[Item]:
+    """What ``project`` makes of a record's text: a terminal's status, or text parts."""
+    if kind == "terminal":
+        body: dict[str, object] = {"kind": "terminal", "status": text}
+        return [Item(seq, 1, 0, body, _digest(body))]
+    parts = _text_items(seq, 0, _HEADS[kind], text, first)
+    if kind == "increment":
+        parts[-1] = _reopened(parts[-1])
+    return parts
+
+
+def project(records: Sequence[Record], earlier: Projection | None = None) -> Projection:
+    """The projection of ``records``.
+
+    With ``earlier``, a projection of other records (of any session), its text items are
+    reused where the text is the same; and where ``records`` begin with the very records
+    (the same objects) ``earlier`` saw and add no compaction checkpoint, only the records
+    after those are projected.
+    """
+    if earlier is not None and _goes_on(earlier.fold, records):
+        old = earlier.fold
+        fold = _Fold(
+            old.cutoff, set(old.answered), old.open_reply, dict(old.texts), old.count, old.first
+        )
+        items, basis, positions = earlier.items[:], earlier.basis, dict(earlier.positions)
+        done = len(items)
+        reuse: _TextItems = {}
+    else:
+        compaction = latest_compaction(records)
+        fold = _Fold(compaction.cutoff_seq if compaction else -1, set(), None, {})
+        items, basis, positions, done = [], compaction.seq if compaction else -1, {}, 0
+        reuse = earlier.fold.texts if earlier is not None else {}
+        if compaction is not None:
+            items += _text(fold, reuse, compaction.seq, "summary", compaction.summary)
+    _fold(fold, records[fold.count :], items, reuse)
+    for index in range(done, len(items)):
+        item = items[index]
+        positions[(item.seq, item.sub, item.part)] = index
+    return Projection(items, basis, positions, fold)
+
+
+def _goes_on(fold: _Fold, records: Sequence[Record]) -> bool:
+    count = fold.count
+    return (
+        0 < count <= len(records)
+        and records[0] is fold.first
+        and records[count - 1] is fold.last
+        and not any(type(record) is CompactionRecord for record in records[count:])
+    )
+
+
+def _text(
+    fold: _Fold, reuse: _TextItems, seq: int, kind: str, text: str, first: int = 0
+) -> list[Item]:
+    key = (seq, first, kind)
+    known = reuse.get(key)
+    parts = known[1] if known is not None and known[0] == text else _items(*key, text)
+    fold.texts[key] = (text, parts)
+    return parts
+
+
+def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _TextItems) -> None:
+    """Project ``records``, which follow those ``fold`` has seen, onto ``items``.
+
+    A reply persisted in increments while it streamed is one message: an increment
+    (``continued``) leaves it open, and its parts go on in the turn's next assistant
+    record. Nothing already projected changes: a message still open when anything else
+    comes (the turn died mid-reply) is closed by an empty last part.
+    """
+    if not records:
+        return
+    cutoff, answered, open_reply = fold.cutoff, fold.answered, fold.open_reply
 
     def close_reply(seq: int) -> None:
         nonlocal open_reply
@@ -176,34 +318,40 @@ def project(records: Sequence[Record]) -> Projection:
         open_reply = None
 
     for record in records:
-        if isinstance(record, AssistantRecord):
+        kind = type(record)  # record types have no subclasses
+        if kind is AssistantRecord:
+            assert isinstance(record, AssistantRecord)
             answered.add(record.turn_id)
-        if record.seq <= cutoff:
-            continue
-        if isinstance(record, AssistantRecord):
+            if record.seq <= cutoff:
+                continue
             if open_reply is not None and open_reply[0] != record.turn_id:
                 close_reply(record.seq)
             first = open_reply[1] if open_reply is not None else 0
             parts: list[Item] = []
             if record.text or first:  # an empty record matters only to end a message
-                parts = _text_items(record.seq, 0, _message("assistant"), record.text, first)
-                if record.continued:
-                    parts[-1] = _reopened(parts[-1])
+                text_kind = "increment" if record.continued else "assistant"
+                parts = _text(fold, reuse, record.seq, text_kind, record.text, first)
             items += parts
             open_reply = (record.turn_id, first + len(parts)) if record.continued else None
             continue
-        if isinstance(record, UnknownRecord | HeaderRecord | CompactionRecord):
-            continue  # not part of the conversation: an open message stays open
-        close_reply(record.seq)
-        if isinstance(record, UserRecord):
-            items += _text_items(record.seq, 0, _message("user"), record.text)
-        elif isinstance(record, TerminalRecord):
+        if record.seq <= cutoff or kind in _OUTSIDE_CONVERSATION:
+            continue  # an open message stays open
+        if open_reply is not None:
+            close_reply(record.seq)
+        if kind is UserRecord:
+            assert isinstance(record, UserRecord)
+            items += _text(fold, reuse, record.seq, "user", record.text)
+        elif kind is TerminalRecord:
+            assert isinstance(record, TerminalRecord)
             # Accepted partial text of a stopped turn that never settled a message.
             if record.assistant_text and record.turn_id not in answered:
-                items += _text_items(record.seq, 0, _message("assistant"), record.assistant_text)
-            body: dict[str, object] = {"kind": "terminal", "status": record.status}
-            items.append(Item(record.seq, 1, 0, body, _digest(body)))
-    return Projection(items, compaction.seq if compaction else -1)
+                items += _text(fold, reuse, record.seq, "assistant", record.assistant_text)
+            items += _text(fold, reuse, record.seq, "terminal", record.status)
+    fold.open_reply = open_reply
+    fold.count += len(records)
+    if fold.first is None:
+        fold.first = records[0]
+    fold.last = records[-1]
 
 
 def _reopened(item: Item) -> Item:

@@ -82,6 +82,7 @@ from magi_code.sessions.projection import (
     ParsedWindow,
     Projection,
     build_page,
+    extend_window,
     parse_window,
     project,
     window_omits_history,
@@ -123,6 +124,23 @@ def _cache_key(info: os.stat_result) -> _CacheKey:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
+def _window_start(size: int) -> int:
+    """Where the replay window of a history of ``size`` bytes starts: one byte before its
+    budget, which tells whether the budget starts on a line boundary."""
+    return max(0, size - MAX_SESSION_REPLAY_WINDOW_BYTES - 1)
+
+
+def _appended(fd: int, info: os.stat_result, key: _CacheKey, window: ParsedWindow) -> bytes | None:
+    """The bytes appended to the file ``window`` was parsed from, or ``None`` where it
+    is another file, did not grow, or no longer ends ``window`` with its last line."""
+    end, last = window.end, window.last_line
+    if key[:2] != (info.st_dev, info.st_ino) or info.st_size <= end or window.gap:
+        return None
+    if pread_all(fd, len(last) + 1, end - len(last) - 1) != last + b"\n":
+        return None
+    return pread_all(fd, info.st_size - end, end)
+
+
 def _replay_arguments(
     session_id: object, after: object, limit: object
 ) -> tuple[str, str | None, int]:
@@ -154,12 +172,16 @@ class _WindowCache:
         self._entries: OrderedDict[str, tuple[_CacheKey, _Parsed]] = OrderedDict()
 
     def get(self, session_id: str, key: _CacheKey) -> _Parsed | None:
+        entry = self.latest(session_id)
+        return entry[1] if entry is not None and entry[0] == key else None
+
+    def latest(self, session_id: str) -> tuple[_CacheKey, _Parsed] | None:
+        """The session's entry, whatever the file it described has become since."""
         with self._lock:
             entry = self._entries.get(session_id)
-            if entry is None or entry[0] != key:
-                return None
-            self._entries.move_to_end(session_id)
-            return entry[1]
+            if entry is not None:
+                self._entries.move_to_end(session_id)
+            return entry
 
     def put(self, session_id: str, key: _CacheKey, parsed: _Parsed) -> None:
         with self._lock:
@@ -167,6 +189,10 @@ class _WindowCache:
             self._entries.move_to_end(session_id)
             while len(self._entries) > self.CAPACITY:
                 self._entries.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._entries.pop(session_id, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,8 +513,12 @@ class SessionStore:
 
         A replay pages through one snapshot with many requests; the history file only
         grows (or is truncated by a torn-tail repair), so its identity, size and mtime
-        say whether an earlier parse still describes it.
+        say whether an earlier parse still describes it. While a turn appends, each
+        request parses only what was appended since the last one, where the earlier
+        window's last line is still where it was, and projects only new text.
         """
+        entry = self._cache.latest(session_id)
+        data = appended = None
         try:
             with (
                 self._history(session_id) as (lock_fd, history_fd),
@@ -496,17 +526,32 @@ class SessionStore:
             ):
                 info = os.fstat(history_fd)
                 key = _cache_key(info)
-                cached = self._cache.get(session_id, key)
-                if cached is not None and (cached[1] is not None or not with_projection):
-                    return cached
-                size = info.st_size
-                # One byte before the window tells whether it starts on a line boundary.
-                start = max(0, size - MAX_SESSION_REPLAY_WINDOW_BYTES - 1)
-                data = pread_all(history_fd, size - start, start)
+                start = _window_start(info.st_size)
+                if entry is None or entry[0] != key:
+                    if entry is not None:
+                        appended = _appended(history_fd, info, entry[0], entry[1][0])
+                    if appended is None:
+                        data = pread_all(history_fd, info.st_size - start, start)
+                elif entry[1][1] is not None or not with_projection:
+                    return entry[1]
         except OSError:
             raise unavailable() from None
-        window = parse_window(data, start == 0, session_id)
-        projection = project(window.records) if with_projection else None
+        if data is not None:
+            window = parse_window(data, start, session_id)
+        elif appended is not None:
+            assert entry is not None
+            extended = extend_window(entry[1][0], appended, start)
+            if extended is None:  # only a whole parse can judge what was appended
+                self._cache.forget(session_id)
+                return self._window_and_projection(
+                    session_id, wait, with_projection=with_projection
+                )
+            window = extended
+        else:  # unchanged, and parsed for a turn: only the projection is new
+            assert entry is not None
+            window = entry[1][0]
+        earlier = entry[1][1] if entry is not None else None
+        projection = project(window.records, earlier) if with_projection else None
         self._cache.put(session_id, key, (window, projection))
         return window, projection
 

@@ -1,5 +1,7 @@
 """Property: paging through replay yields exactly the projection (spec: parts <= 2,048
-bytes, pages <= limit items and <= 16 KiB, cursors continue across appends)."""
+bytes, pages <= limit items and <= 16 KiB, cursors continue across appends); a window
+extended by appended bytes and a projection continued from an earlier one equal a whole
+parse and a whole projection."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from magi_code.protocol.limits import MAX_SESSION_REPLAY_PAGE_BYTES
+from magi_code.sessions.projection import extend_window, parse_window, project
 from magi_code.sessions.records import encode_record
 from magi_code.sessions.store import HISTORY, SessionStore
 
 TS = "2025-01-01T00:00:00.000Z"
+SESSION = "ses_01m9063t8key6vbkjmrb717ykx"
 
 texts = st.builds(
     lambda unit, times: unit * times,
@@ -201,3 +205,51 @@ def test_concatenated_pages_equal_the_projection(
                 records += more
                 appended = True
         assert events == expected(records)
+
+
+def history(op_list: list[tuple[object, ...]]) -> bytes:
+    lines = [encode_record({"type": "header", "session_id": SESSION, "created_at": TS}, 0, TS)]
+    for seq, op in enumerate(op_list, start=1):
+        fields = to_fields(op, seq)
+        lines.append(
+            encode_record(fields, seq, TS)
+            if fields is not None
+            else b'{"v":1,"seq":%d,"ts":"%s","type":"future"}\n' % (seq, TS.encode())
+        )
+    return b"".join(lines)
+
+
+@given(
+    before=st.lists(ops, max_size=10),
+    later=st.lists(ops, max_size=8),
+    first_cut=st.floats(min_value=0, max_value=1),
+    second_cut=st.floats(min_value=0, max_value=1),
+)
+def test_extended_window_and_projection_equal_a_whole_parse(
+    before: list[tuple[object, ...]],
+    later: list[tuple[object, ...]],
+    first_cut: float,
+    second_cut: float,
+) -> None:
+    old = history(before)
+    new = history(before + later)
+    assert new.startswith(old)
+    # Windows start anywhere: the second never before the first, as a growing file's.
+    first = int(first_cut * len(old))
+    second = first + int(second_cut * (len(new) - first))
+    earlier = parse_window(old[first:], first, SESSION)
+    whole = parse_window(new[second:], second, SESSION)
+    extended = extend_window(earlier, new[len(old) :], second)
+    if extended is not None:
+        assert extended == whole
+    else:  # only where a whole parse is needed: a gap, nothing to go on from or to add
+        assert earlier.gap or not earlier.records or not later
+    window = extended or whole
+    earlier_projection = project(earlier.records)
+    continued = project(window.records, earlier_projection)
+    fresh = project(window.records)
+    assert (continued.items, continued.basis, continued.positions) == (
+        fresh.items,
+        fresh.basis,
+        fresh.positions,
+    )
