@@ -17,6 +17,7 @@ divided by K.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from benchlib import (
     write_provider_settings,
 )
 
+from magi_code.storage.stamps import RACY_WINDOW_NS
 from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
 
 LIST_ARGUMENTS = orjson.dumps({"pattern": "**/*.py"}).decode()
@@ -197,6 +199,9 @@ async def main(args: argparse.Namespace) -> None:
                 write_provider_settings(ws.home, fake.base_url)
                 async with running_service(ws, env) as service:
                     await warm_up(service, fake)
+                    # A project's directories are usually older than the racy window
+                    # within which the file tools read a directory again on every call.
+                    await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
                     processes = service_processes(service, ws, mode)
                     await activity_rate(service, fake, turns, rounds, mode, processes)
                     # The same calls in 7 times fewer replies: what each provider request

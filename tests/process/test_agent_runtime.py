@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from magi_code.storage.stamps import RACY_WINDOW_NS
 from tests.process.turn_support import (
     APIS,
     TurnEvents,
@@ -199,6 +200,44 @@ async def test_read_only_calls_of_one_reply_run_together_and_writes_alone(
         ("tool_result", "c4"),
         ("tool_call", "c5"),
         ("tool_result", "c5"),
+    ]
+
+
+async def test_listings_in_a_turn_follow_changes_by_its_tools_and_other_processes(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    # Directories older than the racy window are read once a turn and reused while
+    # unchanged: a file the turn wrote, or a shell removed, shows in the next listing.
+    write_settings(home, fake)
+    (project / "src").mkdir()
+    (project / "src" / "a.py").write_text("a\n")
+    settled = time.monotonic() + RACY_WINDOW_NS / 1e9 + 0.2
+
+    def listing(call_id: str) -> FakeToolCall:
+        return _call(call_id, "list_files", pattern="**/*.py")
+
+    fake.enqueue(
+        _tools("", listing("l1")),
+        _tools(
+            "",
+            listing("l2"),
+            _call("w", "write_file", path="src/b.py", content="b\n"),
+            listing("l3"),
+        ),
+        _tools("", _call("s", "shell", command="rm src/a.py && mkdir src/c.py"), listing("l4")),
+        Reply(text=["done"]),
+    )
+    async with running_service(home, project) as svc:
+        await asyncio.sleep(settled - time.monotonic())
+        _, turn = await run_turn(svc, "list the files")
+    assert turn.terminal["status"] == "completed"
+    strings = _strings([r for r in fake.requests if r.method == "POST"][-1].json)
+    listings = [text for text in strings if text.startswith("src/")]
+    assert listings == [
+        "src/a.py",
+        "src/a.py",
+        "src/a.py\nsrc/b.py",
+        "src/b.py\nsrc/c.py/",
     ]
 
 

@@ -28,8 +28,9 @@ from pathlib import Path
 from stat import S_ISLNK
 from typing import Final, TypeVar
 
-from magi_code.dataclass import dataclass
+from magi_code.dataclass import dataclass, field
 from magi_code.storage.mounts import MOUNT_TABLE, contains, is_local, mounts_inside, read_mounts
+from magi_code.storage.stamps import RACY_WINDOW_NS, Probe, probe, trusted
 from magi_code.tools.base import ToolContext
 from magi_code.tools.paths import check_raw_path, project_root, resolve_in_project
 
@@ -40,6 +41,8 @@ INLINE_SLICE_SECONDS: Final = 0.002
 SKIPPED_DIRS: Final = frozenset({".git"})
 # Directory entries handled between two checkpoints of a walk.
 WALK_STEP_ENTRIES: Final = 512
+# Names a turn's ``DirectoryListings`` keeps at most (a few MiB), freed with the turn.
+MAX_LISTED_NAMES: Final = 200_000
 
 
 class Marker:
@@ -80,6 +83,44 @@ def finish(steps: Steps[_T]) -> _T:
             return done.value  # type: ignore[no-any-return]
 
 
+# A directory's subdirectories and files, each sorted.
+Listing = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+class DirectoryListings:
+    """The directories ``walk`` read during one turn: their subdirectories and files,
+    reused while one ``stat`` of the directory shows the stamp it had when it was read
+    (``storage.stamps``: adding, removing or renaming an entry moves the directory's
+    times). Reading a directory takes several system calls, and a tool-heavy turn lists
+    the same few directories again and again.
+
+    Only directories without symbolic links (whose target, not the directory, says what
+    they are) and whose times were older than the racy window are kept. Entries are
+    replaced whole, so a walk in a worker thread may share it with the event loop."""
+
+    def __init__(self, racy_window_ns: int = RACY_WINDOW_NS) -> None:
+        self._found: dict[str, tuple[Probe, Listing]] = {}
+        self._names = 0
+        self._window = racy_window_ns
+
+    def get(self, path: str) -> Listing | None:
+        """(subdirectories, files) of ``path``, each sorted, where still as read."""
+        found = self._found.get(path)
+        if found is None or not found[0].unchanged():
+            return None
+        return found[1]
+
+    def put(self, path: str, stamp: Probe, taken_ns: int, listing: Listing) -> None:
+        """Keep what was read of ``path`` after ``stamp`` was taken (at ``taken_ns``)."""
+        if not trusted((stamp,), taken_ns, self._window) or self._names > MAX_LISTED_NAMES:
+            return
+        replaced = self._found.get(path)
+        if replaced is not None:
+            self._names -= sum(map(len, replaced[1]))
+        self._names += sum(map(len, listing))
+        self._found[path] = (stamp, listing)
+
+
 @dataclass(frozen=True, slots=True)
 class ProjectFiles:
     """The project root as the file tools see it during one turn."""
@@ -88,6 +129,7 @@ class ProjectFiles:
     inline: bool  # on a local filesystem: steps may run on the event loop
     mounts: frozenset[str]  # mount points inside the root
     generation: int = 0  # of the mount table it was read from (MountTable)
+    listings: DirectoryListings = field(default_factory=DirectoryListings, compare=False)
 
     def may_block(self, path: str) -> bool:
         """Whether entering ``path`` (a real path under the root) crosses a mount."""
@@ -163,51 +205,20 @@ def walk(
     """
     # (directory, its relative prefix, depth), depth first: children pushed in reverse.
     pending: list[tuple[str, str, int]] = [(os.fspath(base), "", 0)]
-    mounts = files.mounts
     while pending:
         top, prefix, depth = pending.pop()
         # (A mount on the way to ``base`` itself was seen by ``resolve_steps``.)
         if depth and files.may_block(top):
             yield MAY_BLOCK
-        entries: list[os.DirEntry[str]] = []
-        try:
-            with os.scandir(top) as scan:
-                for entry in scan:
-                    entries.append(entry)
-                    if len(entries) % WALK_STEP_ENTRIES == 0:
-                        yield CHECKPOINT
-        except OSError:
-            continue
-        yield CHECKPOINT
-        dirs: list[str] = []
-        files_here: list[str] = []
         links: set[str] = set()
-        for start in range(0, len(entries), WALK_STEP_ENTRIES):
-            if start:
-                yield CHECKPOINT
-            for entry in entries[start : start + WALK_STEP_ENTRIES]:
-                name = entry.name
-                try:
-                    linked: bool | None = entry.is_symlink()
-                except OSError:
-                    linked = None  # unknown: still not followed as a link, but may block
-                # Whether a link names a directory is asked of its target, which may be
-                # anywhere; without the type in the directory itself, a mount point is
-                # asked of the mount.
-                if linked is not False or (mounts and os.path.join(top, name) in mounts):
-                    yield MAY_BLOCK
-                try:
-                    is_dir = entry.is_dir()
-                except OSError:
-                    is_dir = False
-                if not is_dir:
-                    files_here.append(name)
-                elif name not in SKIPPED_DIRS:
-                    dirs.append(name)
-                    if linked:
-                        links.add(name)
-        dirs.sort()
-        files_here.sort()
+        listing = files.listings.get(top)
+        if listing is not None:
+            yield CHECKPOINT
+        else:
+            listing = yield from _read_directory(files, top, links)
+            if listing is None:
+                continue
+        dirs, files_here = listing
         listed = [(prefix + name, True) for name in dirs]
         listed += [(prefix + name, False) for name in files_here]
         if len(listed) <= WALK_STEP_ENTRIES:
@@ -223,3 +234,59 @@ def walk(
                 for name in reversed(dirs)
                 if name not in links
             ]
+
+
+def _read_directory(
+    files: ProjectFiles, top: str, links: set[str]
+) -> Generator[Marker, None, Listing | None]:
+    """``walk``'s reading of one directory: its subdirectories (without ``.git``; the
+    symbolic links among them added to ``links``) and files, each sorted, or ``None``
+    where it cannot be read. Kept in ``files.listings`` where that may be reused."""
+    taken_ns = time.time_ns()
+    try:
+        stamp: Probe | None = probe(top, follow_symlinks=False)
+    except OSError:
+        stamp = None
+    entries: list[os.DirEntry[str]] = []
+    try:
+        with os.scandir(top) as scan:
+            for entry in scan:
+                entries.append(entry)
+                if len(entries) % WALK_STEP_ENTRIES == 0:
+                    yield CHECKPOINT
+    except OSError:
+        return None
+    yield CHECKPOINT
+    mounts = files.mounts
+    plain = True  # every entry's type is known from the directory itself
+    dirs: list[str] = []
+    files_here: list[str] = []
+    for start in range(0, len(entries), WALK_STEP_ENTRIES):
+        if start:
+            yield CHECKPOINT
+        for entry in entries[start : start + WALK_STEP_ENTRIES]:
+            name = entry.name
+            try:
+                linked: bool | None = entry.is_symlink()
+            except OSError:
+                linked = None  # unknown: still not followed as a link, but may block
+            # Whether a link names a directory is asked of its target, which may be
+            # anywhere; without the type in the directory itself, a mount point is
+            # asked of the mount.
+            if linked is not False or (mounts and os.path.join(top, name) in mounts):
+                plain = False
+                yield MAY_BLOCK
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                files_here.append(name)
+            elif name not in SKIPPED_DIRS:
+                dirs.append(name)
+                if linked:
+                    links.add(name)
+    listing = (tuple(sorted(dirs)), tuple(sorted(files_here)))
+    if plain and stamp is not None:
+        files.listings.put(top, stamp, taken_ns, listing)
+    return listing

@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from magi_code.tools.files import ListFiles, ReadFile, _read_file
 from magi_code.tools.inline import (
     CHECKPOINT,
     MAY_BLOCK,
+    DirectoryListings,
     Entry,
     Marker,
     ProjectFiles,
@@ -182,6 +183,115 @@ def test_the_walk_may_block_before_a_link_or_a_mount_and_lists_the_same(project:
     marks, items = entries(walk(local(project), project))
     assert MAY_BLOCK in marks
     assert ("link", True) in items and "link/a.py" not in {i[0] for i in items}
+
+
+# -- directories read once a turn -------------------------------------------------------------
+
+# More than a scheduler tick: a change after this gets other directory times.
+TICK_SECONDS = 0.05
+
+
+def remembering(root: Path) -> ProjectFiles:
+    """Files whose listings are kept at once, without the racy window (the tests' trees
+    are new)."""
+    return ProjectFiles(root, True, frozenset(), listings=DirectoryListings(racy_window_ns=0))
+
+
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    read: list[str] = []
+    real = os.scandir
+
+    def counting(path: str) -> object:
+        read.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(inline.os, "scandir", counting)
+    return read
+
+
+def listed(files: ProjectFiles) -> list[Entry]:
+    return entries(walk(files, files.root))[1]
+
+
+def test_an_unchanged_directory_is_listed_without_reading_it_again(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = remembering(project)
+    first = listed(files)
+    time.sleep(TICK_SECONDS)
+    read = counted_reads(monkeypatch)
+    assert listed(files) == first == [("src", True), ("src/a.py", False)]
+    assert read == []
+    # Another turn's files remember nothing.
+    assert listed(remembering(project)) == first and len(read) == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda src: (src / "new.py").write_text("n\n"),
+        lambda src: (src / "a.py").unlink(),
+        lambda src: (src / "a.py").rename(src / "b.py"),
+        lambda src: (src / "a.py").unlink() or (src / "a.py").mkdir(),
+        lambda src: (src / "deeper").mkdir(),
+    ],
+    ids=["created", "removed", "renamed", "file-became-directory", "new-directory"],
+)
+def test_a_directory_changed_since_it_was_read_is_read_again(
+    project: Path, change: Callable[[Path], object]
+) -> None:
+    files = remembering(project)
+    listed(files)
+    time.sleep(TICK_SECONDS)
+    change(project / "src")
+    assert listed(files) == listed(local(project))
+
+
+def test_a_directory_replaced_by_another_is_read_again(project: Path) -> None:
+    files = remembering(project)
+    listed(files)
+    (project / "src").rename(project / "old")
+    (project / "src").mkdir()
+    (project / "src" / "other.py").write_text("o\n")
+    assert listed(files) == [
+        ("old", True),
+        ("src", True),
+        ("old/a.py", False),
+        ("src/other.py", False),
+    ]
+
+
+def test_recent_directories_and_directories_with_links_are_read_every_time(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fresh = local(project)  # the default racy window: this tree was written just now
+    listed(fresh)
+    (project / "link").symlink_to(project / "src")
+    files = remembering(project)
+    listed(files)
+    time.sleep(TICK_SECONDS)
+    read = counted_reads(monkeypatch)
+    listed(fresh)
+    assert read.count(str(project / "src")) == 1
+    marks, items = entries(walk(files, files.root))
+    assert MAY_BLOCK in marks and ("link", True) in items
+    assert read.count(str(project)) == 2  # the root holds the link; src/ was kept
+    assert read.count(str(project / "src")) == 1
+
+
+def test_a_turn_keeps_a_bounded_number_of_names(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inline, "MAX_LISTED_NAMES", 1)
+    for name in ("b", "c"):
+        (project / name).mkdir()
+    files = remembering(project)
+    listed(files)
+    time.sleep(TICK_SECONDS)
+    read = counted_reads(monkeypatch)
+    listed(files)
+    # The root (3 names) went over the bound: the directories after it were not kept.
+    assert read == [str(project / name) for name in ("b", "c", "src")]
 
 
 # -- the tools -------------------------------------------------------------------------------
