@@ -36,6 +36,7 @@ from magi_code.providers.types import (
     UsageEvent,
     UserText,
 )
+from magi_code.providers.wire import MessageCache
 
 __all__ = [
     "API_KINDS",
@@ -49,6 +50,7 @@ __all__ = [
     "DiscoveredModel",
     "Endpoint",
     "FailureLabel",
+    "MessageCache",
     "ProviderFailure",
     "ProviderRequest",
     "ReasoningLevel",

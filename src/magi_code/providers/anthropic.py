@@ -45,6 +45,7 @@ from magi_code.providers.wire import (
     dumps,
     load_object,
     merged_headers,
+    messages_value,
     obj,
     text,
 )
@@ -68,6 +69,7 @@ _STOP_REASONS: Final[dict[str, StopReason]] = {
     "model_context_window_exceeded": "max_tokens",
 }
 _EPHEMERAL: Final[JsonObject] = {"type": "ephemeral"}
+_THINKING: Final = ("thinking", "redacted_thinking")
 
 
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
@@ -76,9 +78,9 @@ def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
         "model": request.model,
         "max_tokens": max_tokens,
         "stream": True,
-        "messages": build_messages(request.items),
+        "messages": messages_value(request, Messages, marks=_cache_breakpoints),
     }
-    # Prompt caching: at most four breakpoints (the API's limit), see ``build_messages``.
+    # Prompt caching: at most four breakpoints (the API's limit), see ``_breakpoint_messages``.
     if request.system:
         body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
     if request.tools:
@@ -100,30 +102,26 @@ def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     return HttpCall(endpoint.url("/v1/messages"), headers, body)
 
 
-def build_messages(items: Sequence[ConversationItem]) -> list[JsonObject]:
-    """Group neutral items into alternating user/assistant messages.
+class Messages:
+    """Alternating user/assistant messages, item by item (``wire.Messages``).
 
     Consecutive same-role items share one message; tool results ride in the user message
     after the assistant's ``tool_use`` blocks; thinking blocks lead their assistant
-    message, as the API requires.
+    message, as the API requires. The last message is open: the next item of its role
+    joins it.
     """
-    messages: list[JsonObject] = []
-    role = ""
-    blocks: list[JsonObject] = []
 
-    def flush() -> None:
-        if blocks:
-            if role == "assistant":
-                blocks.sort(key=lambda b: b.get("type") not in ("thinking", "redacted_thinking"))
-            messages.append({"role": role, "content": list(blocks)})
-            blocks.clear()
+    def __init__(self) -> None:
+        self.done: list[JsonObject] = []
+        self._role = ""
+        self._blocks: list[JsonObject] = []  # of the open message
 
-    for item in items:
+    def add(self, item: ConversationItem) -> None:
         block: JsonObject | None
         if isinstance(item, UserText):
-            item_role, block = "user", _text_block(item.text)
+            role, block = "user", _text_block(item.text)
         elif isinstance(item, ToolResult):
-            item_role = "user"
+            role = "user"
             block = {
                 "type": "tool_result",
                 "tool_use_id": item.call_id,
@@ -131,9 +129,9 @@ def build_messages(items: Sequence[ConversationItem]) -> list[JsonObject]:
                 "is_error": item.is_error,
             }
         elif isinstance(item, AssistantText):
-            item_role, block = "assistant", _text_block(item.text)
+            role, block = "assistant", _text_block(item.text)
         elif isinstance(item, ToolCall):
-            item_role = "assistant"
+            role = "assistant"
             block = {
                 "type": "tool_use",
                 "id": item.call_id,
@@ -141,19 +139,27 @@ def build_messages(items: Sequence[ConversationItem]) -> list[JsonObject]:
                 "input": _arguments_object(item.arguments),
             }
         elif isinstance(item, ContinuityItem) and item.api == "anthropic":
-            item_role, block = "assistant", _continuity_block(item.payload)
+            role, block = "assistant", _continuity_block(item.payload)
         else:
-            continue
+            return
         if block is None:
-            continue
-        if item_role != role:
-            flush()
-            role = item_role
-        blocks.append(block)
-    flush()
-    for index in _breakpoint_messages(messages):
-        _mark_cache_breakpoint(messages[index])
-    return messages
+            return
+        if role != self._role:
+            self.done += self.rest()
+            self._role, self._blocks = role, []
+        self._blocks.append(block)
+
+    def rest(self) -> list[JsonObject]:
+        blocks = self._blocks
+        if not blocks:
+            return []
+        if self._role == "assistant":
+            blocks = sorted(blocks, key=lambda b: b.get("type") not in _THINKING)
+        return [{"role": self._role, "content": list(blocks)}]
+
+
+def _cache_breakpoints(messages: list[JsonObject]) -> dict[int, JsonObject]:
+    return {index: _marked(messages[index]) for index in _breakpoint_messages(messages)}
 
 
 def _breakpoint_messages(messages: Sequence[JsonObject]) -> list[int]:
@@ -176,16 +182,19 @@ def _breakpoint_messages(messages: Sequence[JsonObject]) -> list[int]:
     return marks
 
 
-def _mark_cache_breakpoint(message: JsonObject) -> None:
+def _marked(message: JsonObject) -> JsonObject:
+    """``message`` with a cache breakpoint: a copy, unless no block can carry one."""
     # Thinking blocks cannot carry cache_control; mark the newest block that can.
     content = message["content"]
     if not isinstance(content, list):
-        return
+        return message
     for i in range(len(content) - 1, -1, -1):
         block = content[i]
         if isinstance(block, dict) and block.get("type") in ("text", "tool_use", "tool_result"):
-            content[i] = {**block, "cache_control": _EPHEMERAL}
-            return
+            marked = list(content)
+            marked[i] = {**block, "cache_control": _EPHEMERAL}
+            return {**message, "content": marked}
+    return message
 
 
 def _text_block(value: str) -> JsonObject | None:

@@ -10,7 +10,6 @@ verified summary and is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
 from magi_code.dataclass import dataclass, field
@@ -39,6 +38,7 @@ from magi_code.providers.wire import (
     count,
     load_object,
     merged_headers,
+    messages_value,
     obj,
 )
 from magi_code.providers.wire import text as as_text
@@ -54,7 +54,7 @@ _FINISH: Final[dict[str, StopReason]] = {
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     body: JsonObject = {
         "model": request.model,
-        "messages": build_messages(request.system, request.items),
+        "messages": messages_value(request, Messages, request.system),
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -81,16 +81,19 @@ def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     return HttpCall(endpoint.url("/chat/completions"), headers, body)
 
 
-def build_messages(system: str, items: Sequence[ConversationItem]) -> list[JsonObject]:
-    messages: list[JsonObject] = []
-    if system:
-        messages.append({"role": "system", "content": system})
-    assistant: JsonObject | None = None  # the open assistant message, if the last one
-    for item in items:
+class Messages:
+    """Chat messages item by item (``wire.Messages``): the assistant's text and tool
+    calls gather in one message until anything else comes, which ends it."""
+
+    def __init__(self, system: str) -> None:
+        self.done: list[JsonObject] = [{"role": "system", "content": system}] if system else []
+        self._assistant: JsonObject | None = None  # the open assistant message
+
+    def add(self, item: ConversationItem) -> None:
         if isinstance(item, (AssistantText, ToolCall)):
+            assistant = self._assistant
             if assistant is None:
-                assistant = {"role": "assistant", "content": None}
-                messages.append(assistant)
+                assistant = self._assistant = {"role": "assistant", "content": None}
             if isinstance(item, AssistantText):
                 previous = assistant["content"]
                 assistant["content"] = (previous if isinstance(previous, str) else "") + item.text
@@ -104,15 +107,20 @@ def build_messages(system: str, items: Sequence[ConversationItem]) -> list[JsonO
                         "function": {"name": item.name, "arguments": item.arguments},
                     }
                 )
-            continue
+            return
         if isinstance(item, UserText):
-            messages.append({"role": "user", "content": item.text})
+            message: JsonObject = {"role": "user", "content": item.text}
         elif isinstance(item, ToolResult):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+            message = {"role": "tool", "tool_call_id": item.call_id, "content": item.output}
         else:
-            continue  # continuity items belong to other APIs
-        assistant = None
-    return messages
+            return  # continuity items belong to other APIs
+        if self._assistant is not None:
+            self.done.append(self._assistant)
+            self._assistant = None
+        self.done.append(message)
+
+    def rest(self) -> list[JsonObject]:
+        return [] if self._assistant is None else [self._assistant]
 
 
 @dataclass(slots=True)

@@ -14,7 +14,6 @@ items (function calls, reasoning items, messages),
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 
 from magi_code.providers.errors import FailureLabel, ProviderFailure, stream_failure
 from magi_code.providers.sse import SSEEvent
@@ -44,6 +43,7 @@ from magi_code.providers.wire import (
     dumps,
     load_object,
     merged_headers,
+    messages_value,
     obj,
     text,
 )
@@ -53,7 +53,7 @@ def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     body: JsonObject = {
         "model": request.model,
         "instructions": request.system,
-        "input": build_input(request.items),
+        "input": messages_value(request, Input),
         "tools": [
             {
                 "type": "function",
@@ -89,9 +89,15 @@ def prompt_cache_key(cache_key: str) -> str:
     return f"mc-{digest[:40]}"
 
 
-def build_input(items: Sequence[ConversationItem]) -> list[JsonObject]:
-    out: list[JsonObject] = []
-    for item in items:
+class Input:
+    """Responses input items, one per conversation item (``wire.Messages``): an item,
+    once made, never changes."""
+
+    def __init__(self) -> None:
+        self.done: list[JsonObject] = []
+
+    def add(self, item: ConversationItem) -> None:
+        out = self.done
         if isinstance(item, UserText):
             content = [{"type": "input_text", "text": item.text}]
             out.append({"type": "message", "role": "user", "content": content})
@@ -116,8 +122,10 @@ def build_input(items: Sequence[ConversationItem]) -> list[JsonObject]:
             try:
                 out.append(load_object(item.payload))
             except ProviderFailure:
-                continue  # an unreadable stored item is dropped, not sent
-    return out
+                pass  # an unreadable stored item is dropped, not sent
+
+    def rest(self) -> list[JsonObject]:
+        return []
 
 
 class Decoder:

@@ -9,11 +9,14 @@ events back into the neutral ``StreamEvent`` values below. Nothing here does I/O
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
 import orjson
 
 from magi_code.dataclass import dataclass, field
+
+if TYPE_CHECKING:
+    from magi_code.providers.wire import MessageCache
 
 ApiKind: TypeAlias = Literal["openai-chat", "anthropic", "openai-responses"]
 API_KINDS: Final[tuple[ApiKind, ...]] = ("openai-chat", "anthropic", "openai-responses")
@@ -114,6 +117,8 @@ class ProviderRequest:
     API gets no output cap: the ChatGPT backend rejects ``max_output_tokens``."""
     cache_key: str | None = None
     """Stable per-conversation key: Responses ``prompt_cache_key``; ignored elsewhere."""
+    message_cache: MessageCache | None = field(default=None, compare=False, repr=False)
+    """The conversation's encoded messages, shared by its requests (``wire``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,18 @@ Each API module exposes ``build_call(endpoint, request) -> HttpCall`` and a ``De
 class: ``feed(event)`` turns one SSE event into neutral stream events, ``done`` says the
 API's terminal event arrived (stop reading), and ``finish()`` is called at EOF and
 raises ``provider_stream_error`` when the terminal event never came.
+
+A request resends the whole conversation, and a tool loop sends it again after every
+reply. Each API module therefore builds its messages item by item (a ``Messages``
+builder: which messages later items can no longer change is part of the API's rules),
+and ``messages_value`` gives them in the form the body wants: a plain list, or, with the
+request's ``MessageCache``, the encoded array built from the previous request's, where
+only the messages of the new items (and those still open) are built and encoded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
 import orjson
@@ -16,7 +23,7 @@ import orjson
 from magi_code.dataclass import dataclass
 from magi_code.providers.errors import FailureLabel, ProviderFailure
 from magi_code.providers.sse import SSEEvent
-from magi_code.providers.types import StreamEvent
+from magi_code.providers.types import ConversationItem, ProviderRequest, StreamEvent
 
 JsonObject = dict[str, object]
 
@@ -85,3 +92,92 @@ def merged_headers(endpoint_headers: Mapping[str, str], **extra: str) -> dict[st
 
 def dumps(value: object) -> str:
     return orjson.dumps(value).decode()
+
+
+class Messages(Protocol):
+    """A wire API's messages of a conversation, built one item at a time."""
+
+    @property
+    def done(self) -> list[JsonObject]:
+        """The leading messages no later item can change; it only grows."""
+
+    def add(self, item: ConversationItem) -> None: ...
+
+    def rest(self) -> list[JsonObject]:
+        """The messages after ``done`` as they stand now (later items may change them;
+        ``marks`` never do)."""
+
+
+# Messages the request sends changed: index -> what goes there instead (a copy).
+Marks = Callable[[list[JsonObject]], dict[int, JsonObject]]
+
+
+def _unmarked(messages: list[JsonObject]) -> dict[int, JsonObject]:
+    return {}
+
+
+def messages_value(
+    request: ProviderRequest,
+    builder: Callable[..., Messages],
+    *arguments: object,
+    marks: Marks = _unmarked,
+) -> object:
+    """The messages of ``request.items`` as ``builder(*arguments)`` makes them, with
+    ``marks`` applied: a list, or with ``request.message_cache`` the encoded array."""
+    if request.message_cache is not None:
+        return request.message_cache.array(request.items, builder, arguments, marks)
+    messages = builder(*arguments)
+    for item in request.items:
+        messages.add(item)
+    sent = [*messages.done, *messages.rest()]
+    for index, message in marks(sent).items():
+        sent[index] = message
+    return sent
+
+
+class MessageCache:
+    """One conversation's messages, kept encoded between its requests.
+
+    Give every request of one conversation (an agent's turn) the same cache. A
+    conversation only grows between requests, or is replaced whole (a compaction): each
+    request checks that its items begin with the ones the cache has seen (the same
+    objects, or equal ones) and that the builder and its arguments are the same; anything
+    else starts again from nothing. The array equals ``orjson.dumps`` of the list
+    ``messages_value`` gives without a cache, byte for byte.
+    """
+
+    def __init__(self) -> None:
+        self._builder: Callable[..., Messages] | None = None
+        self._arguments: tuple[object, ...] = ()
+        self._messages: Messages | None = None
+        self._items: list[ConversationItem] = []
+        self._encoded: list[bytes] = []  # of ``self._messages.done``
+
+    def array(
+        self,
+        items: Sequence[ConversationItem],
+        builder: Callable[..., Messages],
+        arguments: tuple[object, ...],
+        marks: Marks,
+    ) -> orjson.Fragment:
+        seen, now = self._items, list(items)
+        if (
+            self._messages is None
+            or builder is not self._builder
+            or arguments != self._arguments
+            or now[: len(seen)] != seen  # (list equality: identity first, then ==)
+        ):
+            self._builder, self._arguments = builder, arguments
+            self._messages, seen, self._encoded = builder(*arguments), [], []
+        messages = self._messages
+        for item in now[len(seen) :]:
+            messages.add(item)
+        self._items = now
+        done, encoded = messages.done, self._encoded
+        encoded += [orjson.dumps(message) for message in done[len(encoded) :]]
+        rest = messages.rest()
+        parts = [*encoded, *map(orjson.dumps, rest)]
+        if marks is not _unmarked:
+            for index, message in marks([*done, *rest]).items():
+                parts[index] = orjson.dumps(message)
+        return orjson.Fragment(b"[" + b",".join(parts) + b"]")

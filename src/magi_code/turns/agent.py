@@ -68,6 +68,7 @@ from magi_code.providers.types import (
     UsageEvent,
     UserText,
 )
+from magi_code.providers.wire import MessageCache
 from magi_code.sessions.store import SessionContext
 from magi_code.tools.base import Tool, ToolContext, run_named_tool
 
@@ -234,6 +235,8 @@ class Agent:
         self.output_truncated = False
         self._context = _Context()
         self._fallback = GrowingEstimate()
+        # The conversation's messages as the provider's API wants them, encoded once.
+        self._messages = MessageCache()
         self._continuing = False  # the next response continues ``streamed``
         self._accepted_text = False  # the response in flight streamed text
         self._last_seq: int | None = None  # the last record this agent appended
@@ -330,6 +333,7 @@ class Agent:
             fast=self.plan.fast,
             max_output_tokens=self.plan.max_output_tokens,
             cache_key=self.plan.cache_key,
+            message_cache=self._messages,
         )
         continuity: list[ContinuityItem] = []
         calls: list[ToolCall] = []

@@ -11,6 +11,7 @@ from magi_code.providers import (
     ApiKind,
     ConversationItem,
     Endpoint,
+    MessageCache,
     ProviderRequest,
     ReasoningLevel,
     RetryPolicy,
@@ -53,15 +54,18 @@ def make_request(
     fast: bool = False,
     tools: Sequence[ToolSpec] = (LS_TOOL,),
     max_output_tokens: int = 4096,
+    system: str = "You are a test.",
+    message_cache: MessageCache | None = None,
 ) -> ProviderRequest:
     return ProviderRequest(
         model="fake-model",
-        system="You are a test.",
+        system=system,
         items=items,
         tools=tools,
         reasoning=reasoning,
         fast=fast,
         max_output_tokens=max_output_tokens,
+        message_cache=message_cache,
     )
 
 
