@@ -9,7 +9,8 @@ embedded service's, or the daemon's) and the events per second of it, the rate w
 provider that cost nothing, since the turn's loop and the provider take turns; and the
 tool loop's cost per iteration (embedded): the time of a turn with K provider round
 trips that each make one cheap tool call, minus the time of a turn without tools,
-divided by K.
+divided by K; and, in-process, what building and encoding the request bodies of the
+tool-heavy turn costs per wire API, with and without the agent's message cache.
 
     .venv/bin/python benchmarks/bench_activity.py [--quick]
 """
@@ -41,7 +42,20 @@ from benchlib import (
     write_provider_settings,
 )
 
+from magi_code.providers import (
+    API_KINDS,
+    ConversationItem,
+    Endpoint,
+    MessageCache,
+    ProviderRequest,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    UserText,
+    build_call,
+)
 from magi_code.storage.stamps import RACY_WINDOW_NS
+from magi_code.tools.files import ListFiles
 from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
 
 LIST_ARGUMENTS = orjson.dumps({"pattern": "**/*.py"}).decode()
@@ -176,6 +190,42 @@ async def tool_loop_overhead(
     figure("tool loop cost per iteration", (with_tools - no_tools) / rounds * 1e3, "ms")
 
 
+def request_bodies(rounds: int, calls: int) -> None:
+    """In-process: ms to build and encode the request bodies of a tool turn shaped as the
+    activity figures' (each request resends the conversation so far), per wire API, each
+    request built fresh and with the agent's ``MessageCache``."""
+    listing = "\n".join(f"pkg{p}/mod{m}.py" for p in range(4) for m in range(10))
+    items: list[ConversationItem] = [UserText("List the Python files.")]
+    conversations = []
+    for round_no in range(rounds + 1):
+        conversations.append(list(items))
+        ids = [f"call-{round_no}-{i}" for i in range(calls)]
+        items += [ToolCall(call_id, "list_files", LIST_ARGUMENTS) for call_id in ids]
+        items += [ToolResult(call_id, "list_files", listing, False) for call_id in ids]
+    tools = [ToolSpec(ListFiles.name, ListFiles.description, ListFiles.parameters)]
+    for api in API_KINDS:
+        endpoint = Endpoint(api, "http://127.0.0.1:1")
+        for label, cache in (
+            ("built fresh", None),
+            ("message cache", MessageCache()),
+        ):
+            start = time.perf_counter()
+            for conversation in conversations:
+                request = ProviderRequest(
+                    "m",
+                    "You are a test.",
+                    conversation,
+                    tools,
+                    "default",
+                    False,
+                    0,
+                    message_cache=cache,
+                )
+                orjson.dumps(build_call(endpoint, request).body)
+            elapsed = time.perf_counter() - start
+            figure(f"{rounds + 1} request bodies, {api}, {label}", elapsed * 1e3, "ms")
+
+
 def populate_project(project: Path) -> None:
     for package in range(4):
         directory = project / f"pkg{package}"
@@ -189,6 +239,7 @@ async def main(args: argparse.Namespace) -> None:
     # One provider request is the final answer; the rest may call tools.
     rounds = 4 if args.quick else MAX_PROVIDER_REQUESTS - 1
     turns = 1 if args.quick else 3
+    request_bodies(rounds, 16)
     async with FakeProvider.running() as fake:
         for mode, env, place in (
             ("embedded", EMBEDDED_ENV, workspace),
