@@ -151,7 +151,10 @@ class MessageCache:
         self._arguments: tuple[object, ...] = ()
         self._messages: Messages | None = None
         self._items: list[ConversationItem] = []
-        self._encoded: list[bytes] = []  # of ``self._messages.done``
+        # ``[`` and the encoded ``self._messages.done``, comma-separated, and where each
+        # starts: a request copies it once (into its array) and appends only what is new.
+        self._array = bytearray(b"[")
+        self._starts: list[int] = []
 
     def array(
         self,
@@ -168,16 +171,24 @@ class MessageCache:
             or now[: len(seen)] != seen  # (list equality: identity first, then ==)
         ):
             self._builder, self._arguments = builder, arguments
-            self._messages, seen, self._encoded = builder(*arguments), [], []
+            self._messages, seen = builder(*arguments), []
+            self._array, self._starts = bytearray(b"["), []
         messages = self._messages
         for item in now[len(seen) :]:
             messages.add(item)
         self._items = now
-        done, encoded = messages.done, self._encoded
-        encoded += [orjson.dumps(message) for message in done[len(encoded) :]]
+        done, array, starts = messages.done, self._array, self._starts
+        for message in done[len(starts) :]:
+            if starts:
+                array += b","
+            starts.append(len(array))
+            array += orjson.dumps(message)
         rest = messages.rest()
-        parts = [*encoded, *map(orjson.dumps, rest)]
-        if marks is not _unmarked:
-            for index, message in marks([*done, *rest]).items():
-                parts[index] = orjson.dumps(message)
-        return orjson.Fragment(b"[" + b",".join(parts) + b"]")
+        marked = marks([*done, *rest]) if marks is not _unmarked else {}
+        # Encoded again: the open messages, and every kept one from the first marked on.
+        cut = min((index for index in marked if index < len(done)), default=len(done))
+        again = [orjson.dumps(marked.get(i, m)) for i, m in enumerate(done[cut:] + rest, cut)]
+        end = starts[cut] - (cut > 0) if cut < len(starts) else len(array)  # (its comma)
+        separator = b"," if cut > 0 and again else b""
+        with memoryview(array) as view:  # released before the next request appends
+            return orjson.Fragment(b"".join((view[:end], separator, b",".join(again), b"]")))
