@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import orjson
 import pytest
 
 from magi_code.protocol.text import utf8_parts
+from magi_code.sessions import records
 from magi_code.sessions.records import (
     CompactionRecord,
     TerminalRecord,
@@ -13,6 +16,7 @@ from magi_code.sessions.records import (
     UserRecord,
     decode_line,
     encode_record,
+    now_rfc3339,
 )
 from magi_code.sessions.titles import MAX_TITLE_CHARS, sanitize_title, title_from_prompt
 
@@ -105,3 +109,16 @@ def test_titles_are_sanitized_bounded_and_redacted() -> None:
     assert sanitize_title("Authorization: Bearer abc.def") == "Authorization: [redacted]"
     assert sanitize_title("\x00\x07") is None
     assert sanitize_title(42) is None
+
+
+def test_a_records_time_is_now_in_utc_to_the_millisecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([1_700_000_000_999_999_999, 1_700_000_000_000_000_000, 1_700_000_001_000_500_000])
+    monkeypatch.setattr(records.time, "time_ns", lambda: next(clock))
+    assert [now_rfc3339() for _ in range(3)] == [
+        "2023-11-14T22:13:20.999Z",
+        "2023-11-14T22:13:20.000Z",
+        "2023-11-14T22:13:21.000Z",  # the next second is formatted anew
+    ]
+    real = datetime.now(UTC)
+    monkeypatch.undo()
+    assert abs(datetime.fromisoformat(now_rfc3339()) - real) < timedelta(seconds=5)
