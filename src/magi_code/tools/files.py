@@ -362,8 +362,6 @@ class ListFiles(BuiltinTool):
 def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
     root = files.root
     base = yield from resolve_steps(files, raw_path)
-    if not base.is_dir():
-        raise ToolInputError(f"{display_path(root, base)} is not a directory.")
     match = glob_regex(pattern).match
     matches: list[str] = []
     complete = True
@@ -379,6 +377,10 @@ def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
         matches += [path + "/" if is_dir else path for path, is_dir in batch if match(path)]
         if not complete:
             break
+    # A walk that found nothing may not have had a directory to read (asked only then: the
+    # walk's own look at it is usually a kept listing's one ``stat``).
+    if not scanned and not base.is_dir():
+        raise ToolInputError(f"{display_path(root, base)} is not a directory.")
     matches.sort()
     lines = matches[:MAX_LIST_RESULTS]
     if not lines:
