@@ -213,6 +213,17 @@ async def test_list_files_globs_sorted_and_skips_git(ctx: ToolContext) -> None:
     assert braces.output.split("\n") == ["README.md", "src/app.py", "src/util.py"]
 
 
+async def test_list_files_of_a_file_a_missing_path_or_an_empty_directory(
+    ctx: ToolContext,
+) -> None:
+    for path in ("README.md", "missing", "src/app.py/deeper"):
+        outcome = await call(ListFiles(), ctx, pattern="*", path=path)
+        assert outcome.is_error and outcome.output == f"{path} is not a directory.", path
+    (ctx.project_dir / "empty").mkdir()
+    empty = await call(ListFiles(), ctx, pattern="*", path="empty")
+    assert not empty.is_error and empty.output == "No files match."
+
+
 async def test_list_files_is_bounded(ctx: ToolContext) -> None:
     many = ctx.project_dir / "many"
     many.mkdir()
