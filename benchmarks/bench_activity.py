@@ -9,8 +9,9 @@ embedded service's, or the daemon's) and the events per second of it, the rate w
 provider that cost nothing, since the turn's loop and the provider take turns; and the
 tool loop's cost per iteration (embedded): the time of a turn with K provider round
 trips that each make one cheap tool call, minus the time of a turn without tools,
-divided by K; and, in-process, what building and encoding the request bodies of the
-tool-heavy turn costs per wire API, with and without the agent's message cache.
+divided by K; the daemon's idle RSS before and after the tool-heavy turns; and,
+in-process, what building and encoding the request bodies of the tool-heavy turn costs
+per wire API, with and without the agent's message cache.
 
     .venv/bin/python benchmarks/bench_activity.py [--quick]
 """
@@ -36,12 +37,14 @@ from benchlib import (
     figure,
     heading,
     median,
+    rss_bytes,
     run_with_daemons,
     running_service,
     workspace,
     write_provider_settings,
 )
 
+from magi_code.daemon.heap import TRIM_INTERVAL_SECONDS
 from magi_code.providers import (
     API_KINDS,
     ConversationItem,
@@ -254,6 +257,7 @@ async def main(args: argparse.Namespace) -> None:
                     # within which the file tools read a directory again on every call.
                     await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
                     processes = service_processes(service, ws, mode)
+                    idle = rss_bytes(processes[-1].pid)
                     await activity_rate(service, fake, turns, rounds, mode, processes)
                     # The same calls in 7 times fewer replies: what each provider request
                     # costs the turn, besides its calls (with more calls per reply, their
@@ -265,6 +269,12 @@ async def main(args: argparse.Namespace) -> None:
                     )
                     if mode == "embedded":
                         await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
+                    else:
+                        # The daemon gives its free heap back once turns ended (daemon.heap).
+                        await asyncio.sleep(TRIM_INTERVAL_SECONDS + 1)
+                        figure("daemon idle RSS before these turns", idle / 2**20, "MiB")
+                        after = rss_bytes(processes[-1].pid)
+                        figure("daemon idle RSS after them", after / 2**20, "MiB")
 
 
 async def warm_up(service: ServiceProcess, fake: FakeProvider) -> None:

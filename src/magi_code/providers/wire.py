@@ -147,6 +147,10 @@ class MessageCache:
     """
 
     def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the conversation (its end: what is kept is as large as it is)."""
         self._builder: Callable[..., Messages] | None = None
         self._arguments: tuple[object, ...] = ()
         self._messages: Messages | None = None
@@ -170,9 +174,9 @@ class MessageCache:
             or arguments != self._arguments
             or now[: len(seen)] != seen  # (list equality: identity first, then ==)
         ):
+            self.clear()
             self._builder, self._arguments = builder, arguments
             self._messages, seen = builder(*arguments), []
-            self._array, self._starts = bytearray(b"["), []
         messages = self._messages
         for item in now[len(seen) :]:
             messages.add(item)

@@ -266,6 +266,15 @@ class Agent:
             self.system = system_with_summary(self.plan.system, session.summary)
             if session.history_cut:
                 await self._compact_or_fail(items)
+        try:
+            await self._loop(items)
+        finally:
+            # The encoded conversation is as large as the conversation: not kept past the
+            # run, whatever still holds the agent (an agent can sit in a reference cycle).
+            self._messages.clear()
+        return self.final_text
+
+    async def _loop(self, items: list[ConversationItem]) -> None:
         continued = 0
         for _ in range(MAX_PROVIDER_REQUESTS):
             response = await self._request(items)
@@ -284,7 +293,6 @@ class Agent:
                 continued = 0
         else:
             raise IterationLimitExceeded
-        return self.final_text
 
     # -- provider requests ---------------------------------------------------------------
 

@@ -190,32 +190,38 @@ class TurnRuntime:
             if self.mcp is None
             else self.mcp.lease(ctx, servers, tool_ctx)
         )
-        async with http.lease(provider.base_url, headers) as client, toolset:
-            env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
-            hooks = TurnHooks.for_turn(
-                settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
-            )
-            builtins = hooks.wrap(turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id))
-            task = TaskTool(env, builtins)
+        try:
+            async with http.lease(provider.base_url, headers) as client, toolset:
+                env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
+                hooks = TurnHooks.for_turn(
+                    settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
+                )
+                builtins = hooks.wrap(
+                    turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id)
+                )
+                task = TaskTool(env, builtins)
 
-            def tools() -> list[Tool]:
-                # Built again when an MCP server's tool list changed (list_changed).
-                return [*builtins, *hooks.wrap([task, *toolset.tools()])]
+                def tools() -> list[Tool]:
+                    # Built again when an MCP server's tool list changed (list_changed).
+                    return [*builtins, *hooks.wrap([task, *toolset.tools()])]
 
-            agent = RefreshingAgent(
-                env,
-                tools,
-                toolset,
-                reauthorize=(
-                    (lambda: resolve_headers(ctx, provider, store, http, force_refresh=True))
-                    if provider.credential == "oauth"
-                    else None
-                ),
-            )
-            expose_settle(agent.settle_text)
-            await hooks.user_prompt_submit(turn.prompt)
-            final_text = await agent.run(history, turn.prompt, session=turn.history)
-            await hooks.stop(final_text)
+                agent = RefreshingAgent(
+                    env,
+                    tools,
+                    toolset,
+                    reauthorize=(
+                        (lambda: resolve_headers(ctx, provider, store, http, force_refresh=True))
+                        if provider.credential == "oauth"
+                        else None
+                    ),
+                )
+                expose_settle(agent.settle_text)
+                await hooks.user_prompt_submit(turn.prompt)
+                final_text = await agent.run(history, turn.prompt, session=turn.history)
+                await hooks.stop(final_text)
+        finally:
+            # What the file tools read of the project (directory listings) ends with the turn.
+            tool_ctx.file_scans.clear()
 
 
 def _reasoning(level: str) -> ReasoningLevel:
