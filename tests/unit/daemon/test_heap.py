@@ -80,27 +80,35 @@ async def test_at_most_one_trim_per_interval_and_a_later_end_is_not_forgotten() 
     assert trims.count == 2
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
-def test_a_trim_gives_back_what_was_freed_but_kept() -> None:
-    # 80 MB of 4 KB blocks, one in a hundred kept: glibc keeps the rest for reuse.
+def resident_around_a_trim(setup: str) -> tuple[int, int]:
+    """A new process's RSS after ``setup`` ran, and after its trimmer's first trim."""
     code = (
-        "import asyncio\n"
+        "import asyncio, gc\n"
         "from magi_code.daemon.heap import HeapTrimmer, resident_bytes\n"
-        "blocks = [bytes(4000) + bytes([i % 256]) for i in range(20000)]\n"
-        "kept = blocks[::100]\n"
-        "del blocks\n"
-        "freed = resident_bytes()\n"
+        f"{setup}"
+        "before = resident_bytes()\n"
         "heap = HeapTrimmer.for_this_process()\n"
         "async def main():\n"
         "    await heap.tick(1, 0)\n"
         "    await heap.tick(0, 0)\n"
         "asyncio.run(main())\n"
-        "print(freed, resident_bytes())\n"
+        "print(before, resident_bytes())\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    freed, trimmed = map(int, result.stdout.split())
+    before, after = map(int, result.stdout.split())
+    return before, after
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_a_trim_gives_back_what_was_freed_but_kept() -> None:
+    # 80 MB of 4 KB blocks, one in a hundred kept: glibc keeps the rest for reuse.
+    freed, trimmed = resident_around_a_trim(
+        "blocks = [bytes(4000) + bytes([i % 256]) for i in range(20000)]\n"
+        "kept = blocks[::100]\n"
+        "del blocks\n"
+    )
     assert freed - trimmed > 40 * 2**20, (freed, trimmed)
 
 
@@ -108,9 +116,7 @@ def test_a_trim_gives_back_what_was_freed_but_kept() -> None:
 def test_a_trim_gives_back_what_reference_cycles_held() -> None:
     # 80 MB held by objects in reference cycles (as httpx keeps a request and its body):
     # unreachable, but freed only by the cyclic collector, which the trim runs first.
-    code = (
-        "import asyncio, gc\n"
-        "from magi_code.daemon.heap import HeapTrimmer, resident_bytes\n"
+    unreachable, trimmed = resident_around_a_trim(
         "gc.disable()\n"
         "class Node:\n"
         "    def __init__(self, i):\n"
@@ -118,18 +124,7 @@ def test_a_trim_gives_back_what_reference_cycles_held() -> None:
         "        self.me = self\n"
         "nodes = [Node(i) for i in range(20000)]\n"
         "del nodes\n"
-        "unreachable = resident_bytes()\n"
-        "heap = HeapTrimmer.for_this_process()\n"
-        "async def main():\n"
-        "    await heap.tick(1, 0)\n"
-        "    await heap.tick(0, 0)\n"
-        "asyncio.run(main())\n"
-        "print(unreachable, resident_bytes())\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    unreachable, trimmed = map(int, result.stdout.split())
     assert unreachable - trimmed > 40 * 2**20, (unreachable, trimmed)
 
 
