@@ -16,6 +16,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Final, Protocol, TypeVar
 
@@ -84,6 +85,22 @@ class ToolContext:
     umask: int | None = None
     # What the file tools learnt of a project directory (tools.inline), once per turn.
     file_scans: dict[Path, ProjectFiles] = field(default_factory=dict, compare=False, repr=False)
+
+
+class CallBatch:
+    """Tool calls issued together: a call alone, or a reply's read-only calls, which run
+    at the same time. Any of them may see the project as it was at any moment since the
+    batch began, so what one of them checked need not be checked again by the others
+    (``tools.inline``: the mount table, directory listings). Set by the agent loop in
+    ``CALL_BATCH`` around the batch; without one, every call checks for itself."""
+
+    __slots__ = ("mount_generation",)
+
+    def __init__(self) -> None:
+        self.mount_generation: int | None = None  # as polled during the batch
+
+
+CALL_BATCH: ContextVar[CallBatch | None] = ContextVar("call_batch", default=None)
 
 
 class Tool(Protocol):

@@ -31,7 +31,7 @@ from typing import Final, TypeVar
 from magi_code.dataclass import dataclass, field
 from magi_code.storage.mounts import MOUNT_TABLE, contains, is_local, mounts_inside, read_mounts
 from magi_code.storage.stamps import RACY_WINDOW_NS, Probe, probe, trusted
-from magi_code.tools.base import ToolContext
+from magi_code.tools.base import CALL_BATCH, CallBatch, ToolContext
 from magi_code.tools.paths import check_raw_path, project_root, resolve_in_project
 
 _T = TypeVar("_T")
@@ -92,23 +92,32 @@ class DirectoryListings:
     reused while one ``stat`` of the directory shows the stamp it had when it was read
     (``storage.stamps``: adding, removing or renaming an entry moves the directory's
     times). Reading a directory takes several system calls, and a tool-heavy turn lists
-    the same few directories again and again.
+    the same few directories again and again. Within a ``CallBatch``, a listing read or
+    checked since the batch began is reused without that ``stat``.
 
     Only directories without symbolic links (whose target, not the directory, says what
     they are) and whose times were older than the racy window are kept. Entries are
     replaced whole, so a walk in a worker thread may share it with the event loop."""
 
     def __init__(self, racy_window_ns: int = RACY_WINDOW_NS) -> None:
-        self._found: dict[str, tuple[Probe, Listing]] = {}
+        # path -> (its stamp, its listing, the batch that last read or checked it)
+        self._found: dict[str, tuple[Probe, Listing, CallBatch | None]] = {}
         self._names = 0
         self._window = racy_window_ns
 
     def get(self, path: str) -> Listing | None:
         """(subdirectories, files) of ``path``, each sorted, where still as read."""
         found = self._found.get(path)
-        if found is None or not found[0].unchanged():
+        if found is None:
             return None
-        return found[1]
+        stamp, listing, checked_in = found
+        batch = CALL_BATCH.get()
+        if batch is None or checked_in is not batch:
+            if not stamp.unchanged():
+                return None
+            if batch is not None:
+                self._found[path] = (stamp, listing, batch)
+        return listing
 
     def put(self, path: str, stamp: Probe, taken_ns: int, listing: Listing) -> None:
         """Keep what was read of ``path`` after ``stamp`` was taken (at ``taken_ns``)."""
@@ -118,7 +127,7 @@ class DirectoryListings:
         if replaced is not None:
             self._names -= sum(map(len, replaced[1]))
         self._names += sum(map(len, listing))
-        self._found[path] = (stamp, listing)
+        self._found[path] = (stamp, listing, CALL_BATCH.get())
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +159,15 @@ def scan_project(project_dir: Path, generation: int = 0) -> ProjectFiles:
 
 async def project_files(ctx: ToolContext) -> ProjectFiles:
     """The ``ProjectFiles`` of ``ctx``'s project, scanned by its first call (the context
-    lives for one turn) and again after a mount or unmount anywhere."""
-    generation = MOUNT_TABLE.generation()
+    lives for one turn) and again after a mount or unmount anywhere (the mount table
+    polled once per ``CallBatch``)."""
+    batch = CALL_BATCH.get()
+    if batch is None:
+        generation = MOUNT_TABLE.generation()
+    elif batch.mount_generation is None:
+        generation = batch.mount_generation = MOUNT_TABLE.generation()
+    else:
+        generation = batch.mount_generation
     found = ctx.file_scans.get(ctx.project_dir)
     if found is None or found.generation != generation:
         # A failed scan (no project directory) is tried again by the next call.

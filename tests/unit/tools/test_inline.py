@@ -14,7 +14,7 @@ from tests.support.mounts import mount, use_mountinfo
 
 from magi_code.storage import mounts
 from magi_code.tools import inline
-from magi_code.tools.base import ToolContext, ToolInputError
+from magi_code.tools.base import CALL_BATCH, CallBatch, ToolContext, ToolInputError
 from magi_code.tools.files import ListFiles, ReadFile, _read_file
 from magi_code.tools.inline import (
     CHECKPOINT,
@@ -247,6 +247,49 @@ def test_a_directory_changed_since_it_was_read_is_read_again(
     assert listed(files) == listed(local(project))
 
 
+def test_within_a_batch_a_listing_checked_since_it_began_stands(project: Path) -> None:
+    """The calls of one batch run at the same time: each may see the directory as it was
+    when another of them checked it. The next batch, or a call in none, checks again."""
+    files = remembering(project)
+    before = listed(files)
+    time.sleep(TICK_SECONDS)
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        assert listed(files) == before  # checked here, in the batch
+        (project / "src" / "new.py").write_text("n\n")
+        assert listed(files) == before
+    finally:
+        CALL_BATCH.reset(token)
+    after = [*before, ("src/new.py", False)]
+    assert listed(files) == after
+    time.sleep(TICK_SECONDS)
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        assert listed(files) == after
+        (project / "src" / "new.py").unlink()
+        assert listed(files) == after
+    finally:
+        CALL_BATCH.reset(token)
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        assert listed(files) == before
+    finally:
+        CALL_BATCH.reset(token)
+
+
+def test_a_listing_read_in_a_batch_stands_for_the_rest_of_it(project: Path) -> None:
+    files = remembering(project)
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        before = listed(files)
+        time.sleep(TICK_SECONDS)
+        (project / "src" / "a.py").unlink()
+        assert listed(files) == before
+    finally:
+        CALL_BATCH.reset(token)
+    assert listed(files) == [("src", True)]
+
+
 def test_a_directory_replaced_by_another_is_read_again(project: Path) -> None:
     files = remembering(project)
     listed(files)
@@ -402,3 +445,32 @@ async def test_a_mount_or_unmount_makes_the_next_call_scan_again(
     generation[0] = 1
     assert (await inline.project_files(ctx)).generation == 1
     assert scans == [0, 1]
+
+
+async def test_the_mount_table_is_polled_once_per_batch(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generation = [0]
+    polls: list[int] = []
+
+    def polled() -> int:
+        polls.append(generation[0])
+        return generation[0]
+
+    monkeypatch.setattr(mounts.MOUNT_TABLE, "generation", polled)
+    ctx = ToolContext(project_dir=project)
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        await inline.project_files(ctx)
+        generation[0] = 1  # during the batch: its calls may all have run before
+        assert (await inline.project_files(ctx)).generation == 0
+    finally:
+        CALL_BATCH.reset(token)
+    assert polls == [0]
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        assert (await inline.project_files(ctx)).generation == 1
+    finally:
+        CALL_BATCH.reset(token)
+    assert (await inline.project_files(ctx)).generation == 1
+    assert polls == [0, 1, 1]
