@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Generator
+from collections.abc import Collection, Generator, Sequence
 from pathlib import Path
 from stat import S_ISLNK
 from typing import Final, TypeVar
@@ -85,6 +85,25 @@ def finish(steps: Steps[_T]) -> _T:
 
 # A directory's subdirectories and files, each sorted.
 Listing = tuple[tuple[str, ...], tuple[str, ...]]
+Entry = tuple[str, bool]  # (relative posix path, is_dir)
+# What ``walk`` makes of a listing under a prefix: its entries, directories first, and the
+# subdirectories to enter, as (path, their prefix), last first.
+Walked = tuple[tuple[Entry, ...], tuple[tuple[str, str], ...]]
+
+
+def walked(top: str, prefix: str, listing: Listing, links: Collection[str] = ()) -> Walked:
+    dirs, files_here = listing
+    entries = tuple(
+        [(prefix + name, True) for name in dirs] + [(prefix + name, False) for name in files_here]
+    )
+    subdirectories = tuple(
+        [
+            (os.path.join(top, name), f"{prefix}{name}/")
+            for name in reversed(dirs)
+            if name not in links
+        ]
+    )
+    return entries, subdirectories
 
 
 class DirectoryListings:
@@ -93,31 +112,39 @@ class DirectoryListings:
     (``storage.stamps``: adding, removing or renaming an entry moves the directory's
     times). Reading a directory takes several system calls, and a tool-heavy turn lists
     the same few directories again and again. Within a ``CallBatch``, a listing read or
-    checked since the batch began is reused without that ``stat``.
+    checked since the batch began is reused without that ``stat``. What the walk made of
+    a listing, under the last prefix it was walked with, is kept beside it.
 
     Only directories without symbolic links (whose target, not the directory, says what
     they are) and whose times were older than the racy window are kept. Entries are
     replaced whole, so a walk in a worker thread may share it with the event loop."""
 
     def __init__(self, racy_window_ns: int = RACY_WINDOW_NS) -> None:
-        # path -> (its stamp, its listing, the batch that last read or checked it)
-        self._found: dict[str, tuple[Probe, Listing, CallBatch | None]] = {}
+        # path -> (its stamp, its listing, the batch that last read or checked it, and
+        # what the walk last made of it: (prefix, walked) or None)
+        self._found: dict[
+            str, tuple[Probe, Listing, CallBatch | None, tuple[str, Walked] | None]
+        ] = {}
         self._names = 0
         self._window = racy_window_ns
 
-    def get(self, path: str) -> Listing | None:
-        """(subdirectories, files) of ``path``, each sorted, where still as read."""
+    def walked(self, path: str, prefix: str) -> Walked | None:
+        """``walked`` of ``path``'s listing under ``prefix``, where still as read."""
         found = self._found.get(path)
         if found is None:
             return None
-        stamp, listing, checked_in = found
+        stamp, listing, checked_in, made = found
         batch = CALL_BATCH.get()
         if batch is None or checked_in is not batch:
             if not stamp.unchanged():
                 return None
-            if batch is not None:
-                self._found[path] = (stamp, listing, batch)
-        return listing
+            checked_in = batch
+        if made is None or made[0] != prefix:
+            made = (prefix, walked(path, prefix, listing))
+            self._names += len(made[1][0]) - (0 if found[3] is None else len(found[3][1][0]))
+        if found[2] is not checked_in or found[3] is not made:
+            self._found[path] = (stamp, listing, checked_in, made)
+        return made[1]
 
     def put(self, path: str, stamp: Probe, taken_ns: int, listing: Listing) -> None:
         """Keep what was read of ``path`` after ``stamp`` was taken (at ``taken_ns``)."""
@@ -126,8 +153,10 @@ class DirectoryListings:
         replaced = self._found.get(path)
         if replaced is not None:
             self._names -= sum(map(len, replaced[1]))
+            if replaced[3] is not None:
+                self._names -= len(replaced[3][1][0])
         self._names += sum(map(len, listing))
-        self._found[path] = (stamp, listing, CALL_BATCH.get())
+        self._found[path] = (stamp, listing, CALL_BATCH.get(), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +210,8 @@ def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
     following a link or crossing a mount; where it would, or cannot tell (``..``, a path
     outside the root), after ``MAY_BLOCK``, the full way."""
     check_raw_path(raw)
+    if raw == ".":  # the usual default, and the root is resolved already
+        return files.root
     root = str(files.root)
     candidate = os.path.normpath(os.path.join(root, raw))
     # (``normpath`` keeps a leading ``//``, which ``realpath`` does not.)
@@ -204,12 +235,9 @@ def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
     return resolve_in_project(files.root, raw)
 
 
-Entry = tuple[str, bool]  # (relative posix path, is_dir)
-
-
 def walk(
     files: ProjectFiles, base: Path, *, max_depth: int | None = None
-) -> Generator[list[Entry] | Marker, None, None]:
+) -> Generator[Sequence[Entry] | Marker, None, None]:
     """The entries under ``base`` in batches, sorted per directory: a directory's entries
     (directories first), then each subdirectory's, depth first; and the markers of steps
     (a ``CHECKPOINT`` per directory and between batches, each at most
@@ -226,17 +254,16 @@ def walk(
         # (A mount on the way to ``base`` itself was seen by ``resolve_steps``.)
         if depth and files.may_block(top):
             yield MAY_BLOCK
-        links: set[str] = set()
-        listing = files.listings.get(top)
-        if listing is not None:
+        kept = files.listings.walked(top, prefix)
+        if kept is not None:
             yield CHECKPOINT
+            listed, subdirectories = kept
         else:
+            links: set[str] = set()
             listing = yield from _read_directory(files, top, links)
             if listing is None:
                 continue
-        dirs, files_here = listing
-        listed = [(prefix + name, True) for name in dirs]
-        listed += [(prefix + name, False) for name in files_here]
+            listed, subdirectories = walked(top, prefix, listing, links)
         if len(listed) <= WALK_STEP_ENTRIES:
             if listed:
                 yield listed
@@ -245,11 +272,8 @@ def walk(
                 yield listed[start : start + WALK_STEP_ENTRIES]
                 yield CHECKPOINT
         if max_depth is None or depth < max_depth:
-            pending += [
-                (os.path.join(top, name), f"{prefix}{name}/", depth + 1)
-                for name in reversed(dirs)
-                if name not in links
-            ]
+            depth += 1
+            pending += [(path, under, depth) for path, under in subdirectories]
 
 
 def _read_directory(

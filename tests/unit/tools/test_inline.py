@@ -290,6 +290,19 @@ def test_a_listing_read_in_a_batch_stands_for_the_rest_of_it(project: Path) -> N
     assert listed(files) == [("src", True)]
 
 
+def test_a_kept_listing_is_walked_from_any_base(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = remembering(project)
+    first = listed(files)
+    time.sleep(TICK_SECONDS)
+    read = counted_reads(monkeypatch)
+    for _ in range(2):
+        assert entries(walk(files, project / "src"))[1] == [("a.py", False)]
+        assert listed(files) == first == [("src", True), ("src/a.py", False)]
+    assert read == []
+
+
 def test_a_directory_replaced_by_another_is_read_again(project: Path) -> None:
     files = remembering(project)
     listed(files)
