@@ -30,6 +30,7 @@ from tests.process.turn_support import (
     run_turn,
     start_turn,
     stdout_text,
+    strings_in,
     write_settings,
 )
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
@@ -55,16 +56,6 @@ def _tools(text: str = "", *calls: FakeToolCall) -> Reply:
 
 def _activity_text(turn: TurnEvents) -> str:
     return json.dumps(turn.activities)
-
-
-def _strings(value: object) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
 
 
 def _tool_states(turn: TurnEvents) -> dict[str, list[str]]:
@@ -122,7 +113,7 @@ async def _coding_turn(
     # Provider requests: the tool results went back to the model.
     posts = [r for r in fake.requests if r.method == "POST"][first_post:]
     assert len(posts) == 4
-    assert any("VALUE = 41" in s for s in _strings(posts[1].json))
+    assert any("VALUE = 41" in s for s in strings_in(posts[1].json))
     # Privacy: no argument, result, command or path text in any activity payload.
     text = _activity_text(turn)
     for needle in (name, "VALUE", "python3", "marker", str(project), "value", "print"):
@@ -172,7 +163,7 @@ async def test_read_only_calls_of_one_reply_run_together_and_writes_alone(
         ("read_file", "completed"),
     ]
     # The model gets every result, in the order of its calls.
-    strings = _strings([r for r in fake.requests if r.method == "POST"][-1].json)
+    strings = strings_in([r for r in fake.requests if r.method == "POST"][-1].json)
     expected = [
         "alpha-content\n",
         "a.txt",
@@ -231,7 +222,7 @@ async def test_listings_in_a_turn_follow_changes_by_its_tools_and_other_processe
         await asyncio.sleep(settled - time.monotonic())
         _, turn = await run_turn(svc, "list the files")
     assert turn.terminal["status"] == "completed"
-    strings = _strings([r for r in fake.requests if r.method == "POST"][-1].json)
+    strings = strings_in([r for r in fake.requests if r.method == "POST"][-1].json)
     listings = [text for text in strings if text.startswith("src/")]
     assert listings == [
         "src/a.py",
@@ -292,8 +283,8 @@ async def test_mcp_tool_call_is_projected_by_hash_only(
     assert tools[1]["timed_out"] in (False, None)
     # The MCP result went back to the model.
     posts = [r for r in fake.requests if r.method == "POST"]
-    assert any("mcp-echo-payload" in s for s in _strings(posts[1].json))
-    assert any(f"mcp__{server_name}__echo" in s for s in _strings(posts[0].json))
+    assert any("mcp-echo-payload" in s for s in strings_in(posts[1].json))
+    assert any(f"mcp__{server_name}__echo" in s for s in strings_in(posts[0].json))
     for needle in (server_name, "mcp-echo-payload", "echo_server", "mcp__"):
         assert needle not in stdout, needle
 
@@ -313,7 +304,7 @@ async def test_a_project_files_mcp_servers_start_only_in_a_trusted_project(
         events = await svc.events_until_terminal(rid)
         turn = check_turn(events, accepted["turn_id"], accepted["session_id"])
     assert turn.terminal["status"] == "completed"
-    offered = _strings(fake.requests[0].json)
+    offered = strings_in(fake.requests[0].json)
     assert ("mcp__projsrv__echo" in offered) is trusted
     assert any("list_files" in name for name in offered)  # the built-in tools either way
 
@@ -338,9 +329,9 @@ async def test_published_mcp_server_package_answers_a_tool_call(
         ("completed", "mcp"),
     ]
     posts = [r for r in fake.requests if r.method == "POST"]
-    offered = " ".join(_strings(posts[0].json))
+    offered = " ".join(strings_in(posts[0].json))
     assert "mcp__clock__get_current_time" in offered
-    result = " ".join(_strings(posts[1].json))
+    result = " ".join(strings_in(posts[1].json))
     assert "UTC" in result and "datetime" in result
 
 
@@ -393,7 +384,7 @@ async def test_task_tool_runs_a_subagent_linked_by_parent_activity(
     # The parent model got the child's final answer as the tool result.
     posts = [r for r in fake.requests if r.method == "POST"]
     assert len(posts) == 4
-    assert any("child-final-answer" in s for s in _strings(posts[3].json))
+    assert any("child-final-answer" in s for s in strings_in(posts[3].json))
     assert "child-visible-content" not in _activity_text(turn)
     assert replay == [
         ("message", "user", "delegate please"),
@@ -506,13 +497,13 @@ async def test_small_context_window_compacts_then_replays_and_continues(
     assert len(posts) == 4
     # The summary request carried the old conversation; the next requests carry the
     # summary instead of it.
-    assert any("Remember this long requirement" in s for s in _strings(posts[1].json))
+    assert any("Remember this long requirement" in s for s in strings_in(posts[1].json))
     for post in posts[2:]:
-        strings = _strings(post.json)
+        strings = strings_in(post.json)
         assert any("SUMMARY-OF-EARLIER-WORK" in s for s in strings)
         assert not any("Remember this long requirement" in s for s in strings)
         assert not any("First answer" in s for s in strings)
-    assert any("Second answer" in s for s in _strings(posts[3].json))
+    assert any("Second answer" in s for s in strings_in(posts[3].json))
 
 
 # -- shell cancellation --------------------------------------------------------------------
@@ -603,7 +594,7 @@ async def test_tool_and_mcp_children_do_not_inherit_credentials_or_service_varia
         assert name not in names, name
     assert "sk-ant-test-key-0000" not in dump
     assert "custom-key-value-0001" not in dump
-    results = _strings(fake.requests[-1].json)
+    results = strings_in(fake.requests[-1].json)
     assert any("probe|ANTHROPIC_API_KEY=<unset>" in s for s in results)
     assert any("probe|MC_HOME=<unset>" in s for s in results)
     # The per-turn MCP server process is gone once the turn has ended.

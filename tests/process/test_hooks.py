@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from magi_code.storage.stamps import RACY_WINDOW_NS
 from tests.process.turn_support import (
     TurnEvents,
     body_text,
@@ -25,6 +27,7 @@ from tests.process.turn_support import (
     run_turn,
     start_turn,
     stdout_text,
+    strings_in,
     tool_call,
     tool_reply,
     write_settings,
@@ -47,6 +50,12 @@ if mode == "block":
     sys.exit(2)
 if mode == "fail":
     sys.exit(1)
+if mode == "create":
+    # A file named by the call's pattern ("b*.py": b1.py), after the call beside it listed.
+    pattern = event["tool_arguments"].get("pattern", "")
+    if pattern.startswith("b"):
+        time.sleep(0.5)
+        open(pattern.replace("*", "1"), "w").close()
 if mode == "hang":
     child = subprocess.Popen(["sleep", sys.argv[3]])
     with open(log, "a") as fh:
@@ -321,3 +330,34 @@ async def test_tool_hooks_apply_to_subagent_tool_calls(
     posts = posted_bodies(fake)
     assert len(posts) == 4
     assert "HOOK-BLOCK-MESSAGE" in body_text(posts[2])
+
+
+async def test_a_read_sees_what_its_own_pre_tool_hook_changed(
+    home: Path, project: Path, fake: FakeProviderServer, hook_script: Path, tmp_path: Path
+) -> None:
+    # Two listings of one reply run at the same time, and may share what one of them
+    # checked; but the second's own hook adds a file after the first listed, and the
+    # second must list it.
+    log = tmp_path / "hook-log.jsonl"
+    hooks = {"pre_tool_use": [_hook("create", log, hook_script, matcher="list_files")]}
+    write_settings(home, fake, hooks=hooks)
+    (project / "a.py").write_text("a\n")
+    settled = time.monotonic() + RACY_WINDOW_NS / 1e9 + 0.2
+    fake.enqueue(
+        tool_reply(tool_call("l0", "list_files", pattern="*.py")),
+        tool_reply(
+            tool_call("l1", "list_files", pattern="*.py"),
+            tool_call("l2", "list_files", pattern="b*.py"),
+        ),
+        Reply(text=["done"]),
+    )
+    async with running_service(home, project) as svc:
+        await asyncio.sleep(settled - time.monotonic())
+        _, turn = await run_turn(svc, "list")
+    assert turn.terminal["status"] == "completed"
+    results = [
+        text
+        for text in strings_in(posted_bodies(fake)[-1])
+        if text.endswith(".py") or text == "No files match."
+    ]
+    assert results == ["a.py", "a.py", "b1.py"]

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.process.turn_support import run_turn, write_settings
+from tests.process.turn_support import run_turn, strings_in, write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, RecordedRequest, Reply
 from tests.support.service import ServiceProcess, running_service
 
@@ -61,16 +61,6 @@ async def until(condition: Any, timeout: float = 15.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def _strings(value: object) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
-
-
 def offered(request: RecordedRequest) -> set[str]:
     return {tool["function"]["name"] for tool in request.json["tools"]}
 
@@ -84,7 +74,7 @@ async def pid_turn(svc: ServiceProcess, fake: FakeProviderServer, call_id: str) 
     _, turn = await run_turn(svc, "which server?")
     assert turn.terminal["status"] == "completed"
     answer = fake.requests[-1]
-    found = {m for s in _strings(answer.json) for m in re.findall(r"\b\d+:[a-z]+\b", s)}
+    found = {m for s in strings_in(answer.json) for m in re.findall(r"\b\d+:[a-z]+\b", s)}
     assert len(found) == 1, found
     return found.pop()
 

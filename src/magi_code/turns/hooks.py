@@ -39,7 +39,15 @@ from typing import Any, Final, Protocol
 from magi_code.config.schema import HOOK_EVENTS
 from magi_code.config.settings import HookDefinition, HookTable, Settings
 from magi_code.dataclass import dataclass
-from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, bound_text
+from magi_code.tools.base import (
+    CALL_BATCH,
+    CallBatch,
+    Tool,
+    ToolContext,
+    ToolInputError,
+    ToolOutcome,
+    bound_text,
+)
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
 from magi_code.tools.shell import run_shell
@@ -145,6 +153,10 @@ class TurnHooks:
             "tool_is_error": outcome.is_error,
         }
         await self._run_all("post_tool_use", tool_name, event)
+
+    def runs(self, event: str, tool_name: str) -> bool:
+        """Whether ``event`` runs any hook for ``tool_name``."""
+        return bool(self._matching(event, tool_name))
 
     def _matching(self, event: str, tool_name: str | None) -> list[HookDefinition]:
         hooks = self._table.get(event, ())
@@ -266,6 +278,10 @@ class HookedTool:
         message = await self._hooks.pre_tool_use(self.name, arguments)
         if message is not None:
             return ToolOutcome.error(message)
+        if self._hooks.runs("pre_tool_use", self.name):
+            # The call sees what its own hooks changed: checked again, not as another
+            # call of its batch saw it before (tools.base.CallBatch).
+            CALL_BATCH.set(CallBatch())
         outcome = await self._tool.run(arguments, ctx)
         await self._hooks.post_tool_use(self.name, arguments, outcome)
         return outcome
