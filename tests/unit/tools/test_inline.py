@@ -221,6 +221,9 @@ def test_an_unchanged_directory_is_listed_without_reading_it_again(
     time.sleep(TICK_SECONDS)
     read = counted_reads(monkeypatch)
     assert listed(files) == first == [("src", True), ("src/a.py", False)]
+    # From another base, and back: a kept listing under each base's prefix.
+    assert entries(walk(files, project / "src"))[1] == [("a.py", False)]
+    assert listed(files) == first
     assert read == []
     # Another turn's files remember nothing.
     assert listed(remembering(project)) == first and len(read) == 2
@@ -288,19 +291,6 @@ def test_a_listing_read_in_a_batch_stands_for_the_rest_of_it(project: Path) -> N
     finally:
         CALL_BATCH.reset(token)
     assert listed(files) == [("src", True)]
-
-
-def test_a_kept_listing_is_walked_from_any_base(
-    project: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    files = remembering(project)
-    first = listed(files)
-    time.sleep(TICK_SECONDS)
-    read = counted_reads(monkeypatch)
-    for _ in range(2):
-        assert entries(walk(files, project / "src"))[1] == [("a.py", False)]
-        assert listed(files) == first == [("src", True), ("src/a.py", False)]
-    assert read == []
 
 
 def test_a_directory_replaced_by_another_is_read_again(project: Path) -> None:
