@@ -91,7 +91,9 @@ Entry = tuple[str, bool]  # (relative posix path, is_dir)
 Walked = tuple[tuple[Entry, ...], tuple[tuple[str, str], ...]]
 
 
-def walked(top: str, prefix: str, listing: Listing, links: Collection[str] = ()) -> Walked:
+def entries_of(top: str, prefix: str, listing: Listing, links: Collection[str] = ()) -> Walked:
+    """What ``walk`` makes of the listing of ``top`` (without the subdirectories that are
+    symbolic links, ``links``) when its entries' paths begin with ``prefix``."""
     dirs, files_here = listing
     entries = tuple(
         [(prefix + name, True) for name in dirs] + [(prefix + name, False) for name in files_here]
@@ -129,7 +131,7 @@ class DirectoryListings:
         self._window = racy_window_ns
 
     def walked(self, path: str, prefix: str) -> Walked | None:
-        """``walked`` of ``path``'s listing under ``prefix``, where still as read."""
+        """``entries_of`` the listing of ``path`` under ``prefix``, where still as read."""
         found = self._found.get(path)
         if found is None:
             return None
@@ -140,7 +142,7 @@ class DirectoryListings:
                 return None
             checked_in = batch
         if made is None or made[0] != prefix:
-            made = (prefix, walked(path, prefix, listing))
+            made = (prefix, entries_of(path, prefix, listing))
             self._names += len(made[1][0]) - (0 if found[3] is None else len(found[3][1][0]))
         if found[2] is not checked_in or found[3] is not made:
             self._found[path] = (stamp, listing, checked_in, made)
@@ -263,7 +265,7 @@ def walk(
             listing = yield from _read_directory(files, top, links)
             if listing is None:
                 continue
-            listed, subdirectories = walked(top, prefix, listing, links)
+            listed, subdirectories = entries_of(top, prefix, listing, links)
         if len(listed) <= WALK_STEP_ENTRIES:
             if listed:
                 yield listed
