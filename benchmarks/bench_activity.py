@@ -11,7 +11,8 @@ tool loop's cost per iteration (embedded): the time of a turn with K provider ro
 trips that each make one cheap tool call, minus the time of a turn without tools,
 divided by K; the daemon's idle RSS before and after the tool-heavy turns; and,
 in-process, what building and encoding the request bodies of the tool-heavy turn costs
-per wire API, with and without the agent's message cache.
+per wire API, with and without the agent's message cache, and what one reply of that turn
+costs to read, through ``stream_response`` and through httpx alone.
 
     .venv/bin/python benchmarks/bench_activity.py [--quick]
 """
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import psutil
 from benchlib import (
@@ -57,6 +59,7 @@ from magi_code.providers import (
     UserText,
     build_call,
 )
+from magi_code.providers.stream import stream_response
 from magi_code.storage.stamps import RACY_WINDOW_NS
 from magi_code.tools.files import ListFiles
 from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
@@ -229,6 +232,39 @@ def request_bodies(rounds: int, calls: int) -> None:
             figure(f"{rounds + 1} request bodies, {api}, {label}", elapsed * 1e3, "ms")
 
 
+async def provider_reply_cost(fake: FakeProvider, requests: int, calls: int = 16) -> None:
+    """In-process: the CPU of one provider request whose reply streams ``calls`` tool calls
+    (Chat Completions, one HTTP chunk per SSE frame, as providers send them), read through
+    ``stream_response`` and through httpx alone: the provider's share of each reply of the
+    tool-heavy turn, and the HTTP client's share of that."""
+    endpoint = Endpoint("openai-chat", f"{fake.base_url}/v1")
+    request = ProviderRequest(
+        "m", "You are a test.", [UserText("List the Python files.")], [], "default", False, 0
+    )
+    call = build_call(endpoint, request)
+    body = orjson.dumps(call.body)
+    async with httpx.AsyncClient() as client:
+
+        async def decoded() -> None:
+            async for _ in stream_response(client, endpoint, request):
+                pass
+
+        async def http_only() -> None:
+            headers = dict(call.headers)
+            async with client.stream("POST", call.url, content=body, headers=headers) as reply:
+                async for _ in reply.aiter_bytes():
+                    pass
+
+        for label, read in (("stream_response", decoded), ("httpx alone", http_only)):
+            await fake.enqueue(*(tool_reply(calls, r) for r in range(requests + 1)))
+            await read()  # the connection and first-use imports are not part of the figure
+            start = time.thread_time()
+            for _ in range(requests):
+                await read()
+            cpu = (time.thread_time() - start) / requests
+            figure(f"a reply of {calls} tool calls, {label}, CPU per request", cpu * 1e3, "ms")
+
+
 def populate_project(project: Path) -> None:
     for package in range(4):
         directory = project / f"pkg{package}"
@@ -244,6 +280,7 @@ async def main(args: argparse.Namespace) -> None:
     turns = 1 if args.quick else 3
     request_bodies(rounds, 16)
     async with FakeProvider.running() as fake:
+        await provider_reply_cost(fake, 20 if args.quick else 200)
         for mode, env, place in (
             ("embedded", EMBEDDED_ENV, workspace),
             ("daemon", DAEMON_ENV, daemon_workspace),
