@@ -216,7 +216,9 @@ class Decoder:
             else:
                 index = self._last_index
         self._last_index = index
-        state = self._calls.setdefault(index, _Fragment())
+        state = self._calls.get(index)
+        if state is None:
+            state = self._calls[index] = _Fragment()
         if call_id:
             state.call_id = call_id
         function = obj(fragment.get("function"))

@@ -30,7 +30,8 @@ class SSEEvent:
     @property
     def done(self) -> bool:
         """The OpenAI ``data: [DONE]`` sentinel (tolerating the bracketless form)."""
-        return self.data.strip() in ("[DONE]", "DONE")
+        data = self.data
+        return data[:1] != "{" and data.strip() in ("[DONE]", "DONE")
 
 
 class SSEParser:
@@ -52,8 +53,17 @@ class SSEParser:
         """Consume ``chunk`` and return the events it completed (possibly none)."""
         if self._closed:
             raise ProviderFailure(FailureLabel.STREAM_ERROR)
-        self._buf += chunk
         events: list[SSEEvent] = []
+        if not self._buf and b"\r" not in chunk:
+            # The usual chunk, one or more whole lines: split at once.
+            *lines, rest = chunk.split(b"\n")
+            for line in lines:
+                self._line(line, events)
+            if len(rest) > self._max_line:
+                raise ProviderFailure(FailureLabel.STREAM_ERROR)
+            self._buf += rest
+            return events
+        self._buf += chunk
         buf = self._buf
         start = 0
         size = len(buf)
