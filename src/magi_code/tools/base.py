@@ -83,8 +83,10 @@ class ToolContext:
     env: Mapping[str, str] = field(default_factory=dict)
     secret_names: frozenset[str] = frozenset()
     umask: int | None = None
-    # What the file tools learnt of a project directory (tools.inline), once per turn.
+    # What the file tools learnt of a project directory (tools.inline), once per turn;
+    # held while a scan runs, so the calls of one batch that all need it share one.
     file_scans: dict[Path, ProjectFiles] = field(default_factory=dict, compare=False, repr=False)
+    scanning: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
 
 class CallBatch:

@@ -201,9 +201,12 @@ async def project_files(ctx: ToolContext) -> ProjectFiles:
         generation = batch.mount_generation
     found = ctx.file_scans.get(ctx.project_dir)
     if found is None or found.generation != generation:
-        # A failed scan (no project directory) is tried again by the next call.
-        found = await asyncio.to_thread(scan_project, ctx.project_dir, generation)
-        ctx.file_scans[ctx.project_dir] = found
+        async with ctx.scanning:  # calls that start together wait for one scan
+            found = ctx.file_scans.get(ctx.project_dir)
+            if found is None or found.generation != generation:
+                # A failed scan (no project directory) is tried again by the next call.
+                found = await asyncio.to_thread(scan_project, ctx.project_dir, generation)
+                ctx.file_scans[ctx.project_dir] = found
     return found
 
 

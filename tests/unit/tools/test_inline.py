@@ -477,3 +477,20 @@ async def test_the_mount_table_is_polled_once_per_batch(
         CALL_BATCH.reset(token)
     assert (await inline.project_files(ctx)).generation == 1
     assert polls == [0, 1, 1]
+
+
+async def test_calls_that_start_together_share_one_scan(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scans: list[int] = []
+    real = inline.scan_project
+
+    def counting(project_dir: Path, at: int = 0) -> ProjectFiles:
+        scans.append(at)
+        time.sleep(0.05)  # long enough for every call to be waiting on it
+        return real(project_dir, at)
+
+    monkeypatch.setattr(inline, "scan_project", counting)
+    ctx = ToolContext(project_dir=project)
+    found = await asyncio.gather(*(inline.project_files(ctx) for _ in range(8)))
+    assert len(scans) == 1 and all(files is found[0] for files in found)
