@@ -291,7 +291,7 @@ class TurnRun:
                 if events and not held and mark > lease.durable_seq:
                     carried = item
                     break
-                if not held:
+                if not held and mark > lease.durable_seq:
                     try:
                         await lease.durable(mark)
                     except ServiceError:

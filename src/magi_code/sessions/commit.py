@@ -95,33 +95,32 @@ class CommitQueue:
         self._waiters: list[_AsyncWaiter] = []
         self.batches = 0  # flushes that wrote (or tried to write) a batch
 
+    # The properties read one value without the lock: the read is atomic, and the value may
+    # change as soon as the lock is released anyway. The event loop reads them for every
+    # record and event.
+
     @property
     def submitted(self) -> int:
         """The seq of the last record submitted (or the last one in the file before)."""
-        with self._cond:
-            return self._submitted
+        return self._submitted
 
     @property
     def durable(self) -> int:
         """Every record up to this seq is durable."""
-        with self._cond:
-            return self._durable
+        return self._durable
 
     @property
     def queued(self) -> int:
         """Records submitted that no flush has taken yet."""
-        with self._cond:
-            return len(self._queue)
+        return len(self._queue)
 
     @property
     def pending_bytes(self) -> int:
-        with self._cond:
-            return self._pending_bytes
+        return self._pending_bytes
 
     @property
     def failed(self) -> bool:
-        with self._cond:
-            return self._error is not None
+        return self._error is not None
 
     def submit(self, encode: Callable[[int], bytes], hook: Hook | None = None) -> int:
         """Queue the line ``encode(seq)`` under the next seq and return that seq.
