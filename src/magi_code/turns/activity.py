@@ -9,6 +9,7 @@ never accepted as inputs, so they cannot leak.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any, Final, Literal
 
@@ -48,6 +49,11 @@ def identity(namespace: str, *parts: str) -> str:
     return f"{namespace}:{digest}"
 
 
+@functools.lru_cache(maxsize=1024)  # two events a call, from a few tools
+def _tool_identity(server_name: str, tool_name: str) -> str:
+    return identity("tool", server_name, tool_name)
+
+
 def lifecycle(
     activity_id: str,
     category: LifecycleCategory | Literal["activity"],
@@ -80,7 +86,7 @@ def tool(
     activity: dict[str, Any] = {
         "activity_id": activity_id,
         "kind": "tool",
-        "tool_id": identity("tool", server_name or "", tool_name),
+        "tool_id": _tool_identity(server_name or "", tool_name),
         "tool_name": tool_name if server_name is None and tool_name in builtin_names else None,
         "server_id": identity("mcp-server", server_name) if server_name is not None else None,
         "transport": "mcp" if server_name is not None else "local",
