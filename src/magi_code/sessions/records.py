@@ -52,6 +52,11 @@ OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     # mid-sentence); such a record may have empty text. Replay shows neither.
     "assistant": ("continued", "truncated"),
 }
+# Every field a record of that type may be given, ``type`` included.
+_ALLOWED: Final[dict[str, frozenset[str]]] = {
+    kind: frozenset(("type", *required, *OPTIONAL_FIELDS.get(kind, ())))
+    for kind, required in FIELDS.items()
+}
 _STATUSES: Final[dict[str, TerminalStatus]] = {
     "completed": "completed",
     "cancelled": "cancelled",
@@ -262,16 +267,19 @@ def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
     kind = fields.get("type")
     if not isinstance(kind, str) or kind not in FIELDS:
         raise ValueError("unknown record type")
-    required, optional = FIELDS[kind], OPTIONAL_FIELDS.get(kind, ())
-    names = set(fields) - {"type"}
-    if not names.issuperset(required) or not names.issubset((*required, *optional)):
+    required = FIELDS[kind]
+    if not fields.keys() <= _ALLOWED[kind] or not all(name in fields for name in required):
         raise ValueError("unexpected or missing record fields")
     obj: dict[str, object] = {"v": RECORD_VERSION, "seq": seq, "ts": ts, "type": kind}
-    obj.update((name, fields[name]) for name in required)
-    obj.update((name, fields[name]) for name in optional if fields.get(name) is not None)
+    for name in required:
+        obj[name] = fields[name]
+    for name in OPTIONAL_FIELDS.get(kind, ()):
+        value = fields.get(name)
+        if value is not None:
+            obj[name] = value
     try:
         _build(kind, _seq(seq), obj)
-        return orjson.dumps(obj) + b"\n"
+        return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
     except _Malformed as exc:
         raise ValueError("invalid record fields") from exc
     except orjson.JSONEncodeError as exc:
