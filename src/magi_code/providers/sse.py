@@ -59,11 +59,16 @@ class SSEParser:
             *lines, rest = chunk.split(b"\n")
             for line in lines:
                 self._line(line, events)
-            if len(rest) > self._max_line:
-                raise ProviderFailure(FailureLabel.STREAM_ERROR)
             self._buf += rest
-            return events
-        self._buf += chunk
+        else:
+            self._buf += chunk
+            self._take_lines(events)
+        if len(self._buf) > self._max_line:
+            raise ProviderFailure(FailureLabel.STREAM_ERROR)
+        return events
+
+    def _take_lines(self, events: list[SSEEvent]) -> None:
+        """Handle the buffer's complete lines (any line ending) and keep the rest."""
         buf = self._buf
         start = 0
         size = len(buf)
@@ -81,9 +86,6 @@ class SSEParser:
             self._line(bytes(buf[start:end]), events)
             start = nxt
         del buf[:start]
-        if len(buf) > self._max_line:
-            raise ProviderFailure(FailureLabel.STREAM_ERROR)
-        return events
 
     def close(self) -> list[SSEEvent]:
         """Signal EOF; returns a last event if complete lines were pending."""

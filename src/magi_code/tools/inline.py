@@ -137,15 +137,16 @@ class DirectoryListings:
             return None
         stamp, listing, checked_in, made = found
         batch = CALL_BATCH.get()
-        if batch is None or checked_in is not batch:
-            if not stamp.unchanged():
-                return None
-            checked_in = batch
+        checked = batch is not None and checked_in is batch
+        if checked and made is not None and made[0] == prefix:
+            return made[1]
+        if not checked and not stamp.unchanged():
+            return None
         if made is None or made[0] != prefix:
-            made = (prefix, entries_of(path, prefix, listing))
-            self._names += len(made[1][0]) - (0 if found[3] is None else len(found[3][1][0]))
-        if found[2] is not checked_in or found[3] is not made:
-            self._found[path] = (stamp, listing, checked_in, made)
+            walked = entries_of(path, prefix, listing)
+            self._names += len(walked[0]) - (0 if made is None else len(made[1][0]))
+            made = (prefix, walked)
+        self._found[path] = (stamp, listing, batch, made)
         return made[1]
 
     def put(self, path: str, stamp: Probe, taken_ns: int, listing: Listing) -> None:
