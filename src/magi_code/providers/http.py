@@ -15,9 +15,10 @@ small LRU cache keyed by
   ``NO_PROXY``, lower-case too, ``SSL_CERT_FILE``/``SSL_CERT_DIR``) and the settings'
   ``network`` entry, never from this process's ``os.environ``.
 
-Clients are built with ``trust_env=False`` and explicit ``mounts=`` (one proxy transport
-per httpx URL pattern, ``None`` = direct, with httpx's own pattern matching and
-priority) and ``verify=`` (an SSL context). A client evicted from the cache is closed as
+Clients are built with ``trust_env=False`` and explicit ``mounts=`` (one httpx proxy
+transport per httpx URL pattern, ``None`` = direct, with httpx's own pattern matching and
+priority); direct routes use :class:`~magi_code.providers.transport.Http11Transport`, and
+every route verifies TLS with one SSL context. A client evicted from the cache is closed as
 soon as its last lease ends. A proxy URL httpx cannot use or a CA file that cannot be
 loaded fails the request (``ProviderFailure``); it never falls back to a direct
 connection or to the default CAs. Nothing here logs a URL, a header or a proxy.
@@ -42,6 +43,7 @@ import httpx
 
 from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure
+from magi_code.providers.transport import Http11Transport
 
 DEFAULT_CAPACITY: Final = 16
 # Headers whose values identify a credential (lower-case). An account ID, when present,
@@ -226,7 +228,7 @@ def build_client(options: TransportOptions) -> httpx.AsyncClient:
             pattern: None if url is None else httpx.AsyncHTTPTransport(proxy=url, verify=verify)
             for pattern, url in options.proxies
         }
-        return httpx.AsyncClient(http2=False, trust_env=False, verify=verify, mounts=mounts)
+        return httpx.AsyncClient(trust_env=False, mounts=mounts, transport=Http11Transport(verify))
     # Deliberately unchained: a proxy URL (with its credentials) or a path must not show.
     except (ValueError, TypeError, ImportError, OSError, httpx.InvalidURL):
         raise ProviderFailure(FailureLabel.HTTP_ERROR) from None
