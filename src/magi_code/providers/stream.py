@@ -135,15 +135,23 @@ async def stream_response(
                     parser = SSEParser()
                     chunks = response.aiter_bytes()
                     async for chunk in chunks:
-                        events = _decode(decoder, parser.feed(chunk))
+                        events, failure = _decode(decoder, parser.feed(chunk))
                         if decoder.done:
                             await _read_trailing(chunks)
                         for event in events:
                             yielded = True
                             yield event
+                        if failure is not None:
+                            raise failure
                         if decoder.done:
                             return  # terminal event: the response is over
-                    for event in [*_decode(decoder, parser.close()), *decoder.finish()]:
+                    events, failure = _decode(decoder, parser.close())
+                    for event in events:
+                        yielded = True
+                        yield event
+                    if failure is not None:
+                        raise failure
+                    for event in decoder.finish():
                         yielded = True
                         yield event
                     return
@@ -168,14 +176,21 @@ async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:
                     return
 
 
-def _decode(decoder: Decoder, events: list[SSEEvent]) -> list[StreamEvent]:
-    """Feed SSE events to the decoder, ignoring anything after the terminal event."""
+def _decode(
+    decoder: Decoder, events: list[SSEEvent]
+) -> tuple[list[StreamEvent], ProviderFailure | None]:
+    """Feed SSE events to the decoder, ignoring anything after the terminal event; returns
+    what they decoded to and the failure that stopped them, if one did. A read may carry
+    many frames: those before a malformed one are still delivered, then the failure."""
     out: list[StreamEvent] = []
     for sse in events:
         if decoder.done:
             break
-        out += decoder.feed(sse)
-    return out
+        try:
+            out += decoder.feed(sse)
+        except ProviderFailure as failure:
+            return out, failure
+    return out, None
 
 
 async def _status_failure(response: httpx.Response) -> ProviderFailure:

@@ -1,4 +1,4 @@
-"""Fixtures for provider tests: a loopback fake provider and an httpx client."""
+"""Fixtures for provider tests: a loopback fake provider and httpx clients."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import httpx
 import pytest
 from tests.support.fake_providers import FakeProviderServer
 
+from magi_code.providers.http import DIRECT, build_client
+
 
 @pytest.fixture
 def fake() -> Iterator[FakeProviderServer]:
@@ -15,7 +17,10 @@ def fake() -> Iterator[FakeProviderServer]:
         yield server
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as http:
+@pytest.fixture(params=["service", "httpx"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    """The service's own client (direct routes: ``providers.transport``) and one with
+    httpx's default transport (what a proxied route uses)."""
+    made = build_client(DIRECT) if request.param == "service" else httpx.AsyncClient()
+    async with made as http:
         yield http

@@ -325,6 +325,22 @@ async def test_broken_streams_are_stream_errors(
     assert len(fake.requests) == 1
 
 
+async def test_frames_before_a_malformed_one_in_the_same_read_are_delivered_first(
+    fake: FakeProviderServer, client: httpx.AsyncClient
+) -> None:
+    one_write = (
+        b'event: response.created\ndata: {"type":"response.created","response":{}}\n\n'
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+        b'"delta":"kept"}\n\n'
+        b"event: response.output_text.delta\ndata: {not json\n\n"
+    )
+    fake.enqueue(RawSSE([one_write]))
+    seen: list[StreamEvent] = []
+    failure = await failure_of(client, endpoint_for(fake, "openai-responses"), seen=seen)
+    assert failure.label is FailureLabel.STREAM_ERROR
+    assert texts(seen) == ["kept"]
+
+
 @api_param
 async def test_cancelling_the_consumer_closes_the_connection(
     api: ApiKind, fake: FakeProviderServer, client: httpx.AsyncClient
@@ -383,8 +399,10 @@ async def test_a_response_going_on_past_its_terminal_event_costs_only_its_connec
         b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
         b'"delta":"hi"}\n\n',
         b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r"}}\n\n',
-        # More than is read past the terminal event: the connection is given up.
-        b": " + b"x" * (128 * 1024) + b"\n\n",
+        # More than is read past the terminal event (and more than the service's
+        # transport receives at once, which could otherwise hold the whole body before
+        # it is asked for): the connection is given up.
+        b": " + b"x" * (512 * 1024) + b"\n\n",
     ]
     fake.enqueue(RawSSE(frames), Reply(text=["again"]))
     endpoint = endpoint_for(fake, "openai-responses")
