@@ -50,9 +50,8 @@ MAX_IDLE: Final = 20
 KEEPALIVE_SECONDS: Final = 5.0
 HAPPY_EYEBALLS_SECONDS: Final = 0.25
 # Received but not yet read: above this the socket stops being read until the reader
-# catches up (a slow consumer must not buffer a whole response in memory).
+# takes what is buffered (a slow consumer must not buffer a whole response in memory).
 HIGH_WATER: Final = 256 * 1024
-LOW_WATER: Final = 64 * 1024
 # A response's status line and headers, as httpcore allows them.
 MAX_HEAD_BYTES: Final = 100 * 1024
 _DEFAULT_PORTS: Final = {b"http": 80, b"https": 443}
@@ -151,7 +150,7 @@ class _Channel(asyncio.Protocol):
             data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
             chunks.clear()
             self._buffered = 0
-            if self._reading_paused and self._buffered <= LOW_WATER and self.transport:
+            if self._reading_paused and self.transport:  # all of it was taken
                 self._reading_paused = False
                 self.transport.resume_reading()
             return data
