@@ -18,6 +18,7 @@ import pytest
 import trustme
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.process.daemon.support import wait_for
 
 from magi_code.providers import transport as transport_module
 from magi_code.providers.http import DIRECT, build_client
@@ -92,12 +93,15 @@ CHUNKED_HEAD = (
 )
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition did not hold within 5 s")
+def stalled_after(data: bytes) -> Handler:
+    """A handler that sends ``data``, then nothing more until the client closes."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+        await writer.drain()
+        await reader.read()
+
+    return handler
 
 
 @contextlib.asynccontextmanager
@@ -163,11 +167,7 @@ async def test_an_idle_connection_expires(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_a_gap_between_chunks_longer_than_the_read_timeout_fails_and_closes() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(CHUNKED_HEAD + chunk(b"data: 1\n\n"))
-        await writer.drain()
-        await reader.read()  # nothing more, until the client closes
-
+    handler = stalled_after(CHUNKED_HEAD + chunk(b"data: 1\n\n"))
     async with Server(handler) as server, client(timeout=httpx.Timeout(5, read=0.2)) as http:
         async with http.stream("GET", server.url) as response:
             chunks = response.aiter_bytes()
@@ -175,7 +175,7 @@ async def test_a_gap_between_chunks_longer_than_the_read_timeout_fails_and_close
             with pytest.raises(httpx.ReadTimeout) as caught:
                 await anext(chunks)
         assert str(server.port) not in str(caught.value)
-        await until(lambda: server.closed_by_client == 1)
+        await wait_for(lambda: server.closed_by_client == 1, 5, "the client to close")
 
 
 async def test_a_body_cut_short_is_a_remote_protocol_error() -> None:
@@ -230,12 +230,7 @@ async def test_a_response_closed_early_takes_its_connection_and_the_next_request
 
 
 async def test_a_cancelled_read_closes_the_connection() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(CHUNKED_HEAD)
-        await writer.drain()
-        await reader.read()  # nothing more, until the client closes
-
-    async with Server(handler) as server, client() as http:
+    async with Server(stalled_after(CHUNKED_HEAD)) as server, client() as http:
 
         async def read() -> None:
             async with http.stream("GET", server.url) as response:
@@ -247,7 +242,7 @@ async def test_a_cancelled_read_closes_the_connection() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await until(lambda: server.closed_by_client == 1)
+        await wait_for(lambda: server.closed_by_client == 1, 5, "the client to close")
 
 
 async def test_large_bodies_both_ways_with_a_slow_reader() -> None:
