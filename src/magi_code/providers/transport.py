@@ -436,7 +436,13 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 raise httpx.LocalProtocolError("the request cannot be sent") from None
             if tail:
                 parts.append(tail)
-            await connection.channel.write(parts, timeouts.get("write"))
+            try:
+                await connection.channel.write(parts, timeouts.get("write"))
+            except httpx.WriteError:
+                # A server may answer before it read the whole request (a body too large)
+                # and close: its answer is the outcome, not the failed write.
+                if not connection.channel.has_data:
+                    raise
             read_timeout = timeouts.get("read")
             event = await connection.next_event(read_timeout)
             while type(event) is h11.InformationalResponse:

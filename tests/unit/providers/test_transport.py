@@ -305,6 +305,24 @@ async def test_a_server_that_takes_no_request_is_a_write_timeout() -> None:
         await server.wait_closed()
 
 
+async def test_an_answer_before_the_whole_request_was_taken_is_the_response() -> None:
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head only, not the body
+        writer.write(b"HTTP/1.1 413 Too Large\r\ncontent-length: 3\r\nconnection: close\r\n\r\nbig")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with client() as http:
+            response = await http.post(f"http://127.0.0.1:{port}/", content=b"x" * (64 * 2**20))
+        assert (response.status_code, response.content) == (413, b"big")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 @pytest.fixture(scope="module")
 def authority() -> trustme.CA:
     return trustme.CA()
