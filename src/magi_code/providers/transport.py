@@ -81,6 +81,7 @@ class _Channel(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.ended = False
         self.lost: BaseException | None = None
+        self.received = False  # anything in the current exchange
 
     # -- protocol callbacks ---------------------------------------------------------
 
@@ -89,6 +90,7 @@ class _Channel(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER and not self._reading_paused and self.transport:
@@ -213,6 +215,7 @@ class _Connection:
     def reset(self) -> None:
         """Ready for the next exchange, after a response whose body was read to its end."""
         self.http = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.channel.received = False
 
     def reusable(self, now: float) -> bool:
         return (
@@ -416,14 +419,30 @@ class Http11Transport(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol("only http and https are supported")
         origin: _Origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
         connection = self._acquire(origin)
-        if connection is None:
-            connection = await self._connect(origin, timeouts.get("connect"))
+        if connection is not None:
+            try:
+                return await self._exchange(connection, request, timeouts)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                # A kept connection the server closed as it was taken again (its end was
+                # still on the way): the request goes once more, on a new connection.
+                # Only when nothing at all came back, and the body can be sent again.
+                if connection.channel.received or not isinstance(request.stream, httpx.ByteStream):
+                    raise
+        connection = await self._connect(origin, timeouts.get("connect"))
+        return await self._exchange(connection, request, timeouts)
+
+    async def _exchange(
+        self, connection: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
+    ) -> httpx.Response:
+        """Send ``request`` on ``connection`` and read the response's head."""
         try:
             http = connection.http
             try:
                 head = http.send(
                     h11.Request(
-                        method=request.method, target=url.raw_path, headers=request.headers.raw
+                        method=request.method,
+                        target=request.url.raw_path,
+                        headers=request.headers.raw,
                     )
                 )
                 parts = [head] if head else []

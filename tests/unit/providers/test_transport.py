@@ -154,6 +154,24 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
     assert server.connections == 2
 
 
+async def test_a_kept_connection_closed_as_it_is_reused_is_replaced_for_the_request() -> None:
+    served: list[asyncio.StreamWriter] = []
+
+    async def once_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if writer in served:
+            writer.close()  # the kept connection ends as the next request arrives
+            return
+        served.append(writer)
+        writer.write(reply(b"ok %d" % len(served)))
+
+    async with Server(once_per_connection) as server, client() as http:
+        assert (await http.post(server.url, content=b"{}")).content == b"ok 1"
+        assert (await http.post(server.url, content=b"{}")).content == b"ok 2"
+    assert server.connections == 2
+
+
 async def test_an_idle_connection_expires(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transport_module, "KEEPALIVE_SECONDS", 0.0)
 
