@@ -17,8 +17,10 @@ that runs the turn. This transport is the same HTTP/1.1 exchange with less in be
 - Connections are kept per origin while idle (at most ``MAX_IDLE`` in all, each for
   ``KEEPALIVE_SECONDS``), only after a response was read to its end, and only while
   both sides keep the connection open. An idle connection the server closed, or that
-  received anything, is dropped before use. Any other ending (an error, a timeout, a
-  response closed early, a cancelled task) closes the connection.
+  received anything, is dropped before use; one that ends with nothing received when it
+  is taken again (the server closed it meanwhile) sends the request once more on a new
+  connection. Any other ending (an error, a timeout, a response closed early, a
+  cancelled task) closes the connection.
 - Timeouts are httpx's, per request: ``connect`` (resolution, TCP and TLS), ``read``
   (each wait for data, i.e. the gap between chunks), ``write`` (each wait for the
   socket to take the request). Failures are httpx's exception classes with fixed
