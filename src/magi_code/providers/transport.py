@@ -243,6 +243,8 @@ class _Connection:
 # States of a chunked body.
 _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
 _HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
+# A chunk's size line in its strict form (anything else takes the general path).
+_CHUNK_HEAD: Final = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]{0,4000})?\r\n")
 # A chunk-size line (with extensions) or a trailer line longer than this is refused.
 MAX_LINE_BYTES: Final = 4096
 
@@ -291,15 +293,30 @@ class _Unframer:
 
     def _chunks(self, buffer: bytes) -> bytes:
         out: list[bytes] = []
+        state, remaining = self._state, self._remaining  # locals: the loop runs per chunk
         position, end = 0, len(buffer)
-        while position < end and not self.done:
-            if self._state == _DATA:
-                taken = min(self._remaining, end - position)
+        while position < end:
+            if state == _DATA:
+                taken = min(remaining, end - position)
                 out.append(buffer[position : position + taken])
                 position += taken
-                self._remaining -= taken
-                if not self._remaining:
-                    self._state = _DATA_END
+                remaining -= taken
+                if not remaining:
+                    state = _DATA_END
+                continue
+            if state == _SIZE:
+                # The usual case, a whole chunk at hand: its size line, data and CRLF.
+                whole = _CHUNK_HEAD.match(buffer, position)
+                if whole is not None:
+                    length = int(whole[1], 16)
+                    data_end = whole.end() + length
+                    if length and buffer.startswith(b"\r\n", data_end):
+                        out.append(buffer[whole.end() : data_end])
+                        position = data_end + 2
+                        continue
+            elif state == _DATA_END and buffer.startswith(b"\r\n", position):
+                position += 2
+                state = _SIZE
                 continue
             newline = buffer.find(b"\n", position)
             if newline < 0:
@@ -308,21 +325,24 @@ class _Unframer:
                 break
             line = buffer[position:newline].removesuffix(b"\r")
             position = newline + 1
-            if self._state == _SIZE:
+            if state == _SIZE:
                 size = line.split(b";", 1)[0].strip()
                 if len(line) > MAX_LINE_BYTES or not _HEX.fullmatch(size):
                     raise httpx.RemoteProtocolError("the server sent a malformed chunk")
-                self._remaining = int(size, 16)
-                self._state = _DATA if self._remaining else _TRAILER
-            elif self._state == _DATA_END:
+                remaining = int(size, 16)
+                state = _DATA if remaining else _TRAILER
+            elif state == _DATA_END:
                 if line:
                     raise httpx.RemoteProtocolError("the server sent a malformed chunk")
-                self._state = _SIZE
+                state = _SIZE
             else:  # trailer fields, ignored, until the empty line
                 self._trailer += len(line) + 2
                 if self._trailer > MAX_HEAD_BYTES:
                     raise httpx.RemoteProtocolError("the server sent a malformed chunk")
-                self.done = not line
+                if not line:
+                    self.done = True
+                    break
+        self._state, self._remaining = state, remaining
         self._buffer = buffer[position:]
         if self.done and self._buffer:
             self.extra = True
