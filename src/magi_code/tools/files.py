@@ -17,7 +17,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from stat import S_ISREG
 from typing import BinaryIO, Final
@@ -38,6 +38,7 @@ from magi_code.tools.base import (
 )
 from magi_code.tools.inline import (
     CHECKPOINT,
+    Entry,
     Marker,
     ProjectFiles,
     Steps,
@@ -362,8 +363,7 @@ class ListFiles(BuiltinTool):
 def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
     root = files.root
     base = yield from resolve_steps(files, raw_path)
-    match = glob_regex(pattern).match
-    matches: list[str] = []
+    batches: list[Sequence[Entry]] = []
     complete = True
     scanned = 0
     for batch in walk(files, base, max_depth=glob_depth(pattern)):
@@ -374,13 +374,20 @@ def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
             batch = batch[: MAX_SCAN_ENTRIES - scanned]
             complete = False
         scanned += len(batch)
-        matches += [path + "/" if is_dir else path for path, is_dir in batch if match(path)]
+        batches.append(batch)
         if not complete:
             break
     # A walk that found nothing may not have had a directory to read (asked only then: the
     # walk's own look at it is usually a kept listing's one ``stat``).
     if not scanned and not base.is_dir():
         raise ToolInputError(f"{display_path(root, base)} is not a directory.")
+    key = (str(base), pattern)
+    if (text := files.listed.answer(key, batches)) is not None:
+        return text
+    match = glob_regex(pattern).match
+    matches = [
+        path + "/" if is_dir else path for batch in batches for path, is_dir in batch if match(path)
+    ]
     matches.sort()
     lines = matches[:MAX_LIST_RESULTS]
     if not lines:
@@ -389,7 +396,10 @@ def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
         lines.append(f"[{len(matches) - MAX_LIST_RESULTS} more matches not shown]")
     if not complete:
         lines.append(f"[scan stopped after {MAX_SCAN_ENTRIES} entries; narrow pattern or path]")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    if complete:
+        files.listed.keep(key, batches, scanned, text)
+    return text
 
 
 class Grep(BuiltinTool):

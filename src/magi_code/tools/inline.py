@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Collection, Generator, Sequence
 from pathlib import Path
@@ -43,6 +44,9 @@ SKIPPED_DIRS: Final = frozenset({".git"})
 WALK_STEP_ENTRIES: Final = 512
 # Names a turn's ``DirectoryListings`` keeps at most (a few MiB), freed with the turn.
 MAX_LISTED_NAMES: Final = 200_000
+# Answers a turn's ``ListedAnswers`` keeps, and the entries one may have been made from.
+MAX_ANSWERS: Final = 16
+MAX_ANSWER_ENTRIES: Final = 10_000
 
 
 class Marker:
@@ -149,8 +153,11 @@ class DirectoryListings:
         self._found[path] = (stamp, listing, batch, made)
         return made[1]
 
-    def put(self, path: str, stamp: Probe, taken_ns: int, listing: Listing) -> None:
-        """Keep what was read of ``path`` after ``stamp`` was taken (at ``taken_ns``)."""
+    def put(
+        self, path: str, stamp: Probe, taken_ns: int, listing: Listing, made: tuple[str, Walked]
+    ) -> None:
+        """Keep what was read of ``path`` after ``stamp`` was taken (at ``taken_ns``), and
+        what the walk made of it (``(prefix, walked)``)."""
         if not trusted((stamp,), taken_ns, self._window) or self._names > MAX_LISTED_NAMES:
             return
         replaced = self._found.get(path)
@@ -158,8 +165,47 @@ class DirectoryListings:
             self._names -= sum(map(len, replaced[1]))
             if replaced[3] is not None:
                 self._names -= len(replaced[3][1][0])
-        self._names += sum(map(len, listing))
-        self._found[path] = (stamp, listing, CALL_BATCH.get(), None)
+        self._names += sum(map(len, listing)) + len(made[1][0])
+        self._found[path] = (stamp, listing, CALL_BATCH.get(), made)
+
+
+class ListedAnswers:
+    """What ``list_files`` answered during one turn, by (directory, pattern), with the
+    batches of the walk it was made from.
+
+    A walk hands back the very tuples ``DirectoryListings`` keeps for as long as each
+    directory is as it was read, so a walk that yields the same batches, object for
+    object, finds the same matches: the answer is reused without matching, sorting and
+    joining again. A directory read again yields new tuples, and the answer is made anew.
+    Keeps at most ``MAX_ANSWERS``, each made from at most ``MAX_ANSWER_ENTRIES`` entries;
+    a walk in a worker thread may share it with the event loop."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, str], tuple[list[Sequence[Entry]], str]] = {}
+        self._lock = threading.Lock()
+
+    def answer(self, key: tuple[str, str], batches: list[Sequence[Entry]]) -> str | None:
+        """The answer kept for ``key`` if it was made from exactly these batches."""
+        found = self._answers.get(key)
+        if found is None:
+            return None
+        made_from, text = found
+        if len(made_from) != len(batches) or any(
+            kept is not walked for kept, walked in zip(made_from, batches, strict=True)
+        ):
+            return None
+        return text
+
+    def keep(
+        self, key: tuple[str, str], batches: list[Sequence[Entry]], entries: int, text: str
+    ) -> None:
+        if entries > MAX_ANSWER_ENTRIES:
+            return
+        with self._lock:
+            self._answers.pop(key, None)
+            if len(self._answers) >= MAX_ANSWERS:
+                del self._answers[next(iter(self._answers))]
+            self._answers[key] = (batches, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +217,7 @@ class ProjectFiles:
     mounts: frozenset[str]  # mount points inside the root
     generation: int = 0  # of the mount table it was read from (MountTable)
     listings: DirectoryListings = field(default_factory=DirectoryListings, compare=False)
+    listed: ListedAnswers = field(default_factory=ListedAnswers, compare=False)
 
     def may_block(self, path: str) -> bool:
         """Whether entering ``path`` (a real path under the root) crosses a mount."""
@@ -261,15 +308,13 @@ def walk(
         if depth and files.may_block(top):
             yield MAY_BLOCK
         kept = files.listings.walked(top, prefix)
-        if kept is not None:
-            yield CHECKPOINT
-            listed, subdirectories = kept
-        else:
-            links: set[str] = set()
-            listing = yield from _read_directory(files, top, links)
-            if listing is None:
+        if kept is None:
+            kept = yield from _read_directory(files, top, prefix)
+            if kept is None:
                 continue
-            listed, subdirectories = entries_of(top, prefix, listing, links)
+        else:
+            yield CHECKPOINT
+        listed, subdirectories = kept
         if len(listed) <= WALK_STEP_ENTRIES:
             if listed:
                 yield listed
@@ -283,11 +328,12 @@ def walk(
 
 
 def _read_directory(
-    files: ProjectFiles, top: str, links: set[str]
-) -> Generator[Marker, None, Listing | None]:
-    """``walk``'s reading of one directory: its subdirectories (without ``.git``; the
-    symbolic links among them added to ``links``) and files, each sorted, or ``None``
-    where it cannot be read. Kept in ``files.listings`` where that may be reused."""
+    files: ProjectFiles, top: str, prefix: str
+) -> Generator[Marker, None, Walked | None]:
+    """``walk``'s reading of one directory: its subdirectories (without ``.git`` and
+    without entering symbolic links) and files, each sorted, as ``entries_of`` makes them
+    under ``prefix``, or ``None`` where it cannot be read. Kept in ``files.listings``
+    where that may be reused."""
     taken_ns = time.time_ns()
     try:
         stamp: Probe | None = probe(top, follow_symlinks=False)
@@ -305,6 +351,7 @@ def _read_directory(
     yield CHECKPOINT
     mounts = files.mounts
     plain = True  # every entry's type is known from the directory itself
+    links: set[str] = set()  # the subdirectories that are symbolic links
     dirs: list[str] = []
     files_here: list[str] = []
     for start in range(0, len(entries), WALK_STEP_ENTRIES):
@@ -333,6 +380,7 @@ def _read_directory(
                 if linked:
                     links.add(name)
     listing = (tuple(sorted(dirs)), tuple(sorted(files_here)))
+    walked = entries_of(top, prefix, listing, links)
     if plain and stamp is not None:
-        files.listings.put(top, stamp, taken_ns, listing)
-    return listing
+        files.listings.put(top, stamp, taken_ns, listing, (prefix, walked))
+    return walked

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from tests.support.mounts import mount, use_mountinfo
 
 from magi_code.storage import mounts
+from magi_code.tools import files as files_module
 from magi_code.tools import inline
 from magi_code.tools.base import CALL_BATCH, CallBatch, ToolContext, ToolInputError
-from magi_code.tools.files import ListFiles, ReadFile, _read_file
+from magi_code.tools.files import ListFiles, ReadFile, _list_files, _read_file
 from magi_code.tools.inline import (
     CHECKPOINT,
+    MAX_ANSWER_ENTRIES,
+    MAX_ANSWERS,
     MAY_BLOCK,
     DirectoryListings,
     Entry,
+    ListedAnswers,
     Marker,
     ProjectFiles,
     Steps,
@@ -305,6 +310,81 @@ def test_a_directory_replaced_by_another_is_read_again(project: Path) -> None:
         ("old/a.py", False),
         ("src/other.py", False),
     ]
+
+
+# -- list_files answers again from the same listings --------------------------------------
+
+
+def list_answer(files: ProjectFiles, pattern: str = "**/*.py") -> str:
+    return finish(_list_files(files, ".", pattern))
+
+
+def counted_matching(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    asked: list[str] = []
+    real = files_module.glob_regex
+
+    def counting(pattern: str) -> re.Pattern[str]:
+        asked.append(pattern)
+        return real(pattern)
+
+    monkeypatch.setattr(files_module, "glob_regex", counting)
+    return asked
+
+
+def test_list_files_answers_again_without_matching_while_its_listings_stand(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (project / "src" / "b.txt").write_text("b\n")
+    files = remembering(project)
+    first = list_answer(files)
+    assert first == "src/a.py"
+    time.sleep(TICK_SECONDS)
+    asked = counted_matching(monkeypatch)
+    assert list_answer(files) == first
+    assert asked == []
+    # Another pattern, or another base with the same pattern, is matched anew.
+    assert list_answer(files, "**/*.txt") == "src/b.txt"
+    assert finish(_list_files(files, "src", "**/*.py")) == "a.py"
+    assert asked == ["**/*.txt", "**/*.py"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda src: (src / "new.py").write_text("n\n"),
+        lambda src: (src / "a.py").unlink(),
+        lambda src: (src / "a.py").rename(src / "b.py"),
+        lambda src: (src / "deeper").mkdir() or (src / "deeper" / "c.py").write_text("c\n"),
+    ],
+    ids=["created", "removed", "renamed", "new-directory"],
+)
+def test_list_files_answers_anew_once_a_directory_changed(
+    project: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], object]
+) -> None:
+    files = remembering(project)
+    list_answer(files)
+    time.sleep(TICK_SECONDS)
+    change(project / "src")
+    asked = counted_matching(monkeypatch)
+    assert list_answer(files) == list_answer(local(project))
+    assert asked == ["**/*.py", "**/*.py"]
+
+
+def one_entry() -> Sequence[Entry]:
+    return tuple((name, False) for name in ["a.py"])  # a new tuple each time
+
+
+def test_list_files_keeps_a_bounded_number_of_small_answers() -> None:
+    answers = ListedAnswers()
+    small = [one_entry()]
+    for n in range(MAX_ANSWERS + 1):
+        answers.keep((f"/p{n}", "*"), small, 1, f"answer {n}")
+    assert answers.answer(("/p0", "*"), small) is None  # the oldest went
+    assert answers.answer((f"/p{MAX_ANSWERS}", "*"), small) == f"answer {MAX_ANSWERS}"
+    # Equal batches that are not the same objects are not the same listings.
+    assert answers.answer((f"/p{MAX_ANSWERS}", "*"), [one_entry()]) is None
+    answers.keep(("/big", "*"), small, MAX_ANSWER_ENTRIES + 1, "big")
+    assert answers.answer(("/big", "*"), small) is None
 
 
 def test_recent_directories_and_directories_with_links_are_read_every_time(
