@@ -37,7 +37,7 @@ import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import httpx
 
@@ -213,6 +213,17 @@ def warm_bundled_roots() -> None:
         bundled_ssl_context()
 
 
+class ProviderClient(httpx.AsyncClient):
+    """The service's client. ``direct`` is its transport where no route has a proxy:
+    ``stream_response`` sends a model request on it as it is, without the client's
+    per-request work (URL and cookie merging, the auth and redirect flows, keeping
+    cookies), which costs more than the request's own writing (~0.1 ms)."""
+
+    def __init__(self, *, direct: Http11Transport | None, **options: Any) -> None:
+        super().__init__(**options)
+        self.direct = direct
+
+
 def build_client(options: TransportOptions) -> httpx.AsyncClient:
     """A client for these options; blocking (run it in a thread).
 
@@ -228,7 +239,13 @@ def build_client(options: TransportOptions) -> httpx.AsyncClient:
             pattern: None if url is None else httpx.AsyncHTTPTransport(proxy=url, verify=verify)
             for pattern, url in options.proxies
         }
-        return httpx.AsyncClient(trust_env=False, mounts=mounts, transport=Http11Transport(verify))
+        transport = Http11Transport(verify)
+        return ProviderClient(
+            direct=None if mounts else transport,
+            trust_env=False,
+            mounts=mounts,
+            transport=transport,
+        )
     # Deliberately unchained: a proxy URL (with its credentials) or a path must not show.
     except (ValueError, TypeError, ImportError, OSError, httpx.InvalidURL):
         raise ProviderFailure(FailureLabel.HTTP_ERROR) from None

@@ -1,9 +1,12 @@
 """Streaming one model response over httpx, with bounded retries before the first event.
 
 Theory of operation: ``stream_response`` builds the API's request once, then for each
-attempt opens ``client.stream(...)`` *inside* the async generator, so closing the
-generator (``aclose()``, ``break`` under ``contextlib.aclosing``, task cancellation)
-exits the ``async with`` and closes the HTTP response and its connection.
+attempt opens the response *inside* the async generator, so closing the generator
+(``aclose()``, ``break`` under ``contextlib.aclosing``, task cancellation) exits the
+``async with`` and closes the HTTP response and its connection. The service's own client
+(``http.ProviderClient``) takes the request straight to its transport where no proxy is
+configured, with the client's headers and without keeping cookies; any other client, or a
+proxied one, sends it with ``client.stream(...)``.
 
 - Retries: 408/409/429/5xx statuses and connect-phase errors, only while no event has
   been yielded; at most ``RetryPolicy.max_retries`` retries, exponential backoff with
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Final
@@ -40,6 +43,7 @@ from magi_code.providers.errors import (
     failure_for_status,
     map_httpx_errors,
 )
+from magi_code.providers.http import ProviderClient
 from magi_code.providers.sse import SSEEvent, SSEParser
 from magi_code.providers.types import ApiKind, Endpoint, ProviderRequest, StreamEvent
 from magi_code.providers.wire import Decoder, HttpCall
@@ -122,13 +126,7 @@ async def stream_response(
         yielded = False
         try:
             with map_httpx_errors():
-                async with client.stream(
-                    "POST",
-                    call.url,
-                    content=content,
-                    headers=dict(call.headers),
-                    timeout=settings.timeout(),
-                ) as response:
+                async with _post(client, call.url, content, call.headers, settings) as response:
                     if not response.is_success:
                         raise await _status_failure(response)
                     decoder = wire.decoder()
@@ -162,6 +160,39 @@ async def stream_response(
             delay = settings.retry.delay(retries, failure.retry_after)
         retries += 1
         await asyncio.sleep(delay)
+
+
+@contextlib.asynccontextmanager
+async def _post(
+    client: httpx.AsyncClient,
+    url: str,
+    content: bytes,
+    headers: Mapping[str, str],
+    settings: StreamSettings,
+) -> AsyncIterator[httpx.Response]:
+    """The response to one model request, streaming; closed on exit."""
+    direct = client.direct if isinstance(client, ProviderClient) else None
+    if direct is None:
+        async with client.stream(
+            "POST", url, content=content, headers=dict(headers), timeout=settings.timeout()
+        ) as response:
+            yield response
+        return
+    merged = client.headers.copy()  # the client's own (user agent, accepted encodings)
+    merged.update(headers)
+    request = httpx.Request(
+        "POST",
+        url,
+        content=content,
+        headers=merged,
+        extensions={"timeout": settings.timeout().as_dict()},
+    )
+    response = await direct.handle_async_request(request)
+    response.request = request
+    try:
+        yield response
+    finally:
+        await response.aclose()
 
 
 async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:

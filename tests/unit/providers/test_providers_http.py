@@ -13,7 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from provider_helpers import FAST_RETRY, make_request
 
+from magi_code.providers import Endpoint, stream_response
 from magi_code.providers.errors import FailureLabel, ProviderFailure
 from magi_code.providers.http import (
     DIRECT,
@@ -385,3 +387,20 @@ async def test_requests_follow_the_launch_environment_proxy_and_no_proxy(
     assert await _get(pool.bound(transport_options({})), url) == "direct"
     assert len(proxy.lines) == 2 and len(target.lines) == 2
     await pool.aclose()
+
+
+async def test_a_model_request_follows_the_proxy_too(
+    servers: tuple[_Answering, _Answering],
+) -> None:
+    """The service's client sends model requests on its own transport only where no
+    route has a proxy."""
+    proxy, target = servers
+    url = f"http://127.0.0.1:{target.port}/v1"
+    endpoint = Endpoint("openai-chat", url, {"Authorization": "Bearer k"})
+    proxied = transport_options({"HTTP_PROXY": f"http://127.0.0.1:{proxy.port}"})
+    async with build_client(proxied) as client:
+        with pytest.raises(ProviderFailure):  # a plain text answer is no event stream
+            async for _ in stream_response(client, endpoint, make_request(), FAST_RETRY):
+                pass
+    assert proxy.lines == [f"POST {url}/chat/completions HTTP/1.1"]
+    assert target.lines == []

@@ -53,6 +53,7 @@ from magi_code.providers import (
     UserText,
     stream_response,
 )
+from magi_code.providers.http import DIRECT, build_client
 
 pytestmark = pytest.mark.timeout(30)
 api_param = pytest.mark.parametrize("api", APIS)
@@ -198,6 +199,26 @@ async def test_request_on_the_wire_has_auth_headers_and_documented_body(
         assert headers["chatgpt-account-id"] == ACCOUNT_ID
         assert body["store"] is False
         assert body["instructions"] == "You are a test."
+
+
+@api_param
+async def test_the_service_client_sends_what_httpx_sends_and_keeps_no_cookies(
+    api: ApiKind, fake: FakeProviderServer
+) -> None:
+    """Without a proxy the service's client sends a model request on its transport
+    directly: the same headers as httpx's own client, but a provider's cookies are not
+    kept for the next request."""
+    cookie = {"set-cookie": "tracker=1; Path=/"}
+    fake.enqueue(Reply(headers=cookie), Reply(headers=cookie), Reply(headers=cookie))
+    endpoint = endpoint_for(fake, api)
+    async with httpx.AsyncClient() as plain:
+        await collect(plain, endpoint)
+    async with build_client(DIRECT) as service:
+        await collect(service, endpoint)
+        await collect(service, endpoint)
+    by_httpx, first, second = (dict(recorded.headers) for recorded in fake.requests)
+    assert first == by_httpx
+    assert "cookie" not in first and second == first
 
 
 @pytest.mark.parametrize(
