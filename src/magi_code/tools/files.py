@@ -17,7 +17,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from stat import S_ISREG
 from typing import BinaryIO, Final
@@ -38,10 +38,10 @@ from magi_code.tools.base import (
 )
 from magi_code.tools.inline import (
     CHECKPOINT,
-    Entry,
     Marker,
     ProjectFiles,
     Steps,
+    Visited,
     project_files,
     resolve_steps,
     run_steps,
@@ -363,10 +363,15 @@ class ListFiles(BuiltinTool):
 def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
     root = files.root
     base = yield from resolve_steps(files, raw_path)
-    batches: list[Sequence[Entry]] = []
+    key = (str(base), pattern)
+    if (text := files.listed.answer(key, files.listings)) is not None:
+        return text
+    match = glob_regex(pattern).match
+    matches: list[str] = []
+    visited: list[Visited] = []
     complete = True
     scanned = 0
-    for batch in walk(files, base, max_depth=glob_depth(pattern)):
+    for batch in walk(files, base, max_depth=glob_depth(pattern), visited=visited):
         if isinstance(batch, Marker):
             yield batch
             continue
@@ -374,20 +379,13 @@ def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
             batch = batch[: MAX_SCAN_ENTRIES - scanned]
             complete = False
         scanned += len(batch)
-        batches.append(batch)
+        matches += [path + "/" if is_dir else path for path, is_dir in batch if match(path)]
         if not complete:
             break
     # A walk that found nothing may not have had a directory to read (asked only then: the
     # walk's own look at it is usually a kept listing's one ``stat``).
     if not scanned and not base.is_dir():
         raise ToolInputError(f"{display_path(root, base)} is not a directory.")
-    key = (str(base), pattern)
-    if (text := files.listed.answer(key, batches)) is not None:
-        return text
-    match = glob_regex(pattern).match
-    matches = [
-        path + "/" if is_dir else path for batch in batches for path, is_dir in batch if match(path)
-    ]
     matches.sort()
     lines = matches[:MAX_LIST_RESULTS]
     if not lines:
@@ -398,7 +396,7 @@ def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
         lines.append(f"[scan stopped after {MAX_SCAN_ENTRIES} entries; narrow pattern or path]")
     text = "\n".join(lines)
     if complete:
-        files.listed.keep(key, batches, scanned, text)
+        files.listed.keep(key, files, visited, scanned, text)
     return text
 
 

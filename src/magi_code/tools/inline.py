@@ -169,43 +169,58 @@ class DirectoryListings:
         self._found[path] = (stamp, listing, CALL_BATCH.get(), made)
 
 
+# A directory a walk visited: (path, prefix, what the walk made of it, or None where it
+# could not be read).
+Visited = tuple[str, str, Walked | None]
+
+
 class ListedAnswers:
     """What ``list_files`` answered during one turn, by (directory, pattern), with the
-    batches of the walk it was made from.
+    directories its walk visited.
 
-    A walk hands back the very tuples ``DirectoryListings`` keeps for as long as each
-    directory is as it was read, so a walk that yields the same batches, object for
-    object, finds the same matches: the answer is reused without matching, sorting and
-    joining again. A directory read again yields new tuples, and the answer is made anew.
-    Keeps at most ``MAX_ANSWERS``, each made from at most ``MAX_ANSWER_ENTRIES`` entries;
-    a walk in a worker thread may share it with the event loop."""
+    ``DirectoryListings.walked`` hands back the very tuple it keeps for as long as a
+    directory is as it was read, and that tuple says which subdirectories the walk enters
+    next. So while each directory the walk visited gives back the same tuple, object for
+    object, a new walk would visit the same directories and find the same matches: the
+    answer is reused without walking, matching, sorting and joining again (one
+    ``walked`` per directory: a ``stat`` at most, as the walk does). A directory read
+    again gives a new tuple, and the answer is made anew. Answers whose walk met an
+    unreadable directory or a mount point are not kept. Keeps at most ``MAX_ANSWERS``,
+    each made from at most ``MAX_ANSWER_ENTRIES`` entries; a walk in a worker thread may
+    share it with the event loop."""
 
     def __init__(self) -> None:
-        self._answers: dict[tuple[str, str], tuple[list[Sequence[Entry]], str]] = {}
+        self._answers: dict[tuple[str, str], tuple[list[Visited], str]] = {}
         self._lock = threading.Lock()
 
-    def answer(self, key: tuple[str, str], batches: list[Sequence[Entry]]) -> str | None:
-        """The answer kept for ``key`` if it was made from exactly these batches."""
+    def answer(self, key: tuple[str, str], listings: DirectoryListings) -> str | None:
+        """The answer kept for ``key`` if every directory its walk visited is unchanged."""
         found = self._answers.get(key)
         if found is None:
             return None
-        made_from, text = found
-        if len(made_from) != len(batches) or any(
-            kept is not walked for kept, walked in zip(made_from, batches, strict=True)
-        ):
-            return None
+        visited, text = found
+        for path, prefix, made in visited:
+            if listings.walked(path, prefix) is not made:
+                return None
         return text
 
     def keep(
-        self, key: tuple[str, str], batches: list[Sequence[Entry]], entries: int, text: str
+        self,
+        key: tuple[str, str],
+        files: ProjectFiles,
+        visited: list[Visited],
+        entries: int,
+        text: str,
     ) -> None:
-        if entries > MAX_ANSWER_ENTRIES:
+        if entries > MAX_ANSWER_ENTRIES or any(
+            made is None or files.may_block(path) for path, _, made in visited
+        ):
             return
         with self._lock:
             self._answers.pop(key, None)
             if len(self._answers) >= MAX_ANSWERS:
                 del self._answers[next(iter(self._answers))]
-            self._answers[key] = (batches, text)
+            self._answers[key] = (visited, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +304,11 @@ def resolve_steps(files: ProjectFiles, raw: str) -> Steps[Path]:
 
 
 def walk(
-    files: ProjectFiles, base: Path, *, max_depth: int | None = None
+    files: ProjectFiles,
+    base: Path,
+    *,
+    max_depth: int | None = None,
+    visited: list[Visited] | None = None,
 ) -> Generator[Sequence[Entry] | Marker, None, None]:
     """The entries under ``base`` in batches, sorted per directory: a directory's entries
     (directories first), then each subdirectory's, depth first; and the markers of steps
@@ -298,7 +317,8 @@ def walk(
 
     Never follows directory symlinks (they are listed, not entered), skips ``.git`` and
     unreadable directories. Strings only (no ``Path`` per entry), handed over a directory
-    at a time: a listing is on the tool loop's path.
+    at a time: a listing is on the tool loop's path. Each directory visited is added to
+    ``visited`` when one is given.
     """
     # (directory, its relative prefix, depth), depth first: children pushed in reverse.
     pending: list[tuple[str, str, int]] = [(os.fspath(base), "", 0)]
@@ -310,10 +330,12 @@ def walk(
         kept = files.listings.walked(top, prefix)
         if kept is None:
             kept = yield from _read_directory(files, top, prefix)
-            if kept is None:
-                continue
         else:
             yield CHECKPOINT
+        if visited is not None:
+            visited.append((top, prefix, kept))
+        if kept is None:
+            continue
         listed, subdirectories = kept
         if len(listed) <= WALK_STEP_ENTRIES:
             if listed:

@@ -7,7 +7,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +20,10 @@ from magi_code.tools.base import CALL_BATCH, CallBatch, ToolContext, ToolInputEr
 from magi_code.tools.files import ListFiles, ReadFile, _list_files, _read_file
 from magi_code.tools.inline import (
     CHECKPOINT,
-    MAX_ANSWER_ENTRIES,
     MAX_ANSWERS,
     MAY_BLOCK,
     DirectoryListings,
     Entry,
-    ListedAnswers,
     Marker,
     ProjectFiles,
     Steps,
@@ -370,21 +368,35 @@ def test_list_files_answers_anew_once_a_directory_changed(
     assert asked == ["**/*.py", "**/*.py"]
 
 
-def one_entry() -> Sequence[Entry]:
-    return tuple((name, False) for name in ["a.py"])  # a new tuple each time
+def test_list_files_answers_anew_once_a_directory_deeper_down_changed(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (project / "src" / "deeper").mkdir()
+    (project / "src" / "deeper" / "c.py").write_text("c\n")
+    files = remembering(project)
+    list_answer(files)
+    time.sleep(TICK_SECONDS)
+    (project / "src" / "deeper" / "d.py").write_text("d\n")
+    asked = counted_matching(monkeypatch)
+    assert list_answer(files) == "src/a.py\nsrc/deeper/c.py\nsrc/deeper/d.py"
+    assert asked == ["**/*.py"]
 
 
-def test_list_files_keeps_a_bounded_number_of_small_answers() -> None:
-    answers = ListedAnswers()
-    small = [one_entry()]
-    for n in range(MAX_ANSWERS + 1):
-        answers.keep((f"/p{n}", "*"), small, 1, f"answer {n}")
-    assert answers.answer(("/p0", "*"), small) is None  # the oldest went
-    assert answers.answer((f"/p{MAX_ANSWERS}", "*"), small) == f"answer {MAX_ANSWERS}"
-    # Equal batches that are not the same objects are not the same listings.
-    assert answers.answer((f"/p{MAX_ANSWERS}", "*"), [one_entry()]) is None
-    answers.keep(("/big", "*"), small, MAX_ANSWER_ENTRIES + 1, "big")
-    assert answers.answer(("/big", "*"), small) is None
+def test_list_files_keeps_a_bounded_number_of_small_answers(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = remembering(project)
+    patterns = [f"**/{n}*" for n in range(MAX_ANSWERS + 1)]
+    for pattern in patterns:
+        list_answer(files, pattern)
+    asked = counted_matching(monkeypatch)
+    list_answer(files, patterns[-1])
+    list_answer(files, patterns[0])  # the oldest went
+    assert asked == [patterns[0]]
+    monkeypatch.setattr(inline, "MAX_ANSWER_ENTRIES", 1)  # this walk sees two entries
+    list_answer(files, "**/*.txt")
+    list_answer(files, "**/*.txt")
+    assert asked == [patterns[0], "**/*.txt", "**/*.txt"]
 
 
 def test_recent_directories_and_directories_with_links_are_read_every_time(
