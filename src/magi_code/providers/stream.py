@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
@@ -182,7 +183,7 @@ async def _post(
     merged.update(headers)
     request = httpx.Request(
         "POST",
-        url,
+        _parsed(url),
         content=content,
         headers=merged,
         extensions={"timeout": settings.timeout().as_dict()},
@@ -193,6 +194,13 @@ async def _post(
         yield response
     finally:
         await response.aclose()
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(url: str) -> httpx.URL:
+    # A provider's URL is parsed once (httpx's parsing costs more than the rest of the
+    # request object); an httpx.URL is immutable.
+    return httpx.URL(url)
 
 
 async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:
