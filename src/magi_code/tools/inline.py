@@ -190,18 +190,27 @@ class ListedAnswers:
     share it with the event loop."""
 
     def __init__(self) -> None:
-        self._answers: dict[tuple[str, str], tuple[list[Visited], str]] = {}
+        # key -> (the directories visited, the answer, the batch that last checked it)
+        self._answers: dict[tuple[str, str], tuple[list[Visited], str, CallBatch | None]] = {}
         self._lock = threading.Lock()
 
     def answer(self, key: tuple[str, str], listings: DirectoryListings) -> str | None:
-        """The answer kept for ``key`` if every directory its walk visited is unchanged."""
+        """The answer kept for ``key`` if every directory its walk visited is unchanged;
+        within a ``CallBatch``, one check stands for the batch's other calls."""
         found = self._answers.get(key)
         if found is None:
             return None
-        visited, text = found
+        visited, text, checked_in = found
+        batch = CALL_BATCH.get()
+        if batch is not None and checked_in is batch:
+            return text
         for path, prefix, made in visited:
             if listings.walked(path, prefix) is not made:
                 return None
+        if batch is not None:
+            with self._lock:
+                if self._answers.get(key) is found:  # not replaced meanwhile
+                    self._answers[key] = (visited, text, batch)
         return text
 
     def keep(
@@ -220,7 +229,7 @@ class ListedAnswers:
             self._answers.pop(key, None)
             if len(self._answers) >= MAX_ANSWERS:
                 del self._answers[next(iter(self._answers))]
-            self._answers[key] = (visited, text)
+            self._answers[key] = (visited, text, CALL_BATCH.get())
 
 
 @dataclass(frozen=True, slots=True)

@@ -368,6 +368,36 @@ def test_list_files_answers_anew_once_a_directory_changed(
     assert asked == ["**/*.py", "**/*.py"]
 
 
+def test_within_a_batch_one_check_of_an_answer_stands_for_the_others(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = remembering(project)
+    list_answer(files)
+    time.sleep(TICK_SECONDS)
+    checked: list[str] = []
+    real = DirectoryListings.walked
+
+    def counting(self: DirectoryListings, path: str, prefix: str) -> object:
+        checked.append(path)
+        return real(self, path, prefix)
+
+    monkeypatch.setattr(DirectoryListings, "walked", counting)
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        first = list_answer(files)
+        assert len(checked) == 2  # the root and src
+        (project / "src" / "new.py").write_text("n\n")
+        assert list_answer(files) == first  # as of the batch's check
+        assert len(checked) == 2
+    finally:
+        CALL_BATCH.reset(token)
+    token = CALL_BATCH.set(CallBatch())
+    try:
+        assert list_answer(files) == "src/a.py\nsrc/new.py"
+    finally:
+        CALL_BATCH.reset(token)
+
+
 def test_list_files_answers_anew_once_a_directory_deeper_down_changed(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
