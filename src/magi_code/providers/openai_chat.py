@@ -41,7 +41,6 @@ from magi_code.providers.wire import (
     messages_value,
     obj,
 )
-from magi_code.providers.wire import text as as_text
 
 _FINISH: Final[dict[str, StopReason]] = {
     "stop": "end_turn",
@@ -144,6 +143,7 @@ class Decoder:
         return self._done
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
+        # Every chunk of a reply comes through here: no helper calls on the usual path.
         if event.done:
             return self._complete()
         data = load_object(event.data)
@@ -156,17 +156,20 @@ class Decoder:
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
             return out
-        choice = obj(choices[0])
-        delta = obj(choice.get("delta"))
-        content = delta.get("content")
-        if isinstance(content, str) and content:
-            out.append(TextDelta(content))
-        fragments = delta.get("tool_calls")
-        if isinstance(fragments, list):
-            for fragment in fragments:
-                self._fragment(obj(fragment))
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return out
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            content = delta.get("content")
+            if content and isinstance(content, str):
+                out.append(TextDelta(content))
+            fragments = delta.get("tool_calls")
+            if isinstance(fragments, list):
+                for fragment in fragments:
+                    self._fragment(fragment if isinstance(fragment, dict) else {})
         reason = choice.get("finish_reason")
-        if isinstance(reason, str) and reason:
+        if reason and isinstance(reason, str):
             self._finish = _FINISH.get(reason, "other")
             out.extend(self._emit_calls())
         return out
@@ -204,9 +207,11 @@ class Decoder:
         return out
 
     def _fragment(self, fragment: JsonObject) -> None:
-        call_id = as_text(fragment.get("id"))
+        call_id = fragment.get("id")
+        if not isinstance(call_id, str):
+            call_id = ""
         index = fragment.get("index")
-        if isinstance(index, bool) or not isinstance(index, int):
+        if type(index) is not int:  # absent, or not an integer (a bool is not one)
             # Tolerate servers that omit ``index``: match by id, else continue the last.
             by_id = [i for i, f in self._calls.items() if call_id and f.call_id == call_id]
             if by_id:
@@ -221,13 +226,14 @@ class Decoder:
             state = self._calls[index] = _Fragment()
         if call_id:
             state.call_id = call_id
-        function = obj(fragment.get("function"))
-        name = as_text(function.get("name"))
-        if name:
-            state.name = name
-        arguments = as_text(function.get("arguments"))
-        if arguments:
-            state.arguments.append(arguments)
+        function = fragment.get("function")
+        if isinstance(function, dict):
+            name = function.get("name")
+            if name and isinstance(name, str):
+                state.name = name
+            arguments = function.get("arguments")
+            if arguments and isinstance(arguments, str):
+                state.arguments.append(arguments)
 
 
 def _usage_event(usage: JsonObject) -> UsageEvent:
