@@ -90,13 +90,19 @@ def parse_args(description: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def run(main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], description: str) -> None:
-    """Parse ``--quick`` and run ``main`` on the same event loop the service uses.
+def run(
+    main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
+    description: str,
+    args: argparse.Namespace | None = None,
+) -> None:
+    """Parse ``--quick`` (unless the script parsed its own ``args``) and run ``main`` on
+    the same event loop the service uses.
 
     SIGTERM is turned into KeyboardInterrupt so the context managers still stop every
     process and remove every temporary directory when a runner stops the script.
     """
-    args = parse_args(description)
+    if args is None:
+        args = parse_args(description)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         import uvloop
@@ -112,7 +118,9 @@ def run(main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], descrip
 
 
 def run_with_daemons(
-    main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], description: str
+    main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
+    description: str,
+    args: argparse.Namespace | None = None,
 ) -> None:
     """``run`` for a script that starts daemons. SIGTERM/SIGINT cancel ``main``'s task, so
     every await unwinds through the cleanups in order (an interrupt raised inside a
@@ -130,7 +138,7 @@ def run_with_daemons(
             raise KeyboardInterrupt from None
 
     try:
-        run(cancellable, description)
+        run(cancellable, description, args)
     finally:
         kill_seen_daemons()
 
@@ -218,10 +226,15 @@ async def stop_service(service: ServiceProcess) -> None:
 
 @contextlib.asynccontextmanager
 async def running_service(
-    ws: Workspace, env: Mapping[str, str] | None = None, *, initialize: bool = True
+    ws: Workspace,
+    env: Mapping[str, str] | None = None,
+    *,
+    initialize: bool = True,
+    python: str | None = None,
 ) -> AsyncIterator[ServiceProcess]:
-    """The real stdio service for ``ws``; stdin closed (then killed if needed) on exit."""
-    service = await ServiceProcess.start(ws.home, ws.project, env, checks=False)
+    """The real stdio service for ``ws`` (run by ``python``, else this interpreter); stdin
+    closed (then killed if needed) on exit."""
+    service = await ServiceProcess.start(ws.home, ws.project, env, checks=False, python=python)
     try:
         if initialize:
             await service.initialize()

@@ -19,3 +19,26 @@ def test_every_benchmark_runs_in_quick_mode() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_the_paired_comparison_runs_both_modes_of_this_build() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "ab_activity.py"),
+            "--pairs",
+            "2",
+            "--shape",
+            "2x2",
+            f"embedded={sys.executable}:embedded",
+            f"daemon={sys.executable}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "daemon / embedded, events/s: median ratio" in result.stdout
+    assert "daemon / embedded, loop CPU: " in result.stdout

@@ -138,9 +138,11 @@ class ServiceProcess:
         args: tuple[str, ...] = ("--app", "service"),
         *,
         checks: bool = True,
+        python: str | None = None,
     ) -> ServiceProcess:
+        """``python -m magi_code`` (this interpreter unless ``python`` names another)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
+            python or sys.executable,
             "-m",
             "magi_code",
             *args,

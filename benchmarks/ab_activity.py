@@ -1,0 +1,146 @@
+"""Paired A/B of ``bench_activity.py``'s tool-heavy turn, between builds or modes.
+
+    .venv/bin/python benchmarks/ab_activity.py [--pairs N] [--shape RxC] SPEC SPEC [SPEC ...]
+
+Each ``SPEC`` is ``NAME=PYTHON[:MODE]``: ``PYTHON`` is an interpreter whose environment
+has the build to measure installed, and ``MODE`` is ``daemon`` (the default) or
+``embedded``. To measure another commit, check it out beside this one and install it
+there (``git worktree add ../base <rev>; make -C ../base .venv/.installed-stamp``), then
+pass ``base=../base/.venv/bin/python now=.venv/bin/python``; ``now=.venv/bin/python:embedded
+now-daemon=.venv/bin/python`` compares the two modes of one build.
+
+This machine's speed can change by 2x within minutes, so runs of one build after another
+compare the machine's phases more than the builds. Here every service runs at once, each
+with its own ``MC_HOME``, project and fake provider (the fake provider of this checkout,
+the same for all), and their turns alternate (A, B, B, A, ...): each pair of turns meets
+the same phase. Printed per build: the median activity events/s and event-loop CPU per
+turn, and the median and quartiles of its per-pair ratios to the first ``SPEC``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+from dataclasses import dataclass, field
+
+import psutil
+from bench_activity import (
+    FINAL_REPLY,
+    loop_cpu_seconds,
+    populate_project,
+    timed_turn,
+    tool_reply,
+    warm_up,
+)
+from benchlib import (
+    DAEMON_ENV,
+    EMBEDDED_ENV,
+    FakeProvider,
+    ServiceProcess,
+    daemon_process,
+    daemon_workspace,
+    run_with_daemons,
+    running_service,
+    workspace,
+    write_provider_settings,
+)
+
+from magi_code.storage.stamps import RACY_WINDOW_NS
+
+MODES = {"daemon": (DAEMON_ENV, daemon_workspace), "embedded": (EMBEDDED_ENV, workspace)}
+
+
+@dataclass
+class Build:
+    name: str
+    python: str
+    mode: str
+    rates: list[float] = field(default_factory=list)
+    loop_cpu: list[float] = field(default_factory=list)
+
+
+def parse_spec(spec: str) -> Build:
+    name, sep, rest = spec.partition("=")
+    python, _, mode = rest.partition(":")
+    mode = mode or "daemon"
+    if not sep or not name or not python or mode not in MODES:
+        raise argparse.ArgumentTypeError(f"not NAME=PYTHON[:daemon|embedded]: {spec!r}")
+    # Absolute, as given: a virtual environment's interpreter is a link not to follow.
+    return Build(name, os.path.abspath(python), mode)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    replies, _, calls = text.partition("x")
+    if not replies.isdigit() or not calls.isdigit() or int(replies) < 1 or int(calls) < 1:
+        raise argparse.ArgumentTypeError(f"not REPLIESxCALLS: {text!r}")
+    return int(replies), int(calls)
+
+
+async def main(args: argparse.Namespace) -> None:
+    builds: list[Build] = args.builds
+    replies, calls = args.shape
+    print(f"== ab_activity: {replies} x {calls}, {args.pairs} pairs, turns alternating")
+    async with contextlib.AsyncExitStack() as stack:
+        running: list[tuple[Build, ServiceProcess, FakeProvider, psutil.Process]] = []
+        for build in builds:
+            env, place = MODES[build.mode]
+            fake = await stack.enter_async_context(FakeProvider.running())
+            ws = stack.enter_context(place())
+            populate_project(ws.project)
+            write_provider_settings(ws.home, fake.base_url)
+            service = await stack.enter_async_context(running_service(ws, env, python=build.python))
+            await warm_up(service, fake)
+            loop_owner = (
+                daemon_process(ws) if build.mode == "daemon" else psutil.Process(service.proc.pid)
+            )
+            running.append((build, service, fake, loop_owner))
+        # A project's directories are usually older than the racy window (see bench_activity).
+        await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
+        for pair in range(args.pairs):
+            for build, service, fake, loop_owner in running[:: 1 if pair % 2 == 0 else -1]:
+                before = loop_cpu_seconds(loop_owner)
+                await fake.enqueue(*(tool_reply(calls, r) for r in range(replies)), FINAL_REPLY)
+                elapsed, counts = await timed_turn(service)
+                build.loop_cpu.append(loop_cpu_seconds(loop_owner) - before)
+                build.rates.append(counts["activity"] / elapsed)
+    first = builds[0]
+    for build in builds:
+        print(
+            f"   {build.name} ({build.mode}): {statistics.median(build.rates):,.0f} events/s, "
+            f"loop CPU {statistics.median(build.loop_cpu) * 1e3:.0f} ms a turn (medians)"
+        )
+    for build in builds[1:]:
+        for label, mine, theirs in (
+            ("events/s", build.rates, first.rates),
+            ("loop CPU", build.loop_cpu, first.loop_cpu),
+        ):
+            # (Thread CPU is counted in clock ticks: a short turn may show none.)
+            ratios = [a / b for a, b in zip(mine, theirs, strict=True) if b > 0]
+            if len(ratios) < 2:
+                print(f"   {build.name} / {first.name}, {label}: too few turns to compare")
+                continue
+            low, middle, high = statistics.quantiles(ratios, n=4)
+            print(
+                f"   {build.name} / {first.name}, {label}: median ratio "
+                f"{middle:.3f} (quartiles {low:.3f} .. {high:.3f})"
+            )
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--pairs", type=int, default=40, help="turns per build (default 40)")
+    parser.add_argument(
+        "--shape", type=parse_shape, default=(63, 16), help="REPLIESxCALLS (default 63x16)"
+    )
+    parser.add_argument("builds", nargs="+", type=parse_spec, metavar="SPEC")
+    args = parser.parse_args()
+    if len(args.builds) < 2 or args.pairs < 2:
+        parser.error("give two SPECs or more and --pairs 2 or more")
+    return args
+
+
+if __name__ == "__main__":
+    run_with_daemons(main, __doc__ or "", arguments())
