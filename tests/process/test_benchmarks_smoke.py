@@ -9,9 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_benchmark_runs_in_quick_mode() -> None:
+def run_script(name: str, *args: str) -> str:
+    """Run ``benchmarks/<name>`` to its end; its standard output."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick"],
+        [sys.executable, str(ROOT / "benchmarks" / name), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -19,26 +20,22 @@ def test_every_benchmark_runs_in_quick_mode() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stdout
+
+
+def test_every_benchmark_runs_in_quick_mode() -> None:
+    run_script("run_all.py", "--quick")
 
 
 def test_the_paired_comparison_runs_both_modes_of_this_build() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "ab_activity.py"),
-            "--pairs",
-            "2",
-            "--shape",
-            "2x2",
-            f"embedded={sys.executable}:embedded",
-            f"daemon={sys.executable}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    output = run_script(
+        "ab_activity.py",
+        "--pairs",
+        "2",
+        "--shape",
+        "2x2",
+        f"embedded={sys.executable}:embedded",
+        f"daemon={sys.executable}",
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "daemon / embedded, events/s: median ratio" in result.stdout
-    assert "daemon / embedded, loop CPU: " in result.stdout
+    assert "daemon / embedded, events/s: median ratio" in output
+    assert "daemon / embedded, loop CPU: " in output
