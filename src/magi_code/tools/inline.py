@@ -127,10 +127,8 @@ class DirectoryListings:
 
     def __init__(self, racy_window_ns: int = RACY_WINDOW_NS) -> None:
         # path -> (its stamp, its listing, the batch that last read or checked it, and
-        # what the walk last made of it: (prefix, walked) or None)
-        self._found: dict[
-            str, tuple[Probe, Listing, CallBatch | None, tuple[str, Walked] | None]
-        ] = {}
+        # what the walk last made of it: (prefix, walked))
+        self._found: dict[str, tuple[Probe, Listing, CallBatch | None, tuple[str, Walked]]] = {}
         self._names = 0
         self._window = racy_window_ns
 
@@ -142,13 +140,13 @@ class DirectoryListings:
         stamp, listing, checked_in, made = found
         batch = CALL_BATCH.get()
         checked = batch is not None and checked_in is batch
-        if checked and made is not None and made[0] == prefix:
+        if checked and made[0] == prefix:
             return made[1]
         if not checked and not stamp.unchanged():
             return None
-        if made is None or made[0] != prefix:
+        if made[0] != prefix:
             walked = entries_of(path, prefix, listing)
-            self._names += len(walked[0]) - (0 if made is None else len(made[1][0]))
+            self._names += len(walked[0]) - len(made[1][0])
             made = (prefix, walked)
         self._found[path] = (stamp, listing, batch, made)
         return made[1]
@@ -162,9 +160,7 @@ class DirectoryListings:
             return
         replaced = self._found.get(path)
         if replaced is not None:
-            self._names -= sum(map(len, replaced[1]))
-            if replaced[3] is not None:
-                self._names -= len(replaced[3][1][0])
+            self._names -= sum(map(len, replaced[1])) + len(replaced[3][1][0])
         self._names += sum(map(len, listing)) + len(made[1][0])
         self._found[path] = (stamp, listing, CALL_BATCH.get(), made)
 
