@@ -113,6 +113,59 @@ def test_fuzz_any_bytes_any_chunking_same_events_or_stream_error(
     assert outcomes[0] == outcomes[1]
 
 
+# Pieces of event streams: whole one-line ``data:`` events (what model providers send, the
+# parser's shortcut) and everything else a stream may hold, to join in any order and cut
+# between pieces or anywhere.
+SSE_PIECES = st.sampled_from(
+    [
+        b"data: a\n\n",
+        b'data: {"x":"\xc3\xa9"}\n\n',
+        b"data: " + b"x" * 70 + b"\n\n",  # over the line bound below
+        b"data: \xff\n\n",
+        b"data: b\n",
+        b"data:c\n\n",
+        b"event: e\n",
+        b": comment\n",
+        b"id: 1\n",
+        b"\n",
+        b"data: ",
+    ]
+)
+
+
+@settings(max_examples=500)
+@given(
+    pieces=st.lists(st.tuples(SSE_PIECES, st.booleans()), max_size=20),
+    cuts=st.lists(st.integers(0, 800), max_size=4),
+)
+def test_fuzz_event_streams_same_events_however_cut(
+    pieces: list[tuple[bytes, bool]], cuts: list[int]
+) -> None:
+    """Whole events in one chunk take a shortcut: whatever the stream, it gives the events
+    (or the stream error) of any other chunking (after chosen pieces, at any byte, byte by
+    byte)."""
+    data = b"".join(piece for piece, _ in pieces)
+    by_piece: list[bytes] = []
+    for piece, cut_after in pieces:
+        if by_piece and not by_piece[-1].endswith(b"|"):
+            by_piece[-1] += piece
+        else:
+            by_piece.append(piece)
+        if cut_after:
+            by_piece[-1] += b"|"
+    by_piece = [chunk.removesuffix(b"|") for chunk in by_piece]
+    points = sorted({c for c in cuts if c <= len(data)})
+    at_bytes = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    outcomes: list[list[SSEEvent] | str] = []
+    for feed in ([data], by_piece, at_bytes, [data[i : i + 1] for i in range(len(data))]):
+        try:
+            outcomes.append(parse(feed, max_line_bytes=64, max_event_bytes=128))
+        except ProviderFailure as failure:
+            assert failure.label is FailureLabel.STREAM_ERROR
+            outcomes.append("error")
+    assert outcomes[1:] == outcomes[:1] * 3
+
+
 def line_text(forbidden: str, max_size: int) -> st.SearchStrategy[str]:
     chars = st.characters(blacklist_characters=forbidden, blacklist_categories=("Cs",))
     return st.text(alphabet=chars, max_size=max_size)
