@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Final, Protocol, TypeVar
+
+import orjson
 
 from magi_code.dataclass import dataclass, field
 
@@ -176,12 +179,28 @@ def parse_arguments(raw: str) -> Mapping[str, object]:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
+        value = _loads(raw)
     except (ValueError, RecursionError):
         raise ToolInputError("The tool arguments are not valid JSON.") from None
     if not isinstance(value, dict):
         raise ToolInputError("The tool arguments must be a JSON object.")
     return value
+
+
+# orjson reads the usual small object ten times faster than json and to the same value,
+# except that it refuses some text json takes (NaN, Infinity, lone surrogates, deep
+# nesting: json decides those) and reads an integer of 19 digits or more as a float.
+_LONG_NUMBER: Final = re.compile(r"\d{19}")
+
+
+def _loads(raw: str) -> object:
+    """``json.loads(raw)``, faster."""
+    if _LONG_NUMBER.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
 
 
 def require_str(arguments: Mapping[str, object], key: str, *, allow_empty: bool = False) -> str:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from magi_code.tools.base import (
     MAX_OUTPUT_BYTES,
@@ -14,6 +18,7 @@ from magi_code.tools.base import (
     ToolContext,
     ToolInputError,
     ToolOutcome,
+    parse_arguments,
     run_named_tool,
     run_tool,
 )
@@ -66,6 +71,50 @@ async def test_run_tool_reports_bad_argument_json_to_the_model(ctx: ToolContext,
     assert outcome.is_error
     assert "JSON" in outcome.output
     assert tool.seen == []
+
+
+def typed(value: object) -> object:
+    """``value`` with every number tagged by its type, NaN made comparable."""
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return ("nan",)
+    return (type(value).__name__, value)
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # unbounded: past 64 bits too
+    | st.floats()  # NaN and the infinities: json writes and reads them
+    | st.text(),  # lone surrogates too
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300)
+@given(arguments=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=5))
+def test_argument_text_reads_as_json_reads_it(arguments: dict[str, object]) -> None:
+    for raw in (json.dumps(arguments), json.dumps(arguments, ensure_ascii=False)):
+        assert typed(parse_arguments(raw)) == typed(json.loads(raw))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"n": 18446744073709551616}',
+        '{"n": -9223372036854775809}',
+        '{"n": 1111111111111111111}',
+        '{"n": 0.1e999, "m": -Infinity}',
+        '{"s": "\\ud800"}',
+        '{"a": 1, "a": 2}',
+    ],
+)
+def test_argument_text_json_reads_differently_from_orjson(raw: str) -> None:
+    assert typed(parse_arguments(raw)) == typed(json.loads(raw))
 
 
 async def test_unexpected_tool_exception_becomes_error_without_its_text(ctx: ToolContext) -> None:
