@@ -268,11 +268,14 @@ def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
     if not isinstance(kind, str) or kind not in FIELDS:
         raise ValueError("unknown record type")
     required = FIELDS[kind]
-    if not fields.keys() <= _ALLOWED[kind] or not all(name in fields for name in required):
+    if not fields.keys() <= _ALLOWED[kind]:
         raise ValueError("unexpected or missing record fields")
     obj: dict[str, object] = {"v": RECORD_VERSION, "seq": seq, "ts": ts, "type": kind}
-    for name in required:
-        obj[name] = fields[name]
+    try:
+        for name in required:
+            obj[name] = fields[name]
+    except KeyError:
+        raise ValueError("unexpected or missing record fields") from None
     for name in OPTIONAL_FIELDS.get(kind, ()):
         value = fields.get(name)
         if value is not None:
