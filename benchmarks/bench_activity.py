@@ -62,6 +62,7 @@ from magi_code.providers import (
 )
 from magi_code.providers.http import DIRECT, build_client
 from magi_code.providers.stream import stream_response
+from magi_code.providers.wire import body_parts
 from magi_code.storage.stamps import RACY_WINDOW_NS
 from magi_code.tools.files import ListFiles
 from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
@@ -229,7 +230,7 @@ def request_bodies(rounds: int, calls: int) -> None:
                     0,
                     message_cache=cache,
                 )
-                orjson.dumps(build_call(endpoint, request).body)
+                body_parts(build_call(endpoint, request).body)
             elapsed = time.perf_counter() - start
             figure(f"{rounds + 1} request bodies, {api}, {label}", elapsed * 1e3, "ms")
 

@@ -50,6 +50,8 @@ DEFAULT_CAPACITY: Final = 16
 # is the identity on its own: the access token rotates, the account does not.
 ACCOUNT_HEADERS: Final = ("chatgpt-account-id",)
 PROXY_SCHEMES: Final = ("http", "https", "socks5", "socks5h")
+# Header sets a client keeps made (``model_headers``): one per endpoint and credential.
+MAX_MODEL_HEADER_SETS: Final = 16
 _SCHEMES: Final = ("http", "https", "all")
 
 
@@ -222,6 +224,22 @@ class ProviderClient(httpx.AsyncClient):
     def __init__(self, *, direct: Http11Transport | None, **options: Any) -> None:
         super().__init__(**options)
         self.direct = direct
+        self._model_headers: dict[tuple[object, ...], httpx.Headers] = {}
+
+    def model_headers(self, url: httpx.URL, headers: Mapping[str, str]) -> httpx.Headers:
+        """The headers of a direct model request to ``url`` but its length: the host, the
+        client's own (user agent, accepted encodings), then ``headers``. Made once for
+        each such set: every request of a turn sends the same."""
+        key = (url.netloc, tuple(self.headers.raw), tuple(headers.items()))
+        made = self._model_headers.get(key)
+        if made is None:
+            merged = self.headers.copy()
+            merged.update(headers)
+            made = httpx.Headers([(b"Host", url.netloc), *merged.raw])
+            if len(self._model_headers) >= MAX_MODEL_HEADER_SETS:
+                self._model_headers.clear()
+            self._model_headers[key] = made
+        return made
 
 
 def build_client(options: TransportOptions) -> httpx.AsyncClient:

@@ -46,8 +46,9 @@ from magi_code.providers.errors import (
 )
 from magi_code.providers.http import ProviderClient
 from magi_code.providers.sse import SSEEvent, SSEParser
+from magi_code.providers.transport import BodyParts
 from magi_code.providers.types import ApiKind, Endpoint, ProviderRequest, StreamEvent
-from magi_code.providers.wire import Decoder, HttpCall
+from magi_code.providers.wire import Decoder, HttpCall, body_parts
 
 MAX_ERROR_BODY_BYTES: Final = 64 * 1024
 # Reading the rest of a response after its terminal event: a server that keeps sending
@@ -121,7 +122,7 @@ async def stream_response(
     """
     wire = _WIRES[endpoint.api]
     call = wire.build_call(endpoint, request)
-    content = orjson.dumps(call.body)
+    content = body_parts(call.body)
     retries = 0
     while True:
         yielded = False
@@ -167,28 +168,32 @@ async def stream_response(
 async def _post(
     client: httpx.AsyncClient,
     url: str,
-    content: bytes,
+    content: list[bytes],
     headers: Mapping[str, str],
     settings: StreamSettings,
 ) -> AsyncIterator[httpx.Response]:
     """The response to one model request, streaming; closed on exit."""
-    direct = client.direct if isinstance(client, ProviderClient) else None
-    if direct is None:
+    if not isinstance(client, ProviderClient) or client.direct is None:
         async with client.stream(
-            "POST", url, content=content, headers=dict(headers), timeout=settings.timeout()
+            "POST",
+            url,
+            content=b"".join(content),
+            headers=dict(headers),
+            timeout=settings.timeout(),
         ) as response:
             yield response
         return
-    merged = client.headers.copy()  # the client's own (user agent, accepted encodings)
-    merged.update(headers)
+    parsed = _parsed(url)
+    body = BodyParts(content)
     request = httpx.Request(
         "POST",
-        _parsed(url),
-        content=content,
-        headers=merged,
+        parsed,
+        headers=client.model_headers(parsed, headers),
+        stream=body,
         extensions={"timeout": settings.timeout().as_dict()},
     )
-    response = await direct.handle_async_request(request)
+    request.headers["Content-Length"] = str(body.length)
+    response = await client.direct.handle_async_request(request)
     response.request = request
     try:
         yield response

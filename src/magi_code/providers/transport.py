@@ -371,6 +371,19 @@ def _unframer(method: bytes, response: h11.Response) -> tuple[_Unframer, bool]:
     return _Unframer("eof"), False
 
 
+class BodyParts(httpx.AsyncByteStream):
+    """A request body sent as the parts it was made in (one write, not joined first); it
+    can be sent again."""
+
+    def __init__(self, parts: Sequence[bytes]) -> None:
+        self.parts = parts
+        self.length = sum(len(part) for part in parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+
+
 class _ResponseBody(httpx.AsyncByteStream):
     """A response's body from its connection, which goes back to the pool only when the
     body was read to its end and both sides keep it."""
@@ -448,7 +461,9 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 # A kept connection the server closed as it was taken again (its end was
                 # still on the way): the request goes once more, on a new connection.
                 # Only when nothing at all came back, and the body can be sent again.
-                if connection.channel.received or not isinstance(request.stream, httpx.ByteStream):
+                if connection.channel.received or not isinstance(
+                    request.stream, httpx.ByteStream | BodyParts
+                ):
                     raise
         connection = await self._connect(origin, timeouts.get("connect"))
         return await self._exchange(connection, request, timeouts)

@@ -40,6 +40,7 @@ from magi_code.providers import (
     ContinuityItem,
     Endpoint,
     FailureLabel,
+    MessageCache,
     ProviderFailure,
     ReasoningSummary,
     RetryPolicy,
@@ -206,19 +207,25 @@ async def test_the_service_client_sends_what_httpx_sends_and_keeps_no_cookies(
     api: ApiKind, fake: FakeProviderServer
 ) -> None:
     """Without a proxy the service's client sends a model request on its transport
-    directly: the same headers as httpx's own client, but a provider's cookies are not
-    kept for the next request."""
+    directly: the same headers in the same order and the same body as httpx's own
+    client (its messages sent as the cache encoded them), but a provider's cookies are
+    not kept for the next request."""
     cookie = {"set-cookie": "tracker=1; Path=/"}
     fake.enqueue(Reply(headers=cookie), Reply(headers=cookie), Reply(headers=cookie))
     endpoint = endpoint_for(fake, api)
+    items = [UserText("hi"), AssistantText("hello"), UserText("more")]
     async with httpx.AsyncClient() as plain:
-        await collect(plain, endpoint)
+        await collect(plain, endpoint, make_request(items))
+    cache = MessageCache()
     async with build_client(DIRECT) as service:
-        await collect(service, endpoint)
-        await collect(service, endpoint)
-    by_httpx, first, second = (dict(recorded.headers) for recorded in fake.requests)
-    assert first == by_httpx
-    assert "cookie" not in first and second == first
+        await collect(service, endpoint, make_request(items[:1], message_cache=cache))
+        await collect(service, endpoint, make_request(items, message_cache=cache))
+    by_httpx, first, second = fake.requests
+    assert list(first.headers.items())[:-1] == list(by_httpx.headers.items())[:-1]
+    assert first.headers["content-length"] == str(len(first.body))  # the length, last
+    assert "cookie" not in first.headers
+    assert list(second.headers.items()) == list(by_httpx.headers.items())
+    assert second.body == by_httpx.body
 
 
 @pytest.mark.parametrize(

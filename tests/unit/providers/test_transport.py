@@ -22,7 +22,7 @@ from tests.process.daemon.support import wait_for
 
 from magi_code.providers import transport as transport_module
 from magi_code.providers.http import DIRECT, build_client
-from magi_code.providers.transport import Http11Transport
+from magi_code.providers.transport import BodyParts, Http11Transport
 
 Handler: TypeAlias = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -35,6 +35,7 @@ class Server:
         self.tls = tls
         self.connections = 0
         self.closed_by_client = 0
+        self.bodies: list[bytes] = []  # every request's body, in order
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -55,7 +56,8 @@ class Server:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            while await read_request(reader) is not None:
+            while (body := await read_request(reader)) is not None:
+                self.bodies.append(body)
                 await self.handler(reader, writer)
                 if writer.is_closing():
                     return
@@ -169,6 +171,29 @@ async def test_a_kept_connection_closed_as_it_is_reused_is_replaced_for_the_requ
     async with Server(once_per_connection) as server, client() as http:
         assert (await http.post(server.url, content=b"{}")).content == b"ok 1"
         assert (await http.post(server.url, content=b"{}")).content == b"ok 2"
+    assert server.connections == 2
+
+
+async def test_a_body_in_parts_is_sent_whole_and_again_on_a_replaced_connection() -> None:
+    served: list[asyncio.StreamWriter] = []
+
+    async def once_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if writer in served:
+            writer.close()  # the kept connection ends as the next request arrives
+            return
+        served.append(writer)
+        writer.write(reply(b"ok %d" % len(served)))
+
+    body = BodyParts([b'{"a":', b"[1,2]", b"}"])
+    async with Server(once_per_connection) as server, client() as http:
+        headers = {"host": f"127.0.0.1:{server.port}", "content-length": str(body.length)}
+        for expected in (b"ok 1", b"ok 2"):
+            request = httpx.Request("POST", server.url, stream=body, headers=headers)
+            assert (await http.send(request)).content == expected
+    # The second request twice: on the kept connection (closed), then on a new one.
+    assert server.bodies == [b'{"a":[1,2]}'] * 3
     assert server.connections == 2
 
 
