@@ -43,7 +43,6 @@ class SSEParser:
     ) -> None:
         self._max_line = max_line_bytes
         self._max_event = max_event_bytes
-        self._max_frame = min(max_line_bytes, max_event_bytes)  # a one-line event's bound
         self._buf = bytearray()
         self._event = ""
         self._data: list[str] = []
@@ -56,24 +55,8 @@ class SSEParser:
             raise ProviderFailure(FailureLabel.STREAM_ERROR)
         events: list[SSEEvent] = []
         if not self._buf and b"\r" not in chunk:
-            # The usual chunk, whole events: split at the blank lines, and an event that is
-            # one ``data:`` line (all a model provider sends) is made at once.
-            *frames, rest = chunk.split(b"\n\n")
-            for frame in frames:
-                if (
-                    frame[:6] == b"data: "
-                    and not self._data
-                    and len(frame) <= self._max_frame
-                    and b"\n" not in frame
-                ):
-                    data = frame[6:].decode("utf-8", errors="replace")
-                    events.append(SSEEvent(self._event or "message", data))
-                    self._event = ""
-                else:
-                    for line in frame.split(b"\n"):
-                        self._line(line, events)
-                    self._dispatch(events)
-            *lines, rest = rest.split(b"\n")
+            # The usual chunk, one or more whole lines: split at once.
+            *lines, rest = chunk.split(b"\n")
             for line in lines:
                 self._line(line, events)
             self._buf += rest

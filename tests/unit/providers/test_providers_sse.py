@@ -113,9 +113,9 @@ def test_fuzz_any_bytes_any_chunking_same_events_or_stream_error(
     assert outcomes[0] == outcomes[1]
 
 
-# Pieces of event streams: whole one-line ``data:`` events (what model providers send, the
-# parser's shortcut) and everything else a stream may hold, to join in any order and cut
-# between pieces or anywhere.
+# Pieces of event streams: whole one-line ``data:`` events (what model providers send) and
+# everything else a stream may hold, to join in any order and cut between pieces or
+# anywhere.
 SSE_PIECES = st.sampled_from(
     [
         b"data: a\n\n",
@@ -141,9 +141,8 @@ SSE_PIECES = st.sampled_from(
 def test_fuzz_event_streams_same_events_however_cut(
     pieces: list[tuple[bytes, bool]], cuts: list[int]
 ) -> None:
-    """Whole events in one chunk take a shortcut: whatever the stream, it gives the events
-    (or the stream error) of any other chunking (after chosen pieces, at any byte, byte by
-    byte)."""
+    """Whatever the stream, one chunk gives the events (or the stream error) of any other
+    chunking: after chosen pieces, at any byte, byte by byte."""
     data = b"".join(piece for piece, _ in pieces)
     by_piece: list[bytes] = []
     for piece, cut_after in pieces:
