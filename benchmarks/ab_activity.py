@@ -117,7 +117,7 @@ async def main(args: argparse.Namespace) -> None:
             ("events/s", build.rates, first.rates),
             ("loop CPU", build.loop_cpu, first.loop_cpu),
         ):
-            # (Thread CPU is counted in clock ticks: a short turn may show none.)
+            # (Outside Linux thread CPU is counted in clock ticks: a short turn may show none.)
             ratios = [a / b for a, b in zip(mine, theirs, strict=True) if b > 0]
             if len(ratios) < 2:
                 print(f"   {build.name} / {first.name}, {label}: too few turns to compare")

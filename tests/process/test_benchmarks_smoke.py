@@ -39,3 +39,8 @@ def test_the_paired_comparison_runs_both_modes_of_this_build() -> None:
     )
     assert "daemon / embedded, events/s: median ratio" in output
     assert "daemon / embedded, loop CPU: " in output
+
+
+def test_the_window_of_turns_runs() -> None:
+    output = run_script("window_activity.py", "--seconds", "0", "--shape", "2x2")
+    assert "turns: 1" in output and "activity events/s, median:" in output

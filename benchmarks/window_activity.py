@@ -1,0 +1,101 @@
+"""``bench_activity.py``'s tool-heavy turn back to back for a while in one mode: how its
+rate spreads over this machine's phases.
+
+    .venv/bin/python benchmarks/window_activity.py [--seconds S] [--mode daemon|embedded]
+                                                    [--shape RxC]
+
+The same turn takes up to twice the CPU in this machine's slow phases (other load on the
+host, which nothing inside the machine shows: not steal time, not a fixed loop timed
+beside it), so a few turns give the phase, not the service. Printed: the turns' median
+activity events/s with quartiles, the median of each minute, the median event-loop CPU
+a turn, and the median rate of the turns whose loop CPU was in the lowest quartile: those
+the machine ran at its quietest (the same work cost the least), the figure a quiet
+machine gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import psutil
+from ab_activity import MODES, parse_shape
+from bench_activity import (
+    FINAL_REPLY,
+    loop_cpu_seconds,
+    populate_project,
+    timed_turn,
+    tool_reply,
+    warm_up,
+)
+from benchlib import (
+    FakeProvider,
+    daemon_process,
+    run_with_daemons,
+    running_service,
+    write_provider_settings,
+)
+
+from magi_code.storage.stamps import RACY_WINDOW_NS
+
+
+async def main(args: argparse.Namespace) -> None:
+    replies, calls = args.shape
+    print(f"== window_activity: {replies} x {calls}, {args.mode}, {args.seconds:g} s of turns")
+    env, place = MODES[args.mode]
+    turns: list[tuple[float, float, float]] = []  # (start, events/s, loop CPU seconds)
+    async with FakeProvider.running() as fake:
+        with place() as ws:
+            populate_project(ws.project)
+            write_provider_settings(ws.home, fake.base_url)
+            async with running_service(ws, env) as service:
+                await warm_up(service, fake)
+                loop_owner = (
+                    daemon_process(ws)
+                    if args.mode == "daemon"
+                    else psutil.Process(service.proc.pid)
+                )
+                # A project's directories are usually older than the racy window.
+                await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
+                start = time.monotonic()
+                while not turns or time.monotonic() - start < args.seconds:
+                    await fake.enqueue(*(tool_reply(calls, r) for r in range(replies)), FINAL_REPLY)
+                    began = time.monotonic()
+                    before = loop_cpu_seconds(loop_owner)
+                    elapsed, counts = await timed_turn(service)
+                    cpu = loop_cpu_seconds(loop_owner) - before
+                    turns.append((began - start, counts["activity"] / elapsed, cpu))
+    rates = [rate for _, rate, _ in turns]
+    print(f"   turns: {len(turns)}")
+    if len(turns) < 4:
+        print(f"   activity events/s, median: {statistics.median(rates):,.0f}")
+        return
+    low, middle, high = statistics.quantiles(rates, n=4)
+    print(f"   activity events/s, median: {middle:,.0f} (quartiles {low:,.0f} .. {high:,.0f})")
+    for minute in range(int(turns[-1][0] // 60) + 1):
+        those = [rate for began, rate, _ in turns if began // 60 == minute]
+        print(f"   minute {minute + 1}: {statistics.median(those):,.0f} /s ({len(those)} turns)")
+    cpus = [cpu for _, _, cpu in turns]
+    print(f"   event-loop CPU a turn, median: {statistics.median(cpus) * 1e3:.0f} ms")
+    quiet_cpu = statistics.quantiles(cpus, n=4)[0]
+    quiet = [rate for _, rate, cpu in turns if cpu <= quiet_cpu]
+    print(
+        f"   activity events/s, median of the turns with the least loop CPU (<= "
+        f"{quiet_cpu * 1e3:.0f} ms, {len(quiet)} turns): {statistics.median(quiet):,.0f}"
+    )
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=240.0, help="default 240")
+    parser.add_argument("--mode", choices=sorted(MODES), default="daemon")
+    parser.add_argument(
+        "--shape", type=parse_shape, default=(63, 16), help="REPLIESxCALLS (default 63x16)"
+    )
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    run_with_daemons(main, __doc__ or "", arguments())
