@@ -79,6 +79,12 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(replies), int(calls)
 
 
+def add_shape(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shape", type=parse_shape, default=(63, 16), help="REPLIESxCALLS (default 63x16)"
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     builds: list[Build] = args.builds
     replies, calls = args.shape
@@ -132,9 +138,7 @@ async def main(args: argparse.Namespace) -> None:
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--pairs", type=int, default=40, help="turns per build (default 40)")
-    parser.add_argument(
-        "--shape", type=parse_shape, default=(63, 16), help="REPLIESxCALLS (default 63x16)"
-    )
+    add_shape(parser)
     parser.add_argument("builds", nargs="+", type=parse_spec, metavar="SPEC")
     args = parser.parse_args()
     if len(args.builds) < 2 or args.pairs < 2:

@@ -21,7 +21,7 @@ import statistics
 import time
 
 import psutil
-from ab_activity import MODES, parse_shape
+from ab_activity import MODES, add_shape
 from bench_activity import (
     FINAL_REPLY,
     loop_cpu_seconds,
@@ -91,9 +91,7 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=240.0, help="default 240")
     parser.add_argument("--mode", choices=sorted(MODES), default="daemon")
-    parser.add_argument(
-        "--shape", type=parse_shape, default=(63, 16), help="REPLIESxCALLS (default 63x16)"
-    )
+    add_shape(parser)
     return parser.parse_args()
 
 

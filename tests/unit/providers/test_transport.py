@@ -156,38 +156,31 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
     assert server.connections == 2
 
 
-async def test_a_kept_connection_closed_as_it_is_reused_is_replaced_for_the_request() -> None:
+def once_per_connection() -> Handler:
+    """A handler that answers one request per connection, ``ok <n>`` on the n-th, and
+    closes a kept connection when the next request arrives on it."""
     served: list[asyncio.StreamWriter] = []
 
-    async def once_per_connection(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if writer in served:
-            writer.close()  # the kept connection ends as the next request arrives
+            writer.close()
             return
         served.append(writer)
         writer.write(reply(b"ok %d" % len(served)))
 
-    async with Server(once_per_connection) as server, client() as http:
+    return handler
+
+
+async def test_a_kept_connection_closed_as_it_is_reused_is_replaced_for_the_request() -> None:
+    async with Server(once_per_connection()) as server, client() as http:
         assert (await http.post(server.url, content=b"{}")).content == b"ok 1"
         assert (await http.post(server.url, content=b"{}")).content == b"ok 2"
     assert server.connections == 2
 
 
 async def test_a_body_in_parts_is_sent_whole_and_again_on_a_replaced_connection() -> None:
-    served: list[asyncio.StreamWriter] = []
-
-    async def once_per_connection(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        if writer in served:
-            writer.close()  # the kept connection ends as the next request arrives
-            return
-        served.append(writer)
-        writer.write(reply(b"ok %d" % len(served)))
-
     body = BodyParts([b'{"a":', b"[1,2]", b"}"])
-    async with Server(once_per_connection) as server, client() as http:
+    async with Server(once_per_connection()) as server, client() as http:
         headers = {"host": f"127.0.0.1:{server.port}", "content-length": str(body.length)}
         for expected in (b"ok 1", b"ok 2"):
             request = httpx.Request("POST", server.url, stream=body, headers=headers)
