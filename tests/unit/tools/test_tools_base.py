@@ -110,6 +110,7 @@ def test_argument_text_reads_as_json_reads_it(arguments: dict[str, object]) -> N
         '{"n": 1111111111111111111}',
         '{"n": 0.1e999, "m": -Infinity}',
         '{"s": "\\ud800"}',
+        '{"s": "\ud800"}',  # the character itself, not its escape
         '{"a": 1, "a": 2}',
     ],
 )
