@@ -235,7 +235,8 @@ class ProviderClient(httpx.AsyncClient):
         if made is None:
             merged = self.headers.copy()
             merged.update(headers)
-            made = httpx.Headers([(b"Host", url.netloc), *merged.raw])
+            host = [] if "host" in merged else [(b"Host", url.netloc)]  # as httpx adds it
+            made = httpx.Headers([*host, *merged.raw])
             if len(self._model_headers) >= MAX_MODEL_HEADER_SETS:
                 self._model_headers.clear()
             self._model_headers[key] = made

@@ -22,6 +22,7 @@ from magi_code.providers.http import (
     BoundClients,
     HttpClients,
     NetworkSettings,
+    ProviderClient,
     TransportOptions,
     build_client,
     bundled_ssl_context,
@@ -404,3 +405,18 @@ async def test_a_model_request_follows_the_proxy_too(
                 pass
     assert proxy.lines == [f"POST {url}/chat/completions HTTP/1.1"]
     assert target.lines == []
+
+
+async def test_a_model_requests_headers_are_made_once_with_one_host() -> None:
+    """The direct route's headers: the host first (unless the request names its own, as
+    httpx does), the client's, then the request's; the same object for the same set."""
+    url = httpx.URL("http://127.0.0.1:8080/v1/chat/completions")
+    async with build_client(DIRECT) as client:
+        assert isinstance(client, ProviderClient)
+        made = client.model_headers(url, {"authorization": "Bearer k"})
+        assert made.raw[0] == (b"Host", b"127.0.0.1:8080")
+        assert made.raw[1:] == [*client.headers.raw, (b"authorization", b"Bearer k")]
+        assert client.model_headers(url, {"authorization": "Bearer k"}) is made
+        assert client.model_headers(url, {"authorization": "Bearer j"}) is not made
+        own = client.model_headers(url, {"Host": "proxy.test"})
+        assert own.get_list("host") == ["proxy.test"]
