@@ -105,7 +105,8 @@ _WIRES: Final[dict[ApiKind, _Wire]] = {
 
 
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
-    """The exact HTTP request ``stream_response`` sends (URL, headers, JSON body)."""
+    """The exact HTTP request ``stream_response`` sends (URL, headers, JSON body; with a
+    message cache its messages are already encoded: ``wire.body_parts`` gives the text)."""
     return _WIRES[endpoint.api].build_call(endpoint, request)
 
 
