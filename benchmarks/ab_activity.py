@@ -27,20 +27,12 @@ import statistics
 from dataclasses import dataclass, field
 
 import psutil
-from bench_activity import (
-    FINAL_REPLY,
-    loop_cpu_seconds,
-    populate_project,
-    timed_turn,
-    tool_reply,
-    warm_up,
-)
+from bench_activity import measured_turn, populate_project, service_processes, warm_up
 from benchlib import (
     DAEMON_ENV,
     EMBEDDED_ENV,
     FakeProvider,
     ServiceProcess,
-    daemon_process,
     daemon_workspace,
     run_with_daemons,
     running_service,
@@ -99,19 +91,14 @@ async def main(args: argparse.Namespace) -> None:
             write_provider_settings(ws.home, fake.base_url)
             service = await stack.enter_async_context(running_service(ws, env, python=build.python))
             await warm_up(service, fake)
-            loop_owner = (
-                daemon_process(ws) if build.mode == "daemon" else psutil.Process(service.proc.pid)
-            )
-            running.append((build, service, fake, loop_owner))
+            running.append((build, service, fake, service_processes(service, ws, build.mode)[-1]))
         # A project's directories are usually older than the racy window (see bench_activity).
         await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
         for pair in range(args.pairs):
             for build, service, fake, loop_owner in running[:: 1 if pair % 2 == 0 else -1]:
-                before = loop_cpu_seconds(loop_owner)
-                await fake.enqueue(*(tool_reply(calls, r) for r in range(replies)), FINAL_REPLY)
-                elapsed, counts = await timed_turn(service)
-                build.loop_cpu.append(loop_cpu_seconds(loop_owner) - before)
-                build.rates.append(counts["activity"] / elapsed)
+                rate, cpu = await measured_turn(service, fake, loop_owner, replies, calls)
+                build.rates.append(rate)
+                build.loop_cpu.append(cpu)
     first = builds[0]
     for build in builds:
         print(

@@ -179,6 +179,21 @@ async def activity_rate(
     figure("  activity events per event-loop CPU-second", median(per_loop_second), "events/s")
 
 
+async def measured_turn(
+    service: ServiceProcess,
+    fake: FakeProvider,
+    loop_owner: psutil.Process,
+    replies: int,
+    calls: int,
+) -> tuple[float, float]:
+    """One tool-heavy turn (``replies`` replies of ``calls`` ``list_files`` calls, then the
+    final text): its activity events/s and the CPU of ``loop_owner``'s event loop."""
+    await fake.enqueue(*(tool_reply(calls, r) for r in range(replies)), FINAL_REPLY)
+    before = loop_cpu_seconds(loop_owner)
+    elapsed, counts = await timed_turn(service)
+    return counts["activity"] / elapsed, loop_cpu_seconds(loop_owner) - before
+
+
 def service_processes(service: ServiceProcess, ws: Workspace, mode: str) -> list[psutil.Process]:
     """The processes doing a turn's work: the service itself, and in daemon mode the daemon."""
     found = [psutil.Process(service.proc.pid)]

@@ -20,23 +20,9 @@ import asyncio
 import statistics
 import time
 
-import psutil
 from ab_activity import MODES, add_shape
-from bench_activity import (
-    FINAL_REPLY,
-    loop_cpu_seconds,
-    populate_project,
-    timed_turn,
-    tool_reply,
-    warm_up,
-)
-from benchlib import (
-    FakeProvider,
-    daemon_process,
-    run_with_daemons,
-    running_service,
-    write_provider_settings,
-)
+from bench_activity import measured_turn, populate_project, service_processes, warm_up
+from benchlib import FakeProvider, run_with_daemons, running_service, write_provider_settings
 
 from magi_code.storage.stamps import RACY_WINDOW_NS
 
@@ -52,21 +38,14 @@ async def main(args: argparse.Namespace) -> None:
             write_provider_settings(ws.home, fake.base_url)
             async with running_service(ws, env) as service:
                 await warm_up(service, fake)
-                loop_owner = (
-                    daemon_process(ws)
-                    if args.mode == "daemon"
-                    else psutil.Process(service.proc.pid)
-                )
+                loop_owner = service_processes(service, ws, args.mode)[-1]
                 # A project's directories are usually older than the racy window.
                 await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
                 start = time.monotonic()
                 while not turns or time.monotonic() - start < args.seconds:
-                    await fake.enqueue(*(tool_reply(calls, r) for r in range(replies)), FINAL_REPLY)
-                    began = time.monotonic()
-                    before = loop_cpu_seconds(loop_owner)
-                    elapsed, counts = await timed_turn(service)
-                    cpu = loop_cpu_seconds(loop_owner) - before
-                    turns.append((began - start, counts["activity"] / elapsed, cpu))
+                    began = time.monotonic() - start
+                    rate, cpu = await measured_turn(service, fake, loop_owner, replies, calls)
+                    turns.append((began, rate, cpu))
     rates = [rate for _, rate, _ in turns]
     print(f"   turns: {len(turns)}")
     if len(turns) < 4:
