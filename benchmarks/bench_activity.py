@@ -12,8 +12,7 @@ trips that each make one cheap tool call, minus the time of a turn without tools
 divided by K; the daemon's idle RSS before and after the tool-heavy turns; and,
 in-process, what building and encoding the request bodies of the tool-heavy turn costs
 per wire API, with and without the agent's message cache, and what one reply of that turn
-costs to read, through ``stream_response`` and through the HTTP client alone, with the
-service's transport and with httpx's default one.
+costs to read, through ``stream_response`` and through the service's HTTP client alone.
 
     .venv/bin/python benchmarks/bench_activity.py [--quick]
 """
@@ -27,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import psutil
 from benchlib import (
@@ -63,7 +61,6 @@ from magi_code.providers import (
 )
 from magi_code.providers.http import DIRECT, build_client
 from magi_code.providers.stream import stream_response
-from magi_code.providers.wire import body_parts
 from magi_code.storage.stamps import RACY_WINDOW_NS
 from magi_code.tools.files import ListFiles
 from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
@@ -250,7 +247,7 @@ def request_bodies(rounds: int, calls: int) -> None:
                     0,
                     message_cache=cache,
                 )
-                body_parts(build_call(endpoint, request).body)
+                orjson.dumps(build_call(endpoint, request).body)
             elapsed = time.perf_counter() - start
             figure(f"{rounds + 1} request bodies, {api}, {label}", elapsed * 1e3, "ms")
 
@@ -258,8 +255,7 @@ def request_bodies(rounds: int, calls: int) -> None:
 async def provider_reply_cost(fake: FakeProvider, requests: int, calls: int = 16) -> None:
     """In-process: the CPU of one provider request whose reply streams ``calls`` tool calls
     (Chat Completions, one HTTP chunk per SSE frame, as providers send them), read through
-    ``stream_response`` and through the HTTP client alone, with the service's client
-    (``providers.transport``) and with httpx's default transport: the provider's share of
+    ``stream_response`` and through the service's HTTP client alone: the provider's share of
     each reply of the tool-heavy turn, and the HTTP client's share of that."""
     endpoint = Endpoint("openai-chat", f"{fake.base_url}/v1")
     request = ProviderRequest(
@@ -267,34 +263,26 @@ async def provider_reply_cost(fake: FakeProvider, requests: int, calls: int = 16
     )
     call = build_call(endpoint, request)
     body = orjson.dumps(call.body)
-    for transport, made in (
-        ("service transport", build_client(DIRECT)),
-        ("httpx's transport", httpx.AsyncClient()),
-    ):
-        async with made as client:
+    async with build_client(DIRECT) as client:
 
-            async def decoded(client: httpx.AsyncClient = client) -> None:
-                async for _ in stream_response(client, endpoint, request):
+        async def decoded() -> None:
+            async for _ in stream_response(client, endpoint, request):
+                pass
+
+        async def http_only() -> None:
+            headers = dict(call.headers)
+            async with client.stream("POST", call.url, content=body, headers=headers) as reply:
+                async for _ in reply.aiter_bytes():
                     pass
 
-            async def http_only(client: httpx.AsyncClient = client) -> None:
-                headers = dict(call.headers)
-                async with client.stream("POST", call.url, content=body, headers=headers) as reply:
-                    async for _ in reply.aiter_bytes():
-                        pass
-
-            for label, read in (("stream_response", decoded), ("HTTP alone", http_only)):
-                await fake.enqueue(*(tool_reply(calls, r) for r in range(requests + 1)))
-                await read()  # the connection and first-use imports are not part of it
-                start = time.thread_time()
-                for _ in range(requests):
-                    await read()
-                cpu = (time.thread_time() - start) / requests
-                figure(
-                    f"a reply of {calls} tool calls, {transport}, {label}, CPU per request",
-                    cpu * 1e3,
-                    "ms",
-                )
+        for label, read in (("stream_response", decoded), ("HTTP alone", http_only)):
+            await fake.enqueue(*(tool_reply(calls, r) for r in range(requests + 1)))
+            await read()  # the connection and first-use imports are not part of the figure
+            start = time.thread_time()
+            for _ in range(requests):
+                await read()
+            cpu = (time.thread_time() - start) / requests
+            figure(f"a reply of {calls} tool calls, {label}, CPU per request", cpu * 1e3, "ms")
 
 
 def populate_project(project: Path) -> None:

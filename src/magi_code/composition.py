@@ -186,8 +186,6 @@ LOAD_STEPS: Final = (
     "magi_code.providers.types",
     "magi_code.providers.anthropic",
     "magi_code.providers.discovery",
-    "h11",
-    "magi_code.providers.transport",
     "magi_code.providers.http",
     "magi_code.providers",
     "magi_code.config.settings",

@@ -2,9 +2,8 @@
 
 ``import magi_code.cli`` (every command's first step) loads no heavy third-party module;
 ``magi_code.tools.mcp`` and a toolset without servers load nothing of the MCP SDK; the
-daemon's preload imports every product module but not the SDK, nor the CA bundle every
-turn uses, which ``warm_turn_modules`` loads (the daemon calls it once it is ready); httpx's
-own transport (httpcore, anyio) is loaded only for a proxied route.
+daemon's preload imports every product module but not the SDK, nor the HTTP stack every
+turn uses, which ``warm_turn_modules`` loads (the daemon calls it once it is ready).
 """
 
 from __future__ import annotations
@@ -127,9 +126,7 @@ def test_a_toolset_with_a_server_loads_the_sdk(tmp_path: Path) -> None:
     assert present(loaded_after(code, tmp_path), ("mcp",)) == ["mcp"]
 
 
-WARMED = ("certifi",)
-# httpx's own transport: only a proxied route loads it.
-PROXY_ONLY = ("httpcore", "anyio")
+WARMED = ("httpcore", "h11", "anyio._backends._asyncio", "certifi")
 
 
 def test_the_daemon_preload_loads_the_product_but_no_sdk_and_warming_the_http_stack(
@@ -149,8 +146,7 @@ def test_the_daemon_preload_loads_the_product_but_no_sdk_and_warming_the_http_st
     assert present(modules, MCP_SDK) == []
     for warmed in WARMED:
         assert warmed in modules, warmed
-    assert "h11" in modules
-    assert present(modules, (*HTTPX_CLI, *PROXY_ONLY)) == []
+    assert present(modules, HTTPX_CLI) == []
 
 
 def test_the_embedded_services_are_built_without_what_a_first_turn_does_not_need(

@@ -8,12 +8,12 @@ exception (``docs/unix-daemon.md``, "Upgrades"): today the MCP SDK, which
 ``magi_code.tools.mcp`` imports only when a turn's settings configure an MCP server (it
 costs ~0.5 s and ~35 MiB, so a daemon whose turns use none never loads it).
 
-The bundled CA roots' path (``certifi``: ``turns.runtime.TURN_MODULES``), which a first
-provider client needs, is third-party code that no upgrade guarantee covers: the daemon
-resolves it right after it is ready (``lifecycle``), once its first client has been
-answered, so it costs a cold start nothing and a first turn that comes later nothing
-either. httpx's own transport (``httpcore``, ``anyio``) serves only proxied routes, and
-is loaded by the first turn that uses one.
+The parts of the HTTP stack that ``httpx`` loads only on the first request
+(``httpcore``'s connection pool, ``h11``, ``anyio``'s asyncio backend, ``certifi``'s bundle
+path: ``turns.runtime.TURN_MODULES``) are third-party code that no upgrade guarantee
+covers: the daemon imports them right after it is ready (``lifecycle``), once its first
+client has been answered, so they cost a cold start nothing and a first turn that comes
+later than that nothing either.
 """
 
 from __future__ import annotations

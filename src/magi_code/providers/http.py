@@ -15,11 +15,12 @@ small LRU cache keyed by
   ``NO_PROXY``, lower-case too, ``SSL_CERT_FILE``/``SSL_CERT_DIR``) and the settings'
   ``network`` entry, never from this process's ``os.environ``.
 
-Clients are built with ``trust_env=False`` and explicit ``mounts=`` (one httpx proxy
-transport per httpx URL pattern, ``None`` = direct, with httpx's own pattern matching and
-priority); direct routes use :class:`~magi_code.providers.transport.Http11Transport`, and
-every route verifies TLS with one SSL context. A client evicted from the cache is closed as
-soon as its last lease ends. A proxy URL httpx cannot use or a CA file that cannot be
+Clients are httpx's own, with httpx's transport (httpcore's connection pool) on every
+route, built with ``trust_env=False``, explicit ``mounts=`` (one proxy transport per httpx
+URL pattern, ``None`` = direct, with httpx's own pattern matching and priority) and
+``verify=`` (one SSL context for every route). Their cookie jar stores nothing: a
+provider's cookies are never kept or sent back. A client evicted from the cache is closed
+as soon as its last lease ends. A proxy URL httpx cannot use or a CA file that cannot be
 loaded fails the request (``ProviderFailure``); it never falls back to a direct
 connection or to the default CAs. Nothing here logs a URL, a header or a proxy.
 """
@@ -31,27 +32,25 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import http.cookiejar
 import ipaddress
 import secrets
 import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import httpx
 
 from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure
-from magi_code.providers.transport import Http11Transport
 
 DEFAULT_CAPACITY: Final = 16
 # Headers whose values identify a credential (lower-case). An account ID, when present,
 # is the identity on its own: the access token rotates, the account does not.
 ACCOUNT_HEADERS: Final = ("chatgpt-account-id",)
 PROXY_SCHEMES: Final = ("http", "https", "socks5", "socks5h")
-# Header sets a client keeps made (``model_headers``): one per endpoint and credential.
-MAX_MODEL_HEADER_SETS: Final = 16
 _SCHEMES: Final = ("http", "https", "all")
 
 
@@ -215,34 +214,6 @@ def warm_bundled_roots() -> None:
         bundled_ssl_context()
 
 
-class ProviderClient(httpx.AsyncClient):
-    """The service's client. ``direct`` is its transport where no route has a proxy:
-    ``stream_response`` sends a model request on it as it is, without the client's
-    per-request work (URL and cookie merging, the auth and redirect flows, keeping
-    cookies), which costs more than the request's own writing (~0.1 ms)."""
-
-    def __init__(self, *, direct: Http11Transport | None, **options: Any) -> None:
-        super().__init__(**options)
-        self.direct = direct
-        self._model_headers: dict[tuple[object, ...], httpx.Headers] = {}
-
-    def model_headers(self, url: httpx.URL, headers: Mapping[str, str]) -> httpx.Headers:
-        """The headers of a direct model request to ``url`` but its length: the host, the
-        client's own (user agent, accepted encodings), then ``headers``. Made once for
-        each such set: every request of a turn sends the same."""
-        key = (url.netloc, tuple(self.headers.raw), tuple(headers.items()))
-        made = self._model_headers.get(key)
-        if made is None:
-            merged = self.headers.copy()
-            merged.update(headers)
-            host = [] if "host" in merged else [(b"Host", url.netloc)]  # as httpx adds it
-            made = httpx.Headers([*host, *merged.raw])
-            if len(self._model_headers) >= MAX_MODEL_HEADER_SETS:
-                self._model_headers.clear()
-            self._model_headers[key] = made
-        return made
-
-
 def build_client(options: TransportOptions) -> httpx.AsyncClient:
     """A client for these options; blocking (run it in a thread).
 
@@ -258,16 +229,17 @@ def build_client(options: TransportOptions) -> httpx.AsyncClient:
             pattern: None if url is None else httpx.AsyncHTTPTransport(proxy=url, verify=verify)
             for pattern, url in options.proxies
         }
-        transport = Http11Transport(verify)
-        return ProviderClient(
-            direct=None if mounts else transport,
-            trust_env=False,
-            mounts=mounts,
-            transport=transport,
+        return httpx.AsyncClient(
+            http2=False, trust_env=False, verify=verify, mounts=mounts, cookies=_no_cookies()
         )
     # Deliberately unchained: a proxy URL (with its credentials) or a path must not show.
     except (ValueError, TypeError, ImportError, OSError, httpx.InvalidURL):
         raise ProviderFailure(FailureLabel.HTTP_ERROR) from None
+
+
+def _no_cookies() -> http.cookiejar.CookieJar:
+    """A jar that stores nothing (no domain is allowed), so it never sends anything back."""
+    return http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 def origin(url: str) -> str:

@@ -1,12 +1,9 @@
 """Streaming one model response over httpx, with bounded retries before the first event.
 
 Theory of operation: ``stream_response`` builds the API's request once, then for each
-attempt opens the response *inside* the async generator, so closing the generator
-(``aclose()``, ``break`` under ``contextlib.aclosing``, task cancellation) exits the
-``async with`` and closes the HTTP response and its connection. The service's own client
-(``http.ProviderClient``) takes the request straight to its transport where no proxy is
-configured, with the client's headers and without keeping cookies; any other client, or a
-proxied one, sends it with ``client.stream(...)``.
+attempt opens ``client.stream(...)`` *inside* the async generator, so closing the
+generator (``aclose()``, ``break`` under ``contextlib.aclosing``, task cancellation)
+exits the ``async with`` and closes the HTTP response and its connection.
 
 - Retries: 408/409/429/5xx statuses and connect-phase errors, only while no event has
   been yielded; at most ``RetryPolicy.max_retries`` retries, exponential backoff with
@@ -26,9 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Final
@@ -44,11 +40,9 @@ from magi_code.providers.errors import (
     failure_for_status,
     map_httpx_errors,
 )
-from magi_code.providers.http import ProviderClient
 from magi_code.providers.sse import SSEEvent, SSEParser
-from magi_code.providers.transport import BodyParts
 from magi_code.providers.types import ApiKind, Endpoint, ProviderRequest, StreamEvent
-from magi_code.providers.wire import Decoder, HttpCall, body_parts
+from magi_code.providers.wire import Decoder, HttpCall
 
 MAX_ERROR_BODY_BYTES: Final = 64 * 1024
 # Reading the rest of a response after its terminal event: a server that keeps sending
@@ -106,7 +100,7 @@ _WIRES: Final[dict[ApiKind, _Wire]] = {
 
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     """The exact HTTP request ``stream_response`` sends (URL, headers, JSON body; with a
-    message cache its messages are already encoded: ``wire.body_parts`` gives the text)."""
+    message cache its messages are already encoded, an ``orjson.Fragment``)."""
     return _WIRES[endpoint.api].build_call(endpoint, request)
 
 
@@ -123,13 +117,19 @@ async def stream_response(
     """
     wire = _WIRES[endpoint.api]
     call = wire.build_call(endpoint, request)
-    content = body_parts(call.body)
+    content = orjson.dumps(call.body)
     retries = 0
     while True:
         yielded = False
         try:
             with map_httpx_errors():
-                async with _post(client, call.url, content, call.headers, settings) as response:
+                async with client.stream(
+                    "POST",
+                    call.url,
+                    content=content,
+                    headers=dict(call.headers),
+                    timeout=settings.timeout(),
+                ) as response:
                     if not response.is_success:
                         raise await _status_failure(response)
                     decoder = wire.decoder()
@@ -163,50 +163,6 @@ async def stream_response(
             delay = settings.retry.delay(retries, failure.retry_after)
         retries += 1
         await asyncio.sleep(delay)
-
-
-@contextlib.asynccontextmanager
-async def _post(
-    client: httpx.AsyncClient,
-    url: str,
-    content: list[bytes],
-    headers: Mapping[str, str],
-    settings: StreamSettings,
-) -> AsyncIterator[httpx.Response]:
-    """The response to one model request, streaming; closed on exit."""
-    if not isinstance(client, ProviderClient) or client.direct is None:
-        async with client.stream(
-            "POST",
-            url,
-            content=b"".join(content),
-            headers=dict(headers),
-            timeout=settings.timeout(),
-        ) as response:
-            yield response
-        return
-    parsed = _parsed(url)
-    body = BodyParts(content)
-    request = httpx.Request(
-        "POST",
-        parsed,
-        headers=client.model_headers(parsed, headers),
-        stream=body,
-        extensions={"timeout": settings.timeout().as_dict()},
-    )
-    request.headers["Content-Length"] = str(body.length)
-    response = await client.direct.handle_async_request(request)
-    response.request = request
-    try:
-        yield response
-    finally:
-        await response.aclose()
-
-
-@functools.lru_cache(maxsize=64)
-def _parsed(url: str) -> httpx.URL:
-    # A provider's URL is parsed once (httpx's parsing costs more than the rest of the
-    # request object); an httpx.URL is immutable.
-    return httpx.URL(url)
 
 
 async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:

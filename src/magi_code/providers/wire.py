@@ -42,37 +42,7 @@ REASONING_EFFORT: Final[dict[str, str]] = {
 class HttpCall:
     url: str
     headers: Mapping[str, str]
-    body: JsonObject  # values are JSON values, or ``Encoded`` at the top level
-
-
-@dataclass(frozen=True, slots=True)
-class Encoded:
-    """A body value already encoded as JSON text (a conversation's cached messages)."""
-
-    text: bytes
-
-
-def body_parts(body: JsonObject) -> list[bytes]:
-    """The JSON text of ``body`` (as ``orjson.dumps`` writes it) in parts to send one
-    after the other: an ``Encoded`` value is a part of its own, not copied (a tool loop's
-    messages are most of every request, hundreds of KiB)."""
-    parts: list[bytes] = []
-    text = bytearray(b"{")
-    for index, (key, value) in enumerate(body.items()):
-        if not isinstance(key, str):
-            raise TypeError("a body's keys are strings")
-        if index:
-            text += b","
-        text += orjson.dumps(key)
-        text += b":"
-        if isinstance(value, Encoded):
-            parts += (bytes(text), value.text)
-            text.clear()
-        else:
-            text += orjson.dumps(value)
-    text += b"}"
-    parts.append(bytes(text))
-    return parts
+    body: JsonObject  # JSON values; a message cache's messages are an ``orjson.Fragment``
 
 
 class Decoder(Protocol):
@@ -196,7 +166,7 @@ class MessageCache:
         builder: Callable[..., Messages],
         arguments: tuple[object, ...],
         marks: Marks,
-    ) -> Encoded:
+    ) -> orjson.Fragment:
         seen, now = self._items, list(items)
         if (
             self._messages is None
@@ -225,4 +195,4 @@ class MessageCache:
         end = starts[cut] - (cut > 0) if cut < len(starts) else len(array)  # (its comma)
         separator = b"," if cut > 0 and again else b""
         with memoryview(array) as view:  # released before the next request appends
-            return Encoded(b"".join((view[:end], separator, b",".join(again), b"]")))
+            return orjson.Fragment(b"".join((view[:end], separator, b",".join(again), b"]")))

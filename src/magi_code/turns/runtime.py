@@ -44,12 +44,19 @@ DEFAULT_CONTEXT_WINDOWS: Final = {
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 8192
 ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME, SKILL_TOOL_NAME}
 
-# Third-party modules that a turn's first provider request imports (``certifi`` for
-# the bundled CA roots; ``h11`` comes with ``providers.transport``, and httpx's own
-# transport, ``httpcore`` over ``anyio``, only for a proxied route): warmed by the daemon
-# right after it is ready and by the embedded service after ``initialize``. The MCP SDK
-# is deliberately not among them (``tools.mcp`` imports it only for configured servers).
-TURN_MODULES: Final = ("certifi",)
+# Third-party modules that a turn's first provider request imports (``httpx`` loads its
+# transports, ``anyio``'s asyncio backend and ``certifi`` only then): warmed by the daemon
+# right after it is ready and by the embedded service after ``initialize``. The MCP SDK is
+# deliberately not among them (``tools.mcp`` imports it only for configured servers).
+TURN_MODULES: Final = (
+    "certifi",
+    "h11",
+    "httpcore",
+    "httpcore._backends.anyio",
+    "anyio",
+    "anyio._backends._asyncio",
+    "anyio.streams.tls",
+)
 
 
 def warm_turn_modules() -> None:

@@ -1,4 +1,4 @@
-"""Fixtures for provider tests: a loopback fake provider and httpx clients."""
+"""Fixtures for provider tests: a loopback fake provider and the service's httpx client."""
 
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ def fake() -> Iterator[FakeProviderServer]:
         yield server
 
 
-@pytest.fixture(params=["service", "httpx"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
-    """The service's own client (direct routes: ``providers.transport``) and one with
-    httpx's default transport (what a proxied route uses)."""
-    made = build_client(DIRECT) if request.param == "service" else httpx.AsyncClient()
-    async with made as http:
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """The client the service builds for a direct route."""
+    async with build_client(DIRECT) as http:
         yield http

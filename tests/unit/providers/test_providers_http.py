@@ -22,7 +22,6 @@ from magi_code.providers.http import (
     BoundClients,
     HttpClients,
     NetworkSettings,
-    ProviderClient,
     TransportOptions,
     build_client,
     bundled_ssl_context,
@@ -393,8 +392,7 @@ async def test_requests_follow_the_launch_environment_proxy_and_no_proxy(
 async def test_a_model_request_follows_the_proxy_too(
     servers: tuple[_Answering, _Answering],
 ) -> None:
-    """The service's client sends model requests on its own transport only where no
-    route has a proxy."""
+    """A model request takes the client's proxy route, as any other request does."""
     proxy, target = servers
     url = f"http://127.0.0.1:{target.port}/v1"
     endpoint = Endpoint("openai-chat", url, {"Authorization": "Bearer k"})
@@ -405,18 +403,3 @@ async def test_a_model_request_follows_the_proxy_too(
                 pass
     assert proxy.lines == [f"POST {url}/chat/completions HTTP/1.1"]
     assert target.lines == []
-
-
-async def test_a_model_requests_headers_are_made_once_with_one_host() -> None:
-    """The direct route's headers: the host first (unless the request names its own, as
-    httpx does), the client's, then the request's; the same object for the same set."""
-    url = httpx.URL("http://127.0.0.1:8080/v1/chat/completions")
-    async with build_client(DIRECT) as client:
-        assert isinstance(client, ProviderClient)
-        made = client.model_headers(url, {"authorization": "Bearer k"})
-        assert made.raw[0] == (b"Host", b"127.0.0.1:8080")
-        assert made.raw[1:] == [*client.headers.raw, (b"authorization", b"Bearer k")]
-        assert client.model_headers(url, {"authorization": "Bearer k"}) is made
-        assert client.model_headers(url, {"authorization": "Bearer j"}) is not made
-        own = client.model_headers(url, {"Host": "proxy.test"})
-        assert own.get_list("host") == ["proxy.test"]
