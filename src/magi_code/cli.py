@@ -126,7 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = [_flag(name) for name in _EXCLUSIVE_WITH_APP if getattr(args, name)]
         if given or args.prompt_json:
             return _fail(f"{(given or ['--json'])[0]} goes with --prompt, not a command")
-        return _run_command(args)
+        try:
+            return _run_command(args)
+        except KeyboardInterrupt:
+            from magi_code.daemonctl import EXIT_INTERRUPTED
+
+            return _fail("interrupted", EXIT_INTERRUPTED)
     if args.prompt is not None:
         if not args.prompt.strip():
             return _fail("--prompt needs some text")

@@ -4,11 +4,19 @@ login/logout/auth status, doctor, and --prompt's session line, failure line and 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
+import select
+import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+import termios
+from asyncio.subprocess import PIPE
+from collections.abc import Iterator
 from pathlib import Path
+from subprocess import DEVNULL
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -16,31 +24,13 @@ import pytest
 
 from magi_code.version import package_version
 from tests.process.turn_support import write_settings
+from tests.support.cli import magi
 from tests.support.fake_oauth import FakeOAuthIssuer
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service, service_env
 from tests.support.wire_schema import check_record
 
 KEY = "sk-ant-cli-test-DISTINCTIVE-4242"
-
-
-def magi(
-    home: Path,
-    *args: str,
-    stdin: str = "",
-    extra: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "magi_code", *args],
-        input=stdin,
-        env=service_env(home, {"MC_SERVICE_MODE": "embedded", **(extra or {})}),
-        cwd=cwd or home,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
 
 
 @pytest.fixture
@@ -119,13 +109,16 @@ def test_login_anthropic_refuses_an_empty_key(home: Path) -> None:
     assert not (home / "auth.json").exists()
 
 
-async def _codex_login(home: Path, issuer: FakeOAuthIssuer, *, paste: bool) -> tuple[int, str]:
+async def _start_codex_login(
+    home: Path, issuer: FakeOAuthIssuer, *, stdin: int = PIPE, port: int = 0
+) -> tuple[asyncio.subprocess.Process, str]:
+    """A real ``magi-code login --no-browser`` and the authorization URL it printed."""
     env = service_env(
         home,
         {
             "MC_SERVICE_MODE": "embedded",
             "MC_CODEX_AUTH_ISSUER": issuer.url,
-            "MC_OAUTH_CALLBACK_PORT": "0",
+            "MC_OAUTH_CALLBACK_PORT": str(port),
         },
     )
     proc = await asyncio.create_subprocess_exec(
@@ -134,20 +127,28 @@ async def _codex_login(home: Path, issuer: FakeOAuthIssuer, *, paste: bool) -> t
         "magi_code",
         "login",
         "--no-browser",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdin=stdin,
+        stdout=PIPE,
+        stderr=PIPE,
         env=env,
         cwd=home,
     )
-    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout is not None
     url = ""
     while not url.startswith("http"):
         url = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+    return proc, url
+
+
+async def _codex_login(home: Path, issuer: FakeOAuthIssuer, how: str) -> tuple[int, str]:
+    stdin = DEVNULL if how == "browser-stdin-closed" else PIPE
+    proc, url = await _start_codex_login(home, issuer, stdin=stdin)
+    paste = how == "pasted-url"
     async with httpx.AsyncClient(follow_redirects=not paste, timeout=10) as browser:
         landing = await browser.get(url)
     if paste:
         # The browser ran elsewhere: the address it ended on is pasted into the terminal.
+        assert proc.stdin is not None
         redirect = landing.headers["location"]
         assert parse_qs(urlsplit(redirect).query)["state"]
         proc.stdin.write(redirect.encode() + b"\n")
@@ -158,14 +159,121 @@ async def _codex_login(home: Path, issuer: FakeOAuthIssuer, *, paste: bool) -> t
     return proc.returncode or 0, (out + err).decode()
 
 
-@pytest.mark.parametrize("paste", [False, True], ids=["browser", "pasted-url"])
-def test_codex_login_completes_by_callback_or_pasted_url(home: Path, paste: bool) -> None:
+@pytest.mark.parametrize("how", ["browser", "pasted-url", "browser-stdin-closed"])
+def test_codex_login_completes_by_callback_or_pasted_url(home: Path, how: str) -> None:
+    # With stdin closed nothing can be pasted, and the browser's callback still completes.
     with FakeOAuthIssuer(account_id="acct-cli-1") as issuer:
-        code, output = asyncio.run(_codex_login(home, issuer, paste=paste))
+        code, output = asyncio.run(_codex_login(home, issuer, how))
     assert code == 0, output
     assert "Logged in to openai-codex" in output and "fake-refresh" not in output
     status = json.loads(magi(home, "auth", "status", "--json").stdout)
     assert status["providers"][0]["readiness"] == "ready"
+
+
+INTERRUPTED = "magi-code: login interrupted; nothing was stored\n"
+
+
+def test_ctrl_c_in_the_codex_login_is_one_line_and_stores_nothing(home: Path) -> None:
+    async def interrupted() -> tuple[int, bytes, bytes]:
+        with FakeOAuthIssuer() as issuer:
+            proc, _ = await _start_codex_login(home, issuer)
+            proc.send_signal(signal.SIGINT)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out, err
+
+    code, out, err = asyncio.run(interrupted())
+    assert (code, err.decode()) == (130, INTERRUPTED)
+    assert b"Logged in" not in out
+    assert not (home / "auth.json").exists()
+
+
+def test_ctrl_c_at_the_anthropic_key_prompt_is_one_line_and_stores_nothing(home: Path) -> None:
+    # A real terminal: the key prompt (no echo) on a pseudo-terminal, and Ctrl-C typed
+    # on it, which its line discipline turns into SIGINT for the command.
+    master, slave = os.openpty()
+
+    def take_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magi_code", "login", "--provider", "anthropic"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=service_env(home, {"MC_SERVICE_MODE": "embedded"}),
+        cwd=home,
+        preexec_fn=take_terminal,
+    )
+    os.close(slave)
+    try:
+        seen = _read_until(master, b"(not echoed): ")
+        os.write(master, b"\x03")
+        seen += _read_until(master, None)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    after_prompt = seen.decode().split("(not echoed): ", 1)[1]
+    assert after_prompt.replace("\r\n", "\n").lstrip("^C") == "\n" + INTERRUPTED
+    assert not (home / "auth.json").exists()
+
+
+def _read_until(fd: int, marker: bytes | None, timeout: float = 30.0) -> bytes:
+    """What the terminal shows up to ``marker`` (``None``: until the command closes it)."""
+    seen = b""
+    while marker is None or marker not in seen:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"nothing more on the terminal after {seen!r}"
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: every process closed the terminal
+            chunk = b""
+        if not chunk:
+            assert marker is None, seen
+            return seen
+        seen += chunk
+    return seen
+
+
+def test_login_with_stdin_closed_says_so(home: Path) -> None:
+    anthropic = subprocess.run(
+        [sys.executable, "-m", "magi_code", "login", "--provider", "anthropic"],
+        stdin=DEVNULL,
+        env=service_env(home, {"MC_SERVICE_MODE": "embedded"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert anthropic.returncode == 2
+    assert anthropic.stderr == (
+        "magi-code: no API key was given: standard input ended before a line was read "
+        "(pipe the key in, or run this in a terminal)\n"
+    )
+
+    async def codex_without_a_listener() -> tuple[int, str]:
+        # The callback port is taken: only a pasted address could complete the login.
+        with socket.socket() as busy, FakeOAuthIssuer() as issuer:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            proc, _ = await _start_codex_login(
+                home, issuer, stdin=DEVNULL, port=busy.getsockname()[1]
+            )
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, err.decode()
+
+    code, err = asyncio.run(codex_without_a_listener())
+    assert code == 1
+    assert err.splitlines()[-1] == (
+        "magi-code: login failed: standard input is closed and the loopback callback port "
+        "could not be opened, so nothing can complete this login; free the port, or run it "
+        "where the address can be pasted"
+    )
+    assert "in time" not in err and "Traceback" not in err
+    assert not (home / "auth.json").exists()
 
 
 def test_prompt_prints_the_session_and_one_failure_line_with_its_remedy(home: Path) -> None:
