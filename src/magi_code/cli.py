@@ -82,9 +82,19 @@ def _parser() -> argparse.ArgumentParser:
     auth_actions = auth.add_subparsers(dest="action", metavar="ACTION", required=True)
     auth_status = auth_actions.add_parser("status", help="which providers are ready")
     auth_status.add_argument("--json", action="store_true", help="print JSON")
-    doctor = commands.add_parser("doctor", help="check that a turn can run here")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that a turn can run here",
+        description="Check that a turn can run here: platform, MC_HOME, daemon, settings, "
+        "selection, credentials, MCP servers, and the hooks and skills a turn here gets.",
+    )
     doctor.add_argument("--json", action="store_true", help="print JSON")
-    doctor.add_argument("--network", action="store_true", help="also reach the selected provider")
+    doctor.add_argument(
+        "--network",
+        action="store_true",
+        help="also ask the selected provider for its model list with the credentials "
+        "(one authenticated request): a rejected key fails the check",
+    )
     protocol = commands.add_parser("protocol", help="the v1 protocol's machine-readable schema")
     protocol_actions = protocol.add_subparsers(dest="action", metavar="ACTION", required=True)
     schema = protocol_actions.add_parser("schema", help="print or write the JSON Schemas")

@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from magi_code.version import package_version
-from tests.process.turn_support import write_settings
+from tests.process.turn_support import APIS, builtin_env, write_settings
 from tests.support.cli import magi
 from tests.support.fake_oauth import FakeOAuthIssuer
-from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.service import running_service, service_env
 from tests.support.wire_schema import check_record
 
@@ -48,6 +48,7 @@ def test_version_and_per_command_help(home: Path) -> None:
     install_help = magi(home, "daemon", "install", "--help")
     assert "--force" in install_help.stdout and "--print" in install_help.stdout
     assert "--no-browser" in magi(home, "login", "--help").stdout
+    assert "model list" in magi(home, "doctor", "--help").stdout
 
 
 @pytest.mark.parametrize(
@@ -339,7 +340,11 @@ def test_doctor_names_what_blocks_a_turn_and_passes_when_one_can_run(
 def test_doctor_lists_the_hooks_and_skills_a_turn_here_gets(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
-    write_settings(home, fake, hooks={"stop": [{"command": ["notify"]}]})
+    hooks = {
+        "stop": [{"command": ["/usr/local/bin/notify", "--quiet"]}],
+        "pre_tool_use": [{"command": ["guard"], "matcher": "shell"}],
+    }
+    write_settings(home, fake, hooks=hooks)
     skill = project / ".magi-code" / "skills" / "release"
     skill.mkdir(parents=True)
     (skill / "SKILL.md").write_text("---\nname: release\ndescription: Ship it.\n---\nSteps.\n")
@@ -349,9 +354,65 @@ def test_doctor_lists_the_hooks_and_skills_a_turn_here_gets(
     report = json.loads(magi(home, "doctor", "--json", cwd=project).stdout)
     checks = {c["check"]: c for c in report["checks"]}
     # The untrusted project's hook is not counted: a turn here does not run it.
-    assert checks["hooks"]["detail"] == "a turn here runs: 1 stop"
+    assert (
+        checks["hooks"]["detail"] == "a turn here runs 2: guard (pre_tool_use shell), notify (stop)"
+    )
     assert checks["skills"]["detail"] == "1: release (project)"
     assert checks["trust"]["status"] == "warn" and "hooks" in checks["trust"]["detail"]
+    text = magi(home, "doctor", cwd=project).stdout
+    assert "guard (pre_tool_use shell), notify (stop)" in text and "release (project)" in text
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_doctor_network_reports_a_rejected_key_from_the_model_list(
+    home: Path, project: Path, fake: FakeProviderServer, api: str
+) -> None:
+    env = builtin_env(home, fake, api)
+    accepted = magi(home, "doctor", "--network", "--json", extra=env, cwd=project)
+    report = json.loads(accepted.stdout)
+    checks = {c["check"]: c for c in report["checks"]}
+    assert report["turn_ready"] is True, report
+    assert checks["network"]["status"] == "ok"
+    assert checks["network"]["detail"].endswith(f"accepted ({len(fake.models)} models listed)")
+    (listing,) = fake.requests
+    assert listing.method == "GET" and listing.path.endswith("/models")
+    credential = {"anthropic": "x-api-key", "openai-responses": "authorization"}.get(api)
+    if credential is not None:  # the request carried the credentials a turn sends
+        assert listing.headers[credential]
+
+    fake.listing_reply = HttpError(401, {"error": {"type": "authentication_error"}})
+    rejected = magi(home, "doctor", "--network", extra=env, cwd=project)
+    assert rejected.returncode == 1
+    (line,) = [x for x in rejected.stdout.splitlines() if x.startswith("fail  network")]
+    assert "the provider rejected the credentials (HTTP 401)" in line
+    assert rejected.stdout.endswith("magi-code doctor: a turn cannot run here yet\n")
+    assert "a turn can run here\n" not in rejected.stdout
+    for secret in ("sk-ant-test-key-0000", "refresh-fake"):
+        assert secret not in rejected.stdout + rejected.stderr
+
+    fake.listing_reply = HttpError(403, {"error": {"type": "permission_error"}})
+    forbidden = json.loads(magi(home, "doctor", "--network", "--json", extra=env).stdout)
+    (network,) = [c for c in forbidden["checks"] if c["check"] == "network"]
+    assert forbidden["turn_ready"] is False and network["status"] == "fail"
+    assert "(HTTP 403)" in network["detail"]
+
+
+def test_doctor_network_reports_other_failures_for_what_they_are(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    env = builtin_env(home, fake, "anthropic")
+    fake.listing_reply = HttpError(404)
+    report = json.loads(magi(home, "doctor", "--network", "--json", extra=env).stdout)
+    (network,) = [c for c in report["checks"] if c["check"] == "network"]
+    assert network["status"] == "warn" and "got HTTP 404" in network["detail"]
+    assert "not confirmed" in network["detail"] and report["turn_ready"] is True
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        unreachable = {**env, "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{closed.getsockname()[1]}"}
+        report = json.loads(magi(home, "doctor", "--network", "--json", extra=unreachable).stdout)
+    (network,) = [c for c in report["checks"] if c["check"] == "network"]
+    assert network["status"] == "fail" and "cannot reach its endpoint" in network["detail"]
+    assert report["turn_ready"] is False
 
 
 def test_protocol_schema_prints_the_bundle_and_writes_files(home: Path, tmp_path: Path) -> None:

@@ -1,11 +1,17 @@
 """``magi-code doctor [--json] [--network]``: can a turn run here, and if not, why.
 
 Each check is one :class:`Finding` (``ok``, ``warn`` or ``fail``) with a remedy for
-anything that is not ``ok``. Nothing here changes a file or starts a daemon; without
-``--network`` nothing leaves the machine. Messages are for the operator's terminal: they
-may name files, never secrets (credential values are never read into a message, only
-whether they are present). Exit status 0 only when no check failed, i.e. a turn could
-run with this environment, in this directory.
+anything that is not ``ok``. Nothing here starts a daemon; without ``--network`` nothing
+leaves the machine and no file changes. ``--network`` makes one authenticated request,
+the selected provider's model list with the credentials a turn would send: 401/403 fails
+the check (the key or login was rejected), no answer fails it, another HTTP status warns
+(the endpoint answered, the credentials were not confirmed). A Codex access token about
+to expire is refreshed for it, as a turn would, which updates the credential store.
+
+Messages are for the operator's terminal: they may name files, never secrets
+(credential values are never read into a message, only whether they are present). Exit
+status 0 only when no check failed, i.e. a turn could run with this environment, in
+this directory.
 """
 
 from __future__ import annotations
@@ -36,13 +42,17 @@ from magi_code.config.settings import (
 from magi_code.dataclass import dataclass
 from magi_code.endpoint.paths import UnsafeRuntimeDir, runtime_paths, verify_private_dir
 from magi_code.protocol.errors import ServiceError
+from magi_code.protocol.text import one_line
 from magi_code.storage.launch import LaunchContext
+from magi_code.turns.failures import REMEDIES
 from magi_code.turns.hooks import active_hooks
 from magi_code.turns.skills import discover_skills
 from magi_code.version import build_id, package_version
 
 Status = Literal["ok", "warn", "fail"]
-NETWORK_TIMEOUT_SECONDS: Final = 5.0
+NETWORK_TIMEOUT_SECONDS: Final = 15.0
+# Failures without an HTTP answer: the endpoint was not reached.
+NO_ANSWER: Final = frozenset({"provider_unavailable", "provider_timeout", "provider_http_error"})
 SUPPORTED_PLATFORMS: Final = ("linux", "darwin")
 
 
@@ -85,7 +95,7 @@ def run_checks(ctx: LaunchContext, *, network: bool) -> list[Finding]:
     if settings.ignored_project_keys:
         findings.append(_untrusted(settings.ignored_project_keys))
     if network and provider is not None:
-        findings.append(_reachable(ctx, settings, provider))
+        findings.append(_model_list(ctx, settings, provider))
     return findings
 
 
@@ -261,12 +271,18 @@ def _credentials(
 
 
 def _hooks(settings: Settings) -> Finding:
-    # The hooks a turn in this project runs (the project's only when it is trusted).
+    # The hooks a turn in this project runs (the project's only when it is trusted), each
+    # named by its program and when it runs: the event, and a tool matcher other than *.
     table = active_hooks(settings)
     if not table:
         return Finding("hooks", "ok", "none configured")
-    counts = ", ".join(f"{len(hooks)} {event}" for event, hooks in table.items())
-    return Finding("hooks", "ok", f"a turn here runs: {counts}")
+    shown = [
+        f"{one_line(os.path.basename(hook.command[0]))} "
+        f"({event}{'' if hook.matcher == '*' else ' ' + one_line(hook.matcher)})"
+        for event, hooks in table.items()
+        for hook in hooks
+    ]
+    return Finding("hooks", "ok", f"a turn here runs {len(shown)}: {', '.join(shown)}")
 
 
 def _skills(ctx: LaunchContext) -> Finding:
@@ -309,21 +325,21 @@ def _mcp_servers(ctx: LaunchContext, settings: Settings) -> list[Finding]:
     return findings
 
 
-def _reachable(ctx: LaunchContext, settings: Settings, provider: ProviderDefinition) -> Finding:
-    """One request to the provider's base URL through the frontend's proxy/CA set-up."""
+def _model_list(ctx: LaunchContext, settings: Settings, provider: ProviderDefinition) -> Finding:
+    """One authenticated request: the provider's model list, with the credentials a turn
+    would send, through the frontend's proxy/CA set-up (a Codex token about to expire is
+    refreshed first, as for a turn)."""
     import asyncio
 
+    from magi_code.auth.credentials import CredentialsError, resolve_headers
+    from magi_code.providers.discovery import list_models
     from magi_code.providers.errors import ProviderFailure
     from magi_code.providers.http import build_client, transport_options
+    from magi_code.providers.types import Endpoint
 
-    async def probe() -> int:
-        client = build_client(transport_options(ctx.env, settings.network))
-        async with client:
-            response = await client.get(provider.base_url, timeout=NETWORK_TIMEOUT_SECONDS)
-            return response.status_code
-
+    name = provider.provider_id
     try:
-        code = asyncio.run(probe())
+        client = build_client(transport_options(ctx.env, settings.network))
     except ProviderFailure:
         return Finding(
             "network",
@@ -331,11 +347,52 @@ def _reachable(ctx: LaunchContext, settings: Settings, provider: ProviderDefinit
             "the proxy or CA settings are unusable",
             "check HTTPS_PROXY, SSL_CERT_FILE and `network` in settings",
         )
-    except Exception as exc:  # noqa: BLE001 - any transport failure is the finding
+
+    async def probe() -> int:
+        async with client:
+            headers = await resolve_headers(ctx, provider, AuthStore(ctx.auth_path), client)
+            endpoint = Endpoint(api=provider.api, base_url=provider.base_url, headers=headers)
+            return len(await list_models(client, endpoint))
+
+    try:
+        count = asyncio.run(asyncio.wait_for(probe(), NETWORK_TIMEOUT_SECONDS))
+    except CredentialsError as exc:
+        return Finding(
+            "network", "fail", f"{name}: no request made ({exc.label})", REMEDIES[exc.label]
+        )
+    except TimeoutError:
         return Finding(
             "network",
             "fail",
-            f"{provider.provider_id}: cannot reach its endpoint ({type(exc).__name__})",
-            "check the network, proxy variables and the provider's base_url",
+            f"{name}: no answer to the model list within {NETWORK_TIMEOUT_SECONDS:g} s",
+            REMEDIES["provider_timeout"],
         )
-    return Finding("network", "ok", f"{provider.provider_id}: endpoint answered HTTP {code}")
+    except ProviderFailure as exc:
+        return _network_failure(provider, exc.label.value, exc.status)
+    return Finding(
+        "network", "ok", f"{name}: the credentials were accepted ({count} models listed)"
+    )
+
+
+def _network_failure(provider: ProviderDefinition, label: str, status: int | None) -> Finding:
+    name = provider.provider_id
+    if status in (401, 403):
+        return Finding(
+            "network",
+            "fail",
+            f"{name}: the provider rejected the credentials (HTTP {status})",
+            f"replace them: {_remedy(provider)}",
+        )
+    if status is None and label in NO_ANSWER:
+        return Finding(
+            "network", "fail", f"{name}: cannot reach its endpoint ({label})", REMEDIES[label]
+        )
+    answered = f"HTTP {status}" if status is not None else "an unreadable listing"
+    # Reached, and not refused; a quota is an account's, the rest may pass or be the list's.
+    return Finding(
+        "network",
+        "fail" if label == "provider_quota_exceeded" else "warn",
+        f"{name}: the model list request got {answered} ({label}); the credentials "
+        "were not confirmed",
+        REMEDIES.get(label, REMEDIES["provider_http_error"]),
+    )
