@@ -95,6 +95,32 @@ def _parser() -> argparse.ArgumentParser:
         help="also ask the selected provider for its model list with the credentials "
         "(one authenticated request): a rejected key fails the check",
     )
+    sessions = commands.add_parser(
+        "sessions",
+        help="list, show or remove the sessions of this MC_HOME",
+        description="The sessions of this MC_HOME (every project's), read and removed "
+        "through the session store; works whether or not a daemon runs.",
+    )
+    session_actions = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
+    session_list = session_actions.add_parser(
+        "list", help="every session, oldest first: ID, last activity (UTC) and title"
+    )
+    session_list.add_argument("--json", action="store_true", help="print JSON")
+    session_show = session_actions.add_parser(
+        "show",
+        help="a session's conversation as text",
+        description="The conversation as replay shows it (messages, and how turns that "
+        "did not complete ended), with the agent's tool calls; the recent 2 MiB of history.",
+    )
+    session_show.add_argument("session_ids", metavar="ID", nargs=1, help="a session ID")
+    session_rm = session_actions.add_parser(
+        "rm",
+        help="remove sessions",
+        description="Remove sessions and their history for good. A session a running "
+        "magi-code has open (a frontend, a running turn, --prompt) is refused, and so "
+        "is one holding files that are not yours.",
+    )
+    session_rm.add_argument("session_ids", metavar="ID", nargs="+", help="session IDs")
     protocol = commands.add_parser("protocol", help="the v1 protocol's machine-readable schema")
     protocol_actions = protocol.add_subparsers(dest="action", metavar="ACTION", required=True)
     schema = protocol_actions.add_parser("schema", help="print or write the JSON Schemas")
@@ -181,6 +207,11 @@ def _run_command(args: argparse.Namespace) -> int:
         from magi_code.daemonctl import doctor
 
         return doctor.main(ctx, as_json=args.json, network=args.network)
+    if args.command == "sessions":
+        from magi_code.daemonctl import sessions
+
+        ids = getattr(args, "session_ids", [])
+        return sessions.main(ctx, args.action, ids, as_json=getattr(args, "json", False))
     from magi_code.protocol import schema
 
     return schema.main(["--out", args.out] if args.out else [])

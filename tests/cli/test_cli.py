@@ -48,6 +48,9 @@ def test_version_and_per_command_help(home: Path) -> None:
     install_help = magi(home, "daemon", "install", "--help")
     assert "--force" in install_help.stdout and "--print" in install_help.stdout
     assert "--no-browser" in magi(home, "login", "--help").stdout
+    sessions_help = magi(home, "sessions", "--help").stdout
+    assert all(action in sessions_help for action in ("list", "show", "rm"))
+    assert "is refused" in magi(home, "sessions", "rm", "--help").stdout
     assert "model list" in magi(home, "doctor", "--help").stdout
 
 

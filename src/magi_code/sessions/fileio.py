@@ -18,6 +18,8 @@ APPEND_LOCK: Final = "append.lock"
 LEASE_LOCK: Final = "lease.lock"
 META: Final = "meta.json"
 NEW_PREFIX: Final = ".new-"
+# A session being removed (``SessionStore.remove``): no longer found by its ID.
+REMOVING_PREFIX: Final = ".rm-"
 
 FILE_MODE: Final = 0o600
 DIR_MODE: Final = 0o700

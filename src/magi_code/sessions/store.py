@@ -38,6 +38,7 @@ Every method is blocking file I/O; async callers run it in a worker thread (the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import stat
@@ -65,6 +66,7 @@ from magi_code.sessions.fileio import (
     LEASE_LOCK,
     META,
     NEW_PREFIX,
+    REMOVING_PREFIX,
     close_all,
     complete_prefix,
     exists_at,
@@ -79,6 +81,7 @@ from magi_code.sessions.ids import new_session_id, validate_session_id
 from magi_code.sessions.listing import SessionIndex, check_page_limit, list_sessions
 from magi_code.sessions.outcomes import TurnOutcome, scan_turn
 from magi_code.sessions.projection import (
+    Item,
     ParsedWindow,
     Projection,
     build_page,
@@ -89,6 +92,7 @@ from magi_code.sessions.projection import (
 )
 from magi_code.sessions.records import (
     AssistantRecord,
+    Record,
     TerminalRecord,
     ToolCallRecord,
     ToolResultRecord,
@@ -105,6 +109,8 @@ MAX_APPEND_RECORD_BYTES: Final = 1024 * 1024
 # Replay holds the shared append lock only briefly; appends wait longer for readers.
 REPLAY_LOCK_WAIT: Final = 0.05
 WRITER_LOCK_WAIT: Final = 5.0
+# How often ``remove`` empties a directory that an opener racing it refilled.
+REMOVE_ATTEMPTS: Final = 3
 
 ContextRecord = UserRecord | AssistantRecord | ToolCallRecord | ToolResultRecord | TerminalRecord
 _CONTEXT_TYPES: Final = (
@@ -195,6 +201,23 @@ class _WindowCache:
             self._entries.pop(session_id, None)
 
 
+class ForeignEntries(PermissionError):
+    """What ``SessionStore.remove`` leaves alone: a session directory, or an entry in it,
+    that another user owns, or a directory (the store never makes one there)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """One snapshot of a session's replay window: ``items`` are exactly what
+    ``session.replay`` pages through (summary, messages, terminals); ``records`` are the
+    window's records after the compaction cutoff, tool calls and results included;
+    ``gap`` is the replay pages' flag (lines skipped, or history before the window)."""
+
+    items: tuple[Item, ...]
+    records: tuple[Record, ...]
+    gap: bool
+
+
 @dataclass(frozen=True, slots=True)
 class SessionContext:
     """What a turn needs to rebuild the conversation.
@@ -210,6 +233,40 @@ class SessionContext:
     records: tuple[ContextRecord, ...]
     history_cut: bool
     gap: bool
+
+
+def _removable_entries(dir_fd: int) -> list[str]:
+    """The names in a session directory, once it and each of them is this user's and
+    none is a directory (``ForeignEntries`` otherwise)."""
+    uid = os.geteuid()
+    if os.fstat(dir_fd).st_uid != uid:
+        raise ForeignEntries("not this user's session")
+    names = os.listdir(dir_fd)
+    for entry in names:
+        info = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+        if info.st_uid != uid or stat.S_ISDIR(info.st_mode):
+            raise ForeignEntries("not this user's file")
+    return names
+
+
+def _remove_directory(root_fd: int, name: str) -> None:
+    """Unlink every entry of ``root_fd``'s ``name`` (each checked again), then the
+    directory; a process that opened it before the rename may still create its lock
+    files in it meanwhile, so an emptied directory that is not empty is emptied again."""
+    for attempt in range(REMOVE_ATTEMPTS):
+        dir_fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
+        try:
+            for entry in _removable_entries(dir_fd):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        try:
+            os.rmdir(name, dir_fd=root_fd)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY or attempt == REMOVE_ATTEMPTS - 1:
+                raise
 
 
 class WriterLease:
@@ -644,6 +701,65 @@ class SessionStore:
             generation,
             mounts is not None and local_lookup(mounts, root) and not mounts_inside(mounts, root),
         )
+
+    def transcript(self, session_id: object) -> Transcript:
+        """The replay window at once (``Transcript``), for a reader that shows a whole
+        session rather than paging; waits up to 5 s for the append lock, as
+        ``load_context`` does.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE`` for a missing or
+                unreadable session; ``SESSION_BUSY`` when the append lock stays held.
+        """
+        name = validate_session_id(session_id)
+        window, projection = self._window_and_projection(
+            name, WRITER_LOCK_WAIT, with_projection=True
+        )
+        assert projection is not None
+        compaction = window.compaction
+        cutoff = compaction.cutoff_seq if compaction else -1
+        return Transcript(
+            items=tuple(projection.items),
+            records=tuple(r for r in window.records if r.seq > cutoff),
+            gap=window.gap or window_omits_history(window, compaction),
+        )
+
+    def remove(self, session_id: object) -> None:
+        """Delete a session: its directory and every file in it.
+
+        Only under the session's writer lease, taken without waiting: a session that a
+        service has open (an attachment, a running turn, in any process) is refused, and
+        no service can open it meanwhile. Nothing is touched unless the directory and
+        every entry in it belong to this user and none is a directory. The directory is
+        first renamed to a hidden ``.rm-<id>`` (no open by ID finds it from then on),
+        then emptied and removed; a crash midway leaves only that hidden directory, which
+        listing ignores.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE`` for a missing
+                session (or one without a regular history); ``SESSION_BUSY`` while another
+                holder has the lease.
+            ForeignEntries: the directory or an entry in it is another user's, or an entry
+                is a directory.
+            OSError: the directory could not be renamed, emptied or removed.
+        """
+        name = validate_session_id(session_id)
+        if not self.exists(name):
+            raise unavailable()
+        root_fd = os.open(self._root, DIR_FLAGS & ~os.O_NOFOLLOW)
+        try:
+            dir_fd = self._open_dir(name)
+            try:
+                _removable_entries(dir_fd)  # checked before the lease touches anything
+            finally:
+                os.close(dir_fd)
+            with self.acquire_writer_lease(name):
+                hidden = REMOVING_PREFIX + name
+                os.rename(name, hidden, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+                self._cache.forget(name)
+                _remove_directory(root_fd, hidden)
+        finally:
+            os.close(root_fd)
 
     def turn_outcome(self, session_id: object, turn_id: str) -> TurnOutcome | None:
         """What the whole durable history says about ``turn_id`` (``None``: no such turn).

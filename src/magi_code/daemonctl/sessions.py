@@ -1,0 +1,183 @@
+"""``magi-code sessions list|show|rm``: the sessions of this ``MC_HOME`` from a terminal.
+
+Read and removed through the session store itself (``sessions.store``), the same files,
+locks and leases every service uses, so these work alike whether or not a daemon runs:
+
+- ``list``: every session, in ID order (which is creation order), with its last activity
+  and title, paged through ``session.list``'s own listing.
+- ``show ID``: the conversation as ``session.replay`` projects it (the summary of a
+  compacted past, user and assistant messages, how each turn that did not complete
+  ended), with the agent's tool calls between the messages. Like replay it reads the
+  recent window of the history (2 MiB), and says so when earlier history is left out.
+- ``rm ID…``: deletes each session under its writer lease (``SessionStore.remove``). A
+  session that a service has open is refused: a frontend's attachment, a turn running
+  (a daemon's detached turns included), ``--prompt`` meanwhile. Nothing that is not
+  this user's is touched.
+
+Output is for the person at the terminal: text from the history has its control
+characters removed, so it cannot drive the terminal. Exit status: 0; 1 when a session
+could not be shown or any could not be removed (one ``magi-code: …`` line each).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+import orjson
+
+from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.limits import MAX_SESSION_PAGE_ITEMS
+from magi_code.protocol.text import one_line, without_hidden
+from magi_code.sessions.records import ToolCallRecord, ToolResultRecord
+from magi_code.sessions.store import ForeignEntries, SessionStore, Transcript
+from magi_code.storage.launch import LaunchContext
+
+EXIT_FAILURE: Final = 1
+# The most of a tool call's arguments a transcript line shows.
+MAX_ARGUMENT_CHARS: Final = 200
+# Why a session was not shown or removed, by the store's error.
+REASONS: Final = {
+    ErrorCode.INVALID_SESSION_ID: "not a session ID",
+    ErrorCode.SESSION_UNAVAILABLE: "no such session in this MC_HOME",
+    ErrorCode.SESSION_BUSY: (
+        "in use: a running magi-code has it open (a frontend, a turn the daemon runs, "
+        "or --prompt); close it there or let its turn end, then try again"
+    ),
+}
+NOT_YOURS: Final = "it holds files that are not yours (or a directory); nothing was removed"
+HISTORY_CUT: Final = (
+    "(part of this session is not shown: it lies before the recent window that is read, "
+    "or a line of its history is damaged)"
+)
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"magi-code: {message}\n")
+    return EXIT_FAILURE
+
+
+def _reason(exc: ServiceError) -> str:
+    return REASONS.get(exc.code, exc.code.value)
+
+
+def main(ctx: LaunchContext, action: str, session_ids: Sequence[str], *, as_json: bool) -> int:
+    store = SessionStore(ctx.sessions_dir)
+    if action == "list":
+        return list_sessions(store, as_json=as_json)
+    if action == "show":
+        return show(store, session_ids[0])
+    return remove(store, session_ids)
+
+
+def _all_sessions(store: SessionStore) -> tuple[list[dict[str, Any]], bool]:
+    sessions: list[dict[str, Any]] = []
+    incomplete = False
+    after = None
+    while True:
+        page: dict[str, Any] = store.list_sessions(after, MAX_SESSION_PAGE_ITEMS)
+        sessions += page["sessions"]
+        incomplete |= page["incomplete"]
+        after = page["next_after"]
+        if not page["truncated"]:
+            return sessions, incomplete
+
+
+def list_sessions(store: SessionStore, *, as_json: bool) -> int:
+    try:
+        sessions, incomplete = _all_sessions(store)
+    except ServiceError:
+        return _fail("the sessions directory of this MC_HOME cannot be read")
+    if as_json:
+        document = {"sessions": sessions, "incomplete": incomplete}
+        sys.stdout.write(orjson.dumps(document).decode() + "\n")
+        return 0
+    for entry in sessions:
+        title = entry["title"] or "(no title)"
+        sys.stdout.write(f"{entry['session_id']}  {entry['updated_at']}  {title}\n")
+    if not sessions:
+        sys.stdout.write("No sessions in this MC_HOME.\n")
+    if incomplete:
+        sys.stderr.write("magi-code: some sessions could not be read and are not listed\n")
+    return 0
+
+
+def show(store: SessionStore, session_id: str) -> int:
+    try:
+        transcript = store.transcript(session_id)
+    except ServiceError as exc:
+        return _fail(f"{_shown(session_id)}: {_reason(exc)}")
+    for line in transcript_lines(transcript):
+        sys.stdout.write(line + "\n")
+    return 0
+
+
+def remove(store: SessionStore, session_ids: Sequence[str]) -> int:
+    code = 0
+    for session_id in session_ids:
+        try:
+            store.remove(session_id)
+        except ServiceError as exc:
+            code = _fail(f"{_shown(session_id)}: {_reason(exc)}")
+        except ForeignEntries:
+            code = _fail(f"{session_id}: {NOT_YOURS}")
+        except OSError as exc:
+            code = _fail(f"{session_id}: it could not be removed ({exc.strerror})")
+        else:
+            sys.stdout.write(f"Removed {session_id}\n")
+    return code
+
+
+def _shown(session_id: str) -> str:
+    """An ID as typed, for a message (it may be anything: it was not a valid ID)."""
+    return one_line(session_id)[:MAX_ARGUMENT_CHARS] or "''"
+
+
+def transcript_lines(transcript: Transcript) -> Iterator[str]:
+    """The conversation as text: a blank line and a heading line per message, then its
+    text; tool calls one line each, where they happened; turns that did not complete say
+    how they ended."""
+    calls = [r for r in transcript.records if isinstance(r, ToolCallRecord)]
+    failed = {
+        (r.turn_id, r.call_id)
+        for r in transcript.records
+        if isinstance(r, ToolResultRecord) and r.is_error
+    }
+    started = transcript.gap
+    if transcript.gap:
+        yield HISTORY_CUT
+    text: list[str] = []
+    for item in transcript.items:
+        body = item.body
+        if body["kind"] != "summary":
+            # Calls made before this item; the empty part that ends a reply a call
+            # interrupted carries the call's own seq and comes first.
+            while calls and calls[0].seq < item.seq:
+                yield _call_line(calls.pop(0), failed)
+        if body["kind"] == "terminal":
+            if body["status"] != "completed":
+                yield f"[turn {body['status']}]"
+            continue
+        if body["part"] == 0:
+            role = "summary of the earlier conversation" if body["kind"] == "summary" else None
+            if started:
+                yield ""
+            started = True
+            yield f"{role or body['role']}:"
+        text.append(str(body["text"]))
+        if body["last_part"]:
+            message = without_hidden("".join(text), keep="\n\t").rstrip("\n")
+            text.clear()
+            if message:
+                yield from message.split("\n")
+    for call in calls:
+        yield _call_line(call, failed)
+
+
+def _call_line(call: ToolCallRecord, failed: set[tuple[str, str]]) -> str:
+    arguments = one_line(call.arguments)
+    if len(arguments) > MAX_ARGUMENT_CHARS:
+        arguments = arguments[: MAX_ARGUMENT_CHARS - 1] + "…"
+    outcome = " (failed)" if (call.turn_id, call.call_id) in failed else ""
+    return f"  · {one_line(call.name)} {arguments}{outcome}"

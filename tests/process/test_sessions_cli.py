@@ -1,0 +1,150 @@
+"""``magi-code sessions list|show|rm`` against sessions real turns wrote, beside a running
+service (embedded, or the daemon behind the shim): what is listed and shown, what is
+removed, and what is refused while a service holds the session's lease."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.process.turn_support import write_settings
+from tests.support.cli import magi
+from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.support.service import running_service
+
+
+def _session_line(stderr: str) -> str:
+    (line,) = [x for x in stderr.splitlines() if x.startswith("magi-code: session ")]
+    return line.removeprefix("magi-code: session ").strip()
+
+
+def _listed(home: Path) -> dict[str, dict[str, object]]:
+    result = magi(home, "sessions", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["incomplete"] is False
+    return {s["session_id"]: s for s in document["sessions"]}
+
+
+def test_list_and_show_the_sessions_turns_left(home: Path, project: Path) -> None:
+    with FakeProviderServer() as fake:
+        write_settings(home, fake)
+        call = FakeToolCall("c-1", "list_files", json.dumps({"pattern": "*.md"}))
+        fake.enqueue(
+            Reply(text=["Let me look."], tool_calls=[call]),
+            Reply(text=["Found \x1b[31mnothing\x1b[0m.\nSecond line."]),
+        )
+        done = magi(home, "--prompt", "what is here?", cwd=project)
+        assert done.returncode == 0, done.stderr
+    answered = _session_line(done.stderr)
+    # A provider that cannot be reached: the failed turn still leaves its session.
+    (home / "settings.json").write_text(json.dumps({"provider": "anthropic", "model": "m"}))
+    failed = magi(home, "--prompt", "this will fail", cwd=project)
+    assert failed.returncode == 1
+    broken = _session_line(failed.stderr)
+
+    listed = _listed(home)
+    assert list(listed) == sorted([answered, broken])  # ID order: creation order
+    assert listed[answered]["title"] == "what is here?"
+    assert listed[broken]["title"] == "this will fail"
+    text = magi(home, "sessions", "list")
+    assert text.returncode == 0
+    rows = text.stdout.splitlines()
+    assert [row.split()[0] for row in rows] == sorted([answered, broken])
+    assert rows[0].endswith(str(listed[rows[0].split()[0]]["title"]))
+
+    shown = magi(home, "sessions", "show", answered)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [
+        "user:",
+        "what is here?",
+        "",
+        "assistant:",
+        "Let me look.",
+        '  · list_files {"pattern": "*.md"}',
+        "",
+        "assistant:",
+        "Found [31mnothing[0m.",  # no escape character reaches the terminal
+        "Second line.",
+    ]
+    failed_shown = magi(home, "sessions", "show", broken).stdout.splitlines()
+    assert failed_shown == ["user:", "this will fail", "[turn failed]"]
+
+
+def test_show_and_rm_name_what_is_wrong_with_an_id(home: Path) -> None:
+    missing = "ses_00000000000000000000000000"
+    shown = magi(home, "sessions", "show", missing)
+    assert shown.returncode == 1
+    assert shown.stderr == f"magi-code: {missing}: no such session in this MC_HOME\n"
+    bad = magi(home, "sessions", "rm", "../escape", missing)
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.splitlines() == [
+        "magi-code: ../escape: not a session ID",
+        f"magi-code: {missing}: no such session in this MC_HOME",
+    ]
+    empty = magi(home, "sessions", "list")
+    assert empty.returncode == 0 and empty.stdout == "No sessions in this MC_HOME.\n"
+    assert "usage: magi-code sessions rm" in magi(home, "sessions", "rm").stderr
+
+
+async def test_rm_refuses_a_session_a_service_has_open(home: Path, project: Path) -> None:
+    async with running_service(home, project) as service:
+        held = (await service.request("session.create"))["payload"]["session_id"]
+        free = (await service.request("session.create"))["payload"]["session_id"]
+        await service.request("session.close", session_id=free)
+
+        refused = magi(home, "sessions", "rm", held, free)
+        assert refused.returncode == 1
+        assert refused.stdout == f"Removed {free}\n"
+        assert refused.stderr.startswith(f"magi-code: {held}: in use: a running magi-code")
+        assert (home / "sessions" / held / "history.jsonl").is_file()
+        assert sorted(os.listdir(home / "sessions")) == [held]
+        # The holder keeps its session: it replays it, and a turn could still run.
+        replay = await service.request("session.replay", session_id=held)
+        assert replay["error"] is None
+        gone = await service.request("session.open", session_id=free)
+        assert gone["error"]["code"] == "session_unavailable"
+
+        # Closed, it is removed (a daemon, running still, has no hold on an idle session).
+        closed = await service.request("session.close", session_id=held)
+        assert closed["payload"]["status"] == "closed"
+        removed = magi(home, "sessions", "rm", held)
+        assert removed.returncode == 0, removed.stderr
+        assert removed.stdout == f"Removed {held}\n"
+        assert os.listdir(home / "sessions") == []
+        listing = await service.request("session.list")
+        assert listing["payload"]["sessions"] == []
+        reopened = await service.request("session.open", session_id=held)
+        assert reopened["error"]["code"] == "session_unavailable"
+
+
+def _make_session(home: Path, project: Path) -> str:
+    (home / "settings.json").write_text(json.dumps({"provider": "anthropic", "model": "m"}))
+    return _session_line(magi(home, "--prompt", "leave a session", cwd=project).stderr)
+
+
+def test_rm_leaves_a_session_holding_what_it_never_made(home: Path, project: Path) -> None:
+    session_id = _make_session(home, project)
+    planted = home / "sessions" / session_id / "notes"
+    planted.mkdir()
+    result = magi(home, "sessions", "rm", session_id)
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"magi-code: {session_id}: it holds files that are not yours (or a directory); "
+        "nothing was removed\n"
+    )
+    assert planted.is_dir() and (planted.parent / "history.jsonl").is_file()
+    assert session_id in _listed(home)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_rm_never_removes_another_users_file(home: Path, project: Path) -> None:
+    session_id = _make_session(home, project)
+    meta = home / "sessions" / session_id / "meta.json"
+    os.chown(meta, 65534, 65534)
+    result = magi(home, "sessions", "rm", session_id)
+    assert result.returncode == 1 and "not yours" in result.stderr
+    assert meta.is_file() and (meta.parent / "history.jsonl").is_file()
