@@ -11,7 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support.service import ServiceProcess, service_env
+from magi_code.protocol import envelope
+from magi_code.protocol.limits import MAX_ID_BYTES
+from tests.support.service import ServiceProcess, running_service, service_env
 
 
 async def test_random_byte_records_are_each_answered_and_the_loop_continues(
@@ -62,6 +64,33 @@ async def test_eof_ends_the_service_cleanly_with_only_jsonl_on_stdout(
     rest = await service.drain_stdout()
     assert [m["error"]["code"] for m in rest] == ["invalid_json"]
     assert await service.wait() == 0
+
+
+async def test_every_id_field_is_held_to_the_id_bound(home: Path, project: Path) -> None:
+    long_id = "t" * 200
+    async with running_service(home, project) as service:
+        # Envelope IDs: neither an over-long request ID nor session ID is echoed back.
+        await service.send(envelope.request(long_id, "status"))
+        answer = await service.recv()
+        assert answer["request_id"] is None
+        assert answer["error"]["code"] == "limit_exceeded"
+        opened = await service.request("session.open", session_id=long_id)
+        assert opened["session_id"] is None
+        assert opened["error"]["code"] == "limit_exceeded"
+        # Payload IDs get the same error (not "unknown"), at any length past the bound.
+        for method, payload in (
+            ("turn.cancel", {"turn_id": long_id}),
+            ("turn.cancel", {"turn_id": "é" * (MAX_ID_BYTES // 2 + 1)}),
+            ("auth.login.cancel", {"login_id": long_id}),
+            ("auth.login.callback", {"login_id": long_id, "input": "code"}),
+        ):
+            refused = await service.request(method, payload)
+            assert refused["error"]["code"] == "limit_exceeded", (method, refused)
+        # At the bound an ID is looked up like any other.
+        at_bound = await service.request("turn.cancel", {"turn_id": "t" * MAX_ID_BYTES})
+        assert at_bound["error"]["code"] == "unknown_turn"
+        login = await service.request("auth.login.cancel", {"login_id": "l" * MAX_ID_BYTES})
+        assert login["error"]["code"] == "unknown_login"
 
 
 def test_output_to_a_regular_file_works(home: Path, project: Path, tmp_path: Path) -> None:

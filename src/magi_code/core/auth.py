@@ -26,7 +26,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 
 from .coordinator import Connection
 from .output import Batch
-from .routes import Reply, Route, check_fields, empty_payload
+from .routes import Reply, Route, check_fields, empty_payload, payload_id
 
 _LOGIN_FIELDS: Final = frozenset({"provider_id"})
 
@@ -45,7 +45,7 @@ def _validate_login_start(request: Request) -> str:
 
 def _validate_callback(request: Request) -> tuple[str, str]:
     check_fields(request.payload, frozenset({"login_id", "input"}))
-    login_id = _string(request.payload, "login_id")
+    login_id = payload_id(request.payload, "login_id")
     text = request.payload.get("input")
     if not isinstance(text, str):
         raise ServiceError(ErrorCode.INVALID_PAYLOAD)
@@ -54,7 +54,7 @@ def _validate_callback(request: Request) -> tuple[str, str]:
 
 def _validate_login_cancel(request: Request) -> str:
     check_fields(request.payload, frozenset({"login_id"}))
-    return _string(request.payload, "login_id")
+    return payload_id(request.payload, "login_id")
 
 
 def _validate_logout(request: Request) -> tuple[str, bool]:

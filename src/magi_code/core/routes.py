@@ -7,7 +7,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from magi_code.dataclass import dataclass
-from magi_code.protocol.envelope import Request
+from magi_code.protocol.envelope import Request, check_id_bytes
 from magi_code.protocol.errors import ErrorCode, ServiceError
 
 from .output import TurnEvent
@@ -64,3 +64,12 @@ def empty_payload(request: Request) -> None:
 def check_fields(payload: dict[str, Any], allowed: frozenset[str]) -> None:
     if not allowed.issuperset(payload):
         raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+
+
+def payload_id(payload: dict[str, Any], name: str) -> str:
+    """The ID a payload names (a turn or login ID): a non-empty string, and within the ID
+    bound as every ID field is (``limit_exceeded``, as for an over-long envelope ID)."""
+    value = payload.get(name)
+    if not isinstance(value, str) or not value:
+        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+    return check_id_bytes(value)

@@ -52,7 +52,7 @@ from magi_code.turns.runtime import TurnRequest, TurnRuntime, TurnSetupError, pr
 from .coordinator import Connection
 from .idempotency import RETAIN_SECONDS, StartKeys, repeated
 from .output import Batch, TurnEvent, TurnInfo
-from .routes import Reply, Route, SessionRule, check_fields
+from .routes import Reply, Route, SessionRule, check_fields, payload_id
 from .sessions import Attachment, SessionService
 from .settings_gate import SettingsGate
 
@@ -164,10 +164,7 @@ def _validate_start(request: Request) -> str:
 
 def _validate_cancel(request: Request) -> str:
     check_fields(request.payload, frozenset({"turn_id"}))
-    turn_id = request.payload.get("turn_id")
-    if not isinstance(turn_id, str) or not turn_id:
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    return turn_id
+    return payload_id(request.payload, "turn_id")
 
 
 class TurnRun:

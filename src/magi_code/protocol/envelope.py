@@ -157,13 +157,20 @@ def decode_object(
         return Rejected(exc.code, identity)
 
 
+def check_id_bytes(value: str) -> str:
+    """``value`` if it is within the ID bound, which every ID field of a request shares
+    (envelope and payload alike); ``limit_exceeded`` past it."""
+    if not string_fits(value, MAX_ID_BYTES):
+        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+    return value
+
+
 def _id_field(value: object, *, required: bool) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str):
         raise ServiceError(ErrorCode.INVALID_REQUEST)
-    if not string_fits(value, MAX_ID_BYTES):
-        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+    check_id_bytes(value)
     if not value or not value.isprintable():
         raise ServiceError(ErrorCode.INVALID_REQUEST)
     return value

@@ -25,6 +25,12 @@ TOO_LARGE: Final = _TooLarge()
 Frame = bytes | _TooLarge
 
 
+def fits_record(length: int, max_record_bytes: int = MAX_RECORD_BYTES) -> bool:
+    """Whether a record of ``length`` bytes, without its line ending, is within the bound
+    (which counts its newline)."""
+    return length + 1 <= max_record_bytes
+
+
 class LineFramer:
     def __init__(self, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self._max = max_record_bytes
@@ -44,7 +50,7 @@ class LineFramer:
             if self._discarding:
                 self._discarding = False
                 frames.append(TOO_LARGE)
-            elif len(self._buffer) + (newline - start) + 1 > self._max:
+            elif not fits_record(len(self._buffer) + newline - start, self._max):
                 self._buffer.clear()
                 frames.append(TOO_LARGE)
             else:
@@ -65,8 +71,8 @@ class LineFramer:
     def _append_partial(self, chunk: bytes) -> None:
         if self._discarding:
             return
-        # Reserve one byte for the newline that must still come.
-        if len(self._buffer) + len(chunk) + 1 > self._max:
+        # Room for the newline that must still come.
+        if not fits_record(len(self._buffer) + len(chunk), self._max):
             self._buffer.clear()
             self._discarding = True
             return

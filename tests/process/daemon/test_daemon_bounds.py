@@ -1,8 +1,9 @@
 """Careless and hostile clients cannot grow a real daemon's memory or lock others out.
 
-Each test reproduces a defect an adversarial run found (issue #12): a client that sends
-but never reads, connections holding partial frames, too many connections, a low fd
-limit inherited from the starter, stalled v1 shims, one client holding every turn.
+Each test reproduces a defect an adversarial run found (issues #12, #37): a client that
+sends but never reads, connections holding partial frames, too many connections, a low fd
+limit inherited from the starter, stalled v1 shims, one client holding every turn, a
+client that speaks as a shim and ignores the v1 bounds.
 Counts, not clocks, decide: the daemon's short client timeout is set through its
 environment so the stalls end quickly.
 """
@@ -19,14 +20,23 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
-from magi_code.client import socket_for
+from magi_code.client import Channel, socket_for
 from magi_code.client.channel import launch_of
 from magi_code.protocol import envelope
 from magi_code.protocol.frames import HEADER, FrameDecoder, encode_frame
+from magi_code.protocol.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from magi_code.protocol.v2 import hello
-from tests.process.daemon.support import cli, context, replay_in_new_shim, status, wait_for
+from tests.process.daemon.support import (
+    alive,
+    cli,
+    context,
+    replay_in_new_shim,
+    status,
+    wait_for,
+)
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess, service_env
@@ -252,3 +262,52 @@ async def test_one_client_cannot_hold_the_daemons_turn_ceiling(
     finally:
         await greedy.stop()
         await other.stop()
+
+
+async def test_a_client_speaking_as_a_shim_meets_every_v1_bound_in_the_daemon(
+    home: Path, project: Path
+) -> None:
+    pid = _start(home, project)
+    ctx = context(home, project)
+    channel = await Channel.open(socket_for(ctx), "v1_shim", ctx)
+
+    async def answer(message: object) -> dict[str, object]:
+        """Send one record frame; the v1 answer (its write acknowledged, as a shim does)."""
+        data = message if isinstance(message, bytes) else orjson.dumps(message)
+        await channel.send({"t": "record", "data": data})
+        frame = await asyncio.wait_for(channel.recv(), 20)
+        assert frame is not None and frame["t"] == "output" and frame.get("answers"), frame
+        await channel.send({"t": "written", "seq": frame["seq"]})
+        decoded: dict[str, object] = orjson.loads(frame["data"])
+        return decoded
+
+    def code(reply: dict[str, object]) -> object:
+        error = reply["error"]
+        assert isinstance(error, dict), reply
+        return error["code"]
+
+    long_id = "i" * 200
+    deep: dict[str, object] = {}
+    for _ in range(MAX_JSON_DEPTH + 8):
+        deep = {"a": deep}
+    try:
+        init = envelope.request("init", "initialize", {"supported_protocol_versions": [1]})
+        assert (await answer(init))["error"] is None
+        # Far past the v1 record bound, well within a v2 frame: what a shim would discard.
+        big = await answer(b" " * (4 * MAX_RECORD_BYTES) + orjson.dumps(init))
+        assert big["request_id"] is None and code(big) == "record_too_large"
+        too_long = await answer(envelope.request(long_id, "status"))
+        assert too_long["request_id"] is None and code(too_long) == "limit_exceeded"
+        session = await answer(envelope.request("open", "session.open", {}, long_id))
+        assert session["request_id"] == "open" and code(session) == "limit_exceeded"
+        cancel = await answer(envelope.request("cancel", "turn.cancel", {"turn_id": long_id}))
+        assert code(cancel) == "limit_exceeded"
+        nested = await answer(envelope.request("deep", "status", deep))
+        assert nested["request_id"] == "deep" and code(nested) == "limit_exceeded"
+        assert (await answer(envelope.request("after", "status")))["error"] is None
+        await channel.send({"t": "eof"})
+        end = await asyncio.wait_for(channel.recv(), 20)
+        assert end == {"t": "end", "status": "ok", "detail": None}
+    finally:
+        await channel.close()
+    assert alive(pid) and status(home)["pid"] == pid

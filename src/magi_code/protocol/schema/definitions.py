@@ -45,6 +45,11 @@ SESSION_ID: Final = Str(
     counterexamples=("", "-x", "a.b", "a/b", "ses é"),
 )
 OPAQUE_ID: Final = Str(min_length=1, max_bytes=MAX_ID_BYTES, printable=True)
+# An ID a request payload names: over the ID bound is ``limit_exceeded``, as for the
+# envelope's IDs; any other string is looked up (an ID never issued is unknown).
+ID_ARGUMENT: Final = Str(
+    min_length=1, max_bytes=MAX_ID_BYTES, codes={"max_bytes": E.LIMIT_EXCEEDED}
+)
 SELECTION_ID_PATTERN: Final = r"^[A-Za-z0-9._/:-]{1,256}$"
 SELECTION_ID: Final = Str(
     max_bytes=256,
@@ -790,9 +795,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         area="turns",
         summary="Ask a running turn of this client to stop.",
         session="optional",
-        request=Obj(
-            fields=(Field(name="turn_id", shape=Str(min_length=1), doc="The turn to cancel."),)
-        ),
+        request=Obj(fields=(Field(name="turn_id", shape=ID_ARGUMENT, doc="The turn to cancel."),)),
         response=Obj(
             fields=(
                 Field(name="turn_id", shape=OPAQUE_ID, doc="The turn."),
@@ -852,7 +855,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Hand the login the final redirect URL or code pasted by the user.",
         request=Obj(
             fields=(
-                Field(name="login_id", shape=Str(min_length=1), doc="The login attempt."),
+                Field(name="login_id", shape=ID_ARGUMENT, doc="The login attempt."),
                 Field(
                     name="input",
                     shape=Str(
@@ -881,9 +884,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         name="auth.login.cancel",
         area="auth",
         summary="Ask the active login to stop.",
-        request=Obj(
-            fields=(Field(name="login_id", shape=Str(min_length=1), doc="The login attempt."),)
-        ),
+        request=Obj(fields=(Field(name="login_id", shape=ID_ARGUMENT, doc="The login attempt."),)),
         response=Obj(
             fields=(
                 Field(name="login_id", shape=OPAQUE_ID, doc="The login attempt."),
