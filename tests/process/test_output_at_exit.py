@@ -45,7 +45,7 @@ def test_every_answer_queued_before_eof_reaches_a_slow_reader(home: Path, projec
         ),
     )
     writer.start()
-    writer.join(60)  # stdin is consumed while stdout is full: the service keeps up
+    writer.join(60)  # every request fits the stdin pipe: written and closed while stdout is full
     data = b""
     with os.fdopen(read_fd, "rb", buffering=0) as out:
         # A slow reader: the service reaches EOF while its last answers are still queued.

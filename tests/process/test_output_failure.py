@@ -1,8 +1,10 @@
 """A frontend that closes stdout mid-stream: the service stops with one diagnostic and exit
-status 1, also while pipelined answers are being written together."""
+status 1, also while it pipelines requests, and no request read behind an answer that
+could not be written has taken effect."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -11,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from magi_code.protocol import envelope
-from tests.support.service import service_env
+from tests.support.service import running_service, service_env
 
 
 def test_a_closed_stdout_stops_the_service_with_status_1(home: Path, project: Path) -> None:
@@ -57,3 +59,50 @@ def test_a_closed_stdout_stops_the_service_with_status_1(home: Path, project: Pa
         proc.stdin.close()
     except BrokenPipeError:
         pass
+
+
+async def test_requests_read_behind_an_unwritten_answer_take_no_effect(
+    home: Path, project: Path
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magi_code", "--app", "service"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=project,
+        env=service_env(home),
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        init = envelope.request("init", "initialize", {"supported_protocol_versions": [1]})
+        proc.stdin.write(orjson.dumps(init) + b"\n")
+        proc.stdin.flush()
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        assert orjson.loads(line)["request_id"] == "init"
+        proc.stdout.close()  # the frontend is gone: the next answer cannot be written
+        pipelined = [
+            envelope.request("s", "status"),
+            envelope.request("set", "config.set", {"scope": "global", "fast": True}),
+            envelope.request("create", "session.create"),
+        ]
+        proc.stdin.write(b"".join(orjson.dumps(r) + b"\n" for r in pipelined))
+        proc.stdin.flush()
+        assert await asyncio.wait_for(asyncio.to_thread(proc.wait), 60) == 1
+        stderr = proc.stderr.read().decode()
+        assert stderr.count("output error: stdout closed; stopping") == 1, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        try:
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+    # Neither the setting nor the session exists for a fresh service.
+    assert not (home / "settings.json").exists()
+    async with running_service(home, project) as fresh:
+        config = await fresh.request("config.get")
+        assert config["payload"]["fast"] is False
+        listed = await fresh.request("session.list")
+        assert listed["payload"]["sessions"] == []

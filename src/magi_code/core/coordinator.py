@@ -14,6 +14,7 @@ is written. Duplicates are rejected without touching the original reservation.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -100,6 +101,25 @@ class Connection:
         return envelope.event(
             self.coordinator.next_event_id(), request_id, session_id, name, payload
         )
+
+    async def answered(self, batch: Batch, writer: asyncio.Future[Any]) -> bool:
+        """Wait until ``batch``, the answer to the request just handled, is written (or
+        ``writer``, the adapter's output task, ended); whether the next request may be
+        handled.
+
+        Every adapter handles a request only once the answer to the one before it is
+        written (v1: each outbound batch is written before the next input record is
+        processed), so after an output failure no request read after that answer takes
+        effect: False then (the output is closed), and the adapter handles no more input.
+        Events of running turns and answers of workers are written meanwhile.
+        """
+        if not batch.done.is_set():
+            waiter = asyncio.ensure_future(batch.done.wait())
+            try:
+                await asyncio.wait({waiter, writer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+        return batch.done.is_set() and not self.output.closed
 
 
 class ServiceCoordinator:

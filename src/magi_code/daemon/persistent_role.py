@@ -31,7 +31,6 @@ from magi_code.protocol.v2 import Code
 
 from .control_role import answer_control
 from .outbound import Outbound
-from .waits import wait_either
 
 if TYPE_CHECKING:
     from .connection import PeerConnection
@@ -68,7 +67,7 @@ class PersistentRole:
                             conn, frame.message, idempotency_key=frame.idempotency_key
                         )
                         if batch is not None:
-                            await wait_either(batch.done.wait(), writer)
+                            await conn.answered(batch, writer)
                 elif isinstance(frame, v2.TakeControl):
                     await self._take_control(frame)
                 elif isinstance(frame, v2.Control):

@@ -2,9 +2,10 @@
 
 The connection *is* a v1 service and keeps the embedded adapter's rules exactly:
 
-- records are handled in order as they arrive, without waiting for earlier answers to be
-  written, until :data:`MAX_UNWRITTEN_ANSWERS` answers are unwritten: then the oldest is
-  waited for before the next record is handled;
+- records are handled in order, each only once the answer to the one before it is
+  written: acknowledged by the shim after its stdout write (:meth:`Connection.answered`;
+  a record answered later by a worker, ``next``, does not wait). After an output
+  failure no record the shim forwarded behind the failed answer takes effect;
 - every queued batch goes out as its own ``output`` frame, several at once (at most
   :data:`MAX_OUTPUTS_IN_FLIGHT` unacknowledged, and the connection's outbound limit in
   bytes, one always allowed); each batch is settled (``Batch.written()``: its request
@@ -14,6 +15,11 @@ The connection *is* a v1 service and keeps the embedded adapter's rules exactly:
   request ID after reading its answer finds it free, as in embedded mode;
 - a batch that cannot be encoded ends the output after the batches before it
   (``output_error``), as embedded mode stops writing.
+
+A record frame is checked as the shim's framer checks a line: one over the v1 record
+bound is answered ``record_too_large`` (``protocol/v2.py`` reads it as ``oversize``), and
+the coordinator applies every other v1 bound, so a client that connects as a shim
+directly gets the contract's errors.
 
 Its end (EOF, shim death, owner drop) cancels and drains its turns and login; their
 terminal events still reach the shim while it is connected. A shim that leaves an
@@ -36,15 +42,13 @@ from magi_code.protocol.envelope import OutboundError, encode_batch
 from magi_code.protocol.frames import encode_frame
 from magi_code.protocol.v2 import MESSAGES, Code
 
-from .waits import bounded, wait_either
+from .waits import bounded
 
 if TYPE_CHECKING:
     from .connection import PeerConnection
 
 log = logging.getLogger("magi_code.daemon")
 
-# As the embedded adapter: answers not yet written before record handling waits.
-MAX_UNWRITTEN_ANSWERS: Final = 64
 # Batches taken from the connection's output at once.
 MAX_WRITE_BATCHES: Final = 256
 # ``output`` frames sent and not yet acknowledged before the writer waits.
@@ -132,7 +136,6 @@ class V1Role:
         # An output failure ends the connection's input too: its work is cancelled now,
         # not when the shim next sends something (it may be stuck writing stdout).
         writer.add_done_callback(lambda _: peer.end_input())
-        unwritten: deque[Batch] = deque()  # answers not yet written, oldest first
         try:
             async for frame in peer.frames():
                 if writer.done() or conn.output.closed or isinstance(frame, v2.Eof):
@@ -151,11 +154,8 @@ class V1Role:
                 # Its output frame says it answers the record. (Nothing ran since it was
                 # queued, so the writer has not taken it yet.)
                 self._answers.append(batch)
-                unwritten.append(batch)
-                while unwritten and unwritten[0].done.is_set():
-                    unwritten.popleft()
-                if len(unwritten) >= MAX_UNWRITTEN_ANSWERS:
-                    await wait_either(unwritten[0].done.wait(), writer)
+                if not await conn.answered(batch, writer):
+                    break
         finally:
             await peer.server.core.close(conn)
             status, detail = await writer

@@ -1,15 +1,16 @@
 """The v1 stdio adapter: JSONL in on stdin, JSONL out on stdout, diagnostics on stderr.
 
-The adapter owns framing and writing only. It hands every input record to the
-coordinator as it is framed, without waiting for earlier answers to be written, but never
-holds more than :data:`MAX_UNWRITTEN_ANSWERS` answers that are not yet written: then it
-waits for the oldest before it handles the next record (and so stops reading stdin while
-stdout is blocked). The writer takes every batch already queued (up to
-:data:`MAX_WRITE_BATCHES`), encodes each whole, writes them with one ``write`` and only
-then settles each batch in order, which releases its request IDs; pipelined answers thus
-leave in few writes, in order. Turn and login events are queued between responses as
-workers produce them. On EOF (or SIGTERM) it asks the coordinator to cancel and drain the
-connection's work, writes the remaining batches while stdout is open, and returns.
+The adapter owns framing and writing only. It hands each input record to the coordinator
+and handles the next one only once the answer to it is written to stdout
+(:meth:`Connection.answered`; a record answered later by a worker does not wait), so
+after an output failure no record read after the failed answer has taken effect. A write
+counts once the kernel took every byte of it (the pipe transport buffers nothing
+between writes), as the shim's blocking writes do. The writer takes every batch already
+queued (up to :data:`MAX_WRITE_BATCHES`: turn and login events are queued between
+answers as workers produce them), encodes each whole, writes them with one ``write`` and
+only then settles each batch in order, which releases its request IDs. On EOF (or
+SIGTERM) it asks the coordinator to cancel and drain the connection's work, writes the
+remaining batches while stdout is open, and returns.
 
 Output failures stop the writer: a batch that cannot be encoded is never written (the
 batches before it in the same write are), and a failed write settles every batch it
@@ -32,7 +33,6 @@ import os
 import signal
 import stat
 import sys
-from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, Protocol
@@ -46,12 +46,8 @@ from magi_code.storage.launch import LaunchContext
 from magi_code.turns.failures import describe
 
 READ_CHUNK = 65536
-# Answers handed to the writer and not yet written before input handling waits.
-MAX_UNWRITTEN_ANSWERS: Final = 64
 # Batches the writer puts into one write at most.
 MAX_WRITE_BATCHES: Final = 256
-# How long an exiting service waits for a frontend to read its last output.
-FLUSH_SECONDS = 10.0
 EXIT_UNSAFE_HOME: Final = 1
 
 
@@ -61,11 +57,6 @@ class ByteReader(Protocol):
 
 class ByteWriter(Protocol):
     async def write(self, data: bytes) -> None: ...
-
-
-class StdoutWriter(ByteWriter, Protocol):
-    async def finish(self) -> None:
-        """Before exit: wait (bounded) until everything written has left the process."""
 
 
 class _PipeReader:
@@ -94,13 +85,6 @@ class _PipeWriter:
         self._writer.write(data)
         await self._writer.drain()
 
-    async def finish(self) -> None:
-        # drain() returns at the low-water mark: what is still buffered would be lost at
-        # exit. With no water marks, drain() waits for an empty buffer.
-        self._writer.transport.set_write_buffer_limits(0)
-        with contextlib.suppress(TimeoutError, OSError, ConnectionError, RuntimeError):
-            await asyncio.wait_for(self._writer.drain(), FLUSH_SECONDS)
-
 
 class _ThreadWriter:
     def __init__(self, fd: int) -> None:
@@ -108,9 +92,6 @@ class _ThreadWriter:
 
     async def write(self, data: bytes) -> None:
         await asyncio.to_thread(_write_all, self._fd, data)
-
-    async def finish(self) -> None:
-        return  # every write already completed
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -138,13 +119,16 @@ async def open_reader(fd: int) -> ByteReader:
     return _PipeReader(reader)
 
 
-async def open_writer(fd: int) -> StdoutWriter:
+async def open_writer(fd: int) -> ByteWriter:
     if not _pollable(fd):
         return _ThreadWriter(fd)
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.connect_write_pipe(
         asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0, closefd=False)
     )
+    # Without water marks drain() returns only once the buffer is empty: a write is done
+    # when the kernel has all of it (an answer held in this process is not written).
+    transport.set_write_buffer_limits(0)
     return _PipeWriter(asyncio.StreamWriter(transport, protocol, None, loop))
 
 
@@ -233,8 +217,6 @@ async def pump_input(
     stop: StopSignal,
 ) -> None:
     framer = LineFramer()
-    # Answers not yet written, oldest first (only the oldest is ever waited for).
-    unwritten: deque[Batch] = deque()
     while not stop.is_set():
         chunk = await stop.read(reader)
         frames = framer.feed(chunk) if chunk else framer.eof()
@@ -247,23 +229,10 @@ async def pump_input(
             else:
                 assert isinstance(frame, bytes)
                 batch = await coordinator.handle_record(conn, frame)
-            if batch is None:
-                continue
-            unwritten.append(batch)
-            while unwritten and unwritten[0].done.is_set():
-                unwritten.popleft()
-            if len(unwritten) >= MAX_UNWRITTEN_ANSWERS:
-                await _wait_written(unwritten[0].done, writer_task)
+            if batch is not None and not await conn.answered(batch, writer_task):
+                return
         if not chunk:
             return
-
-
-async def _wait_written(done: asyncio.Event, writer_task: asyncio.Task[bool]) -> None:
-    waiter = asyncio.ensure_future(done.wait())
-    try:
-        await asyncio.wait({waiter, writer_task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
 
 
 def check_home(mc_home: Path) -> str | None:
@@ -352,5 +321,4 @@ async def serve_stdio(
         # EOF or signal: cancel and drain this connection's work, then flush what remains.
         await coordinator.close_connection(conn)
         ok = await writer_task
-        await writer.finish()
     return 0 if ok else 1

@@ -1,5 +1,6 @@
-"""The embedded stdio adapter's output path: pipelined answers leave in few writes, in
-order, and each batch is settled (its request IDs released) only after its write.
+"""The embedded stdio adapter's output path: each record is handled only once the answer
+to the one before it is written, queued batches leave in few writes, in order, and each
+batch is settled (its request IDs released) only after its write.
 
 The coordinator and domains are the real ones (``build_coordinator`` on a temporary
 home); the adapter's own functions (``pump_input``, ``write_loop``) run as in
@@ -24,7 +25,6 @@ from magi_code.core.output import Batch, Output
 from magi_code.protocol import envelope
 from magi_code.protocol.limits import MAX_STRING_BYTES
 from magi_code.stdio.adapter import (
-    MAX_UNWRITTEN_ANSWERS,
     StopSignal,
     open_reader,
     open_writer,
@@ -225,9 +225,8 @@ async def test_pipelined_requests_are_answered_in_order_through_real_pipes(
         assert got == expected
         assert conn.reserved == set()  # every answer written, every ID released
 
-        # Answers that need no worker thread (a handler that awaits one lets the writer
-        # run meanwhile) leave together: one write per MAX_UNWRITTEN_ANSWERS at most.
-        count = 8 * MAX_UNWRITTEN_ANSWERS
+        # Each answer is written (one write) before the next record is handled.
+        count = 64
         writes.clear()
         out.clear()
         expected = [(f"c{i}", None) for i in range(count)]
@@ -237,7 +236,7 @@ async def test_pipelined_requests_are_answered_in_order_through_real_pipes(
         await asyncio.wait_for(reading, WAIT)
         answers = [orjson.loads(line) for line in out.splitlines()]
         assert [(a["request_id"], a["error"]) for a in answers] == expected
-        assert len(writes) < count // 16
+        assert len(writes) == count
         os.close(in_write)
         in_write = -1
         await asyncio.wait_for(pump, WAIT)
@@ -249,7 +248,21 @@ async def test_pipelined_requests_are_answered_in_order_through_real_pipes(
                 os.close(fd)
 
 
-async def test_an_id_stays_reserved_until_its_answer_is_written(
+async def _sessions(coordinator: ServiceCoordinator, conn: Connection) -> list[Any]:
+    """The sessions a fresh connection of the same service lists."""
+    other = coordinator.open_connection(conn.ctx)
+    try:
+        init = envelope.request("i", "initialize", {"supported_protocol_versions": [1]})
+        await coordinator.handle_record(other, orjson.dumps(init))
+        listed = await coordinator.handle_record(other, _line("l", "session.list"))
+        assert listed is not None and listed.messages[0]["error"] is None
+        sessions: list[Any] = listed.messages[0]["payload"]["sessions"]
+        return sessions
+    finally:
+        await coordinator.close_connection(other)
+
+
+async def test_the_next_record_waits_until_the_answer_before_it_is_written(
     core: tuple[ServiceCoordinator, Connection],
 ) -> None:
     coordinator, conn = core
@@ -258,50 +271,44 @@ async def test_an_id_stays_reserved_until_its_answer_is_written(
     writer.hold.clear()  # stdout blocked: nothing is written yet
     writer_task = asyncio.create_task(write_loop(conn.output, writer))
     pump = asyncio.create_task(pump_input(coordinator, conn, reader, writer_task, StopSignal()))
-    reader.push(_line("same") + _line("same"))
-    await _settled(lambda: "same" in conn.reserved and conn.output._queue.qsize() >= 1)
-    await asyncio.sleep(0.01)
+    reader.push(_line("first") + _line("second", "session.create") + _line("first"))
+    await _settled(lambda: "first" in conn.reserved)
+    await asyncio.sleep(0.05)
+    # Read, not handled: only the first record was decoded (it alone holds its ID).
+    assert conn.reserved == {"first"}
+    assert await _sessions(coordinator, conn) == []
     writer.hold.set()
-    await _settled(lambda: len(writer.lines()) == 2)
-    first, second = writer.lines()
-    assert first["request_id"] == "same" and first["error"] is None
-    # Its twin came while the first answer was unwritten: a duplicate, as the contract says.
-    assert second["request_id"] == "same"
-    assert second["error"]["code"] == "duplicate_request_id"
-    # Written now: the ID is free again.
-    await _settled(lambda: conn.reserved == set())
-    reader.push(_line("same"))
     await _settled(lambda: len(writer.lines()) == 3)
-    assert writer.lines()[2]["error"] is None
+    first, second, again = writer.lines()
+    assert [first["request_id"], second["request_id"]] == ["first", "second"]
+    assert second["error"] is None
+    # Its ID was free again by then: the answer before it had been written.
+    assert again["request_id"] == "first" and again["error"] is None
+    assert len(writer.writes) == 3
     reader.push(b"")
     await asyncio.wait_for(pump, WAIT)
     conn.output.finish()
     assert await asyncio.wait_for(writer_task, WAIT) is True
 
 
-async def test_input_waits_while_too_many_answers_are_unwritten(
+async def test_after_a_failed_write_no_record_read_behind_it_takes_effect(
     core: tuple[ServiceCoordinator, Connection],
 ) -> None:
     coordinator, conn = core
     reader = Chunks()
     writer = Recorder()
     writer.hold.clear()
+    writer.fail = BrokenPipeError
     writer_task = asyncio.create_task(write_loop(conn.output, writer))
     pump = asyncio.create_task(pump_input(coordinator, conn, reader, writer_task, StopSignal()))
-    total = 3 * MAX_UNWRITTEN_ANSWERS
-    reader.push(b"".join(_line(f"r{i}") for i in range(total)))
-    await _settled(lambda: len(conn.reserved) >= MAX_UNWRITTEN_ANSWERS)
-    for _ in range(50):
-        await asyncio.sleep(0)
-    # Stdout is blocked: no more than the bound were taken in (each ID stays reserved).
-    assert len(conn.reserved) == MAX_UNWRITTEN_ANSWERS
+    reader.push(_line("s") + _line("c", "session.create") + _line("t"))
+    await _settled(lambda: "s" in conn.reserved)
     writer.hold.set()
-    await _settled(lambda: len(writer.lines()) == total)
-    assert [m["request_id"] for m in writer.lines()] == [f"r{i}" for i in range(total)]
-    reader.push(b"")
-    await asyncio.wait_for(pump, WAIT)
-    conn.output.finish()
-    assert await asyncio.wait_for(writer_task, WAIT) is True
+    await asyncio.wait_for(pump, WAIT)  # it returns: the output failed
+    assert await asyncio.wait_for(writer_task, WAIT) is False
+    assert writer.writes == []
+    assert conn.reserved == set()  # only the first record was handled (and settled)
+    assert await _sessions(coordinator, conn) == []
 
 
 async def test_a_stop_ends_a_blocked_read_as_at_eof(
