@@ -7,15 +7,19 @@ partial first line (when the window starts mid-file), torn or malformed lines an
 out-of-order sequence numbers; each of those sets ``gap``.
 
 ``project`` maps records to the allowlisted frontend items: the latest valid compaction
-summary first, then user/assistant messages and terminal items after its cutoff. Text is
-split into parts of at most ``MAX_PART_BYTES`` UTF-8 bytes.
+summary first, then user/assistant messages and terminal items after its cutoff. Each
+message's whole text is split into parts of at most ``MAX_PART_BYTES`` UTF-8 bytes, a
+streamed reply's increments (``continued`` records) joined first.
 
-Every item has a stable key ``(seq, sub, part)`` - the record it comes from, which item of
-that record, which text part - and a digest of its content. A cursor encodes the session,
-the projection *basis* (the compaction checkpoint in effect, if any), the item key and
-digest. History is append-only, so an item that is still present with the same basis and
-digest has the same projected prefix before it: the cursor survives restarts and appends,
-and a new checkpoint, a rewrite or the window moving past the item makes it stale
+Every item has a stable key ``(seq, sub, part)`` - the record it comes from (for a reply,
+its first record with text), which item of that record, which text part - and a digest
+of its content. A cursor encodes the session, the projection *basis* (the compaction
+checkpoint in effect, if any), the item key and digest. History is append-only, and the
+only item an append can change is the last part of a reply still streaming (its text
+grows, or it stops being the last part); every item before it stays. So an item that is
+still present with the same basis and digest has the same projected prefix before it:
+the cursor survives restarts and appends, and a new checkpoint, a rewrite, the window
+moving past the item, or more text for the part it names makes it stale
 (``resync_required``). The start cursor means "nothing accepted yet" and is always valid.
 """
 
@@ -177,9 +181,9 @@ class Item:
     digest: bytes
 
 
-# What a record's text projects to: (seq, first part number, kind of text) -> (the text,
-# its items). Items depend on nothing else, so a projection may take them from an earlier
-# one wherever the text is equal.
+# What text projects to: (its items' seq, the part number it starts at, kind of text) ->
+# (the text, its items). Items depend on nothing else, so a projection may take them from
+# an earlier one wherever the text is equal.
 _TextKey = tuple[int, int, str]
 _TextItems = dict[_TextKey, tuple[str, list[Item]]]
 
@@ -202,23 +206,23 @@ class _Fold:
     # Turns that settled an assistant message. Only earlier records count, so a later
     # append can never change an already projected item.
     answered: set[str]
-    open_reply: tuple[str, int] | None  # (turn_id, next part number)
+    # The reply still streaming: (turn_id, the message's key seq, or -1 before its first
+    # text). Once it has text, its last part is the last item.
+    open_reply: tuple[str, int] | None
     texts: _TextItems  # of the records seen
     count: int = 0
     first: Record | None = None
     last: Record | None = None
 
 
-def _text_items(
-    seq: int, sub: int, head: dict[str, object], text: str, first: int = 0
-) -> list[Item]:
-    """``text`` in parts numbered from ``first`` (a message continued from an earlier record)."""
+def _text_items(seq: int, head: dict[str, object], text: str, first: int = 0) -> list[Item]:
+    """``text`` in parts numbered from ``first`` (the rest of a message from that part on)."""
     parts = utf8_parts(text, MAX_PART_BYTES)
     items = []
     for index, part in enumerate(parts, start=first):
         last = index == first + len(parts) - 1
         body = {**head, "text": part, "part": index, "last_part": last}
-        items.append(Item(seq, sub, index, body, _digest(body)))
+        items.append(Item(seq, 0, index, body, _digest(body)))
     return items
 
 
@@ -228,12 +232,11 @@ def _digest(body: dict[str, object]) -> bytes:
 
 # Records that are not part of the conversation.
 _OUTSIDE_CONVERSATION: Final = frozenset({UnknownRecord, HeaderRecord, CompactionRecord})
-# The head of each kind of text item; an increment is assistant text that goes on.
+# The head of each kind of text item.
 _HEADS: Final[dict[str, dict[str, object]]] = {
     "summary": {"kind": "summary"},
     "user": {"kind": "message", "role": "user"},
     "assistant": {"kind": "message", "role": "assistant"},
-    "increment": {"kind": "message", "role": "assistant"},
 }
 
 
@@ -242,10 +245,7 @@ def _items(seq: int, first: int, kind: str, text: str) -> list[Item]:
     if kind == "terminal":
         body: dict[str, object] = {"kind": "terminal", "status": text}
         return [Item(seq, 1, 0, body, _digest(body))]
-    parts = _text_items(seq, 0, _HEADS[kind], text, first)
-    if kind == "increment":
-        parts[-1] = _reopened(parts[-1])
-    return parts
+    return _text_items(seq, _HEADS[kind], text, first)
 
 
 def project(records: Sequence[Record], earlier: Projection | None = None) -> Projection:
@@ -271,7 +271,7 @@ def project(records: Sequence[Record], earlier: Projection | None = None) -> Pro
         reuse = earlier.fold.texts if earlier is not None else {}
         if compaction is not None:
             items += _text(fold, reuse, compaction.seq, "summary", compaction.summary)
-    _fold(fold, records[fold.count :], items, reuse)
+    done = min(done, _fold(fold, records[fold.count :], items, reuse))
     for index in range(done, len(items)):
         item = items[index]
         positions[(item.seq, item.sub, item.part)] = index
@@ -298,25 +298,20 @@ def _text(
     return parts
 
 
-def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _TextItems) -> None:
-    """Project ``records``, which follow those ``fold`` has seen, onto ``items``.
+def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _TextItems) -> int:
+    """Project ``records``, which follow those ``fold`` has seen, onto ``items``; the
+    index of the first item that changed or was added.
 
-    A reply persisted in increments while it streamed is one message: an increment
-    (``continued``) leaves it open, and its parts go on in the turn's next assistant
-    record. Nothing already projected changes: a message still open when anything else
-    comes (the turn died mid-reply) is closed by an empty last part.
+    A reply persisted in increments while it streamed (``continued`` records) is one
+    message, split as its whole text is: more text of the reply replaces the message's
+    last part by the parts of that part's text and the new text (greedy splitting leaves
+    the parts before it as they are). Its last part always has ``last_part``, so the
+    message is whole in every projection, and ends as it is when the turn died mid-reply.
     """
+    done = len(items)
     if not records:
-        return
+        return done
     cutoff, answered, open_reply = fold.cutoff, fold.answered, fold.open_reply
-
-    def close_reply(seq: int) -> None:
-        nonlocal open_reply
-        if open_reply is not None and open_reply[1] > 0:
-            body = {**_message("assistant"), "text": "", "part": open_reply[1], "last_part": True}
-            items.append(Item(seq, 2, open_reply[1], body, _digest(body)))
-        open_reply = None
-
     for record in records:
         kind = type(record)  # record types have no subclasses
         if kind is AssistantRecord:
@@ -324,20 +319,23 @@ def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _Tex
             answered.add(record.turn_id)
             if record.seq <= cutoff:
                 continue
-            if open_reply is not None and open_reply[0] != record.turn_id:
-                close_reply(record.seq)
-            first = open_reply[1] if open_reply is not None else 0
-            parts: list[Item] = []
-            if record.text or first:  # an empty record matters only to end a message
-                text_kind = "increment" if record.continued else "assistant"
-                parts = _text(fold, reuse, record.seq, text_kind, record.text, first)
-            items += parts
-            open_reply = (record.turn_id, first + len(parts)) if record.continued else None
+            message = -1
+            if open_reply is not None and open_reply[0] == record.turn_id:
+                message = open_reply[1]
+            if record.text and message >= 0:
+                last = items.pop()
+                done = min(done, len(items))
+                text = str(last.body["text"]) + record.text
+                items += _text(fold, reuse, message, "assistant", text, last.part)
+            elif record.text:
+                message = record.seq
+                items += _text(fold, reuse, message, "assistant", record.text)
+            # An empty record matters only to end a message.
+            open_reply = (record.turn_id, message) if record.continued else None
             continue
         if record.seq <= cutoff or kind in _OUTSIDE_CONVERSATION:
             continue  # an open message stays open
-        if open_reply is not None:
-            close_reply(record.seq)
+        open_reply = None
         if kind is UserRecord:
             assert isinstance(record, UserRecord)
             items += _text(fold, reuse, record.seq, "user", record.text)
@@ -352,15 +350,7 @@ def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _Tex
     if fold.first is None:
         fold.first = records[0]
     fold.last = records[-1]
-
-
-def _reopened(item: Item) -> Item:
-    body = {**item.body, "last_part": False}
-    return Item(item.seq, item.sub, item.part, body, _digest(body))
-
-
-def _message(role: str) -> dict[str, object]:
-    return {"kind": "message", "role": role}
+    return done
 
 
 def _session_digest(session_id: str) -> bytes:

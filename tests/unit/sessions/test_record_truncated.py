@@ -50,8 +50,7 @@ def test_replay_shows_a_truncated_reply_as_its_text_and_an_empty_marker_as_nothi
     bodies = [item.body for item in project(records).items]
     assert [(b["role"], b["text"], b["last_part"]) for b in bodies] == [
         ("user", "question", True),
-        ("assistant", "part one ", False),
-        ("assistant", "part two", True),
+        ("assistant", "part one part two", True),  # one message, its increments joined
         ("user", "again", True),
         ("assistant", "already durable", True),
     ]

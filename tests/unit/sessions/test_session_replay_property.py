@@ -1,5 +1,7 @@
-"""Property: paging through replay yields exactly the projection (spec: parts <= 2,048
-bytes, pages <= limit items and <= 16 KiB, cursors continue across appends); a window
+"""Property: paging through replay yields exactly the projection (spec: each message's
+whole text in parts <= 2,048 bytes, a streamed reply's increments joined; pages <= limit
+items and <= 16 KiB; cursors continue across appends, except that one naming the last
+part of a reply the append went on with needs a resync, and only that one); a window
 extended by appended bytes and a projection continued from an earlier one equal a whole
 parse and a whole projection."""
 
@@ -9,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from magi_code.protocol.limits import MAX_SESSION_REPLAY_PAGE_BYTES
@@ -98,70 +100,58 @@ def reference_parts(text: str) -> list[str]:
 
 def expected(records: list[dict[str, object]]) -> list[dict[str, object]]:
     compactions = [r for r in records if r["type"] == "compaction"]
-    out: list[dict[str, object]] = []
-
-    def text_items(head: dict[str, object], text: object) -> None:
-        parts = reference_parts(str(text))
-        for i, part in enumerate(parts):
-            out.append({**head, "text": part, "part": i, "last_part": i == len(parts) - 1})
-
+    # (head, text) of each item group in order; a terminal status is one group of its own.
+    groups: list[list[object]] = []
     cutoff = -1
     if compactions:
-        text_items({"kind": "summary"}, compactions[-1]["summary"])
+        groups.append([{"kind": "summary"}, compactions[-1]["summary"]])
         cutoff = int(str(compactions[-1]["cutoff_seq"]))
     answered = set()
-    reply: list[object] = []  # [turn_id, next part] of an assistant message left open
-
-    def close() -> None:
-        if reply and int(str(reply[1])) > 0:
-            part = reply[1]
-            out.append(
-                {
-                    "kind": "message",
-                    "role": "assistant",
-                    "text": "",
-                    "part": part,
-                    "last_part": True,
-                }
-            )
-        reply.clear()
-
+    # (turn_id, its message's group or None before any text) of a reply still streaming.
+    reply: tuple[object, int | None] | None = None
     for r in records:
         if r["type"] == "assistant":
             answered.add(r["turn_id"])
         if int(str(r["seq"])) <= cutoff:
             continue
         if r["type"] == "assistant":
-            if reply and reply[0] != r["turn_id"]:
-                close()
-            first = int(str(reply[1])) if reply else 0
-            parts = reference_parts(str(r["text"])) if (r["text"] or first) else []
-            for i, part in enumerate(parts):
-                last = i == len(parts) - 1 and not r.get("continued")
-                out.append(
-                    {
-                        "kind": "message",
-                        "role": "assistant",
-                        "text": part,
-                        "part": first + i,
-                        "last_part": last,
-                    }
-                )
-            reply[:] = [r["turn_id"], first + len(parts)] if r.get("continued") else []
+            group = reply[1] if reply is not None and reply[0] == r["turn_id"] else None
+            if r["text"] and group is None:
+                groups.append([{"kind": "message", "role": "assistant"}, r["text"]])
+                group = len(groups) - 1
+            elif r["text"]:
+                assert group is not None
+                groups[group][1] = str(groups[group][1]) + str(r["text"])
+            reply = (r["turn_id"], group) if r.get("continued") else None
             continue
         if r["type"] == "compaction":
             continue  # not part of the conversation: an open message stays open
-        close()
+        reply = None
         if r["type"] == "user":
-            text_items({"kind": "message", "role": "user"}, r["text"])
+            groups.append([{"kind": "message", "role": "user"}, r["text"]])
         elif r["type"] == "terminal":
             if r["assistant_text"] and r["turn_id"] not in answered:
-                text_items({"kind": "message", "role": "assistant"}, r["assistant_text"])
-            out.append({"kind": "terminal", "status": r["status"]})
+                groups.append([{"kind": "message", "role": "assistant"}, r["assistant_text"]])
+            groups.append([{"kind": "terminal", "status": r["status"]}, None])
+    out: list[dict[str, object]] = []
+    for head, text in groups:
+        assert isinstance(head, dict)
+        if text is None:
+            out.append(head)
+            continue
+        parts = reference_parts(str(text))
+        for i, part in enumerate(parts):
+            out.append({**head, "text": part, "part": i, "last_part": i == len(parts) - 1})
     return out
 
 
 @settings(max_examples=60)
+# A reply still streaming when the first pass ends, whose last part the append extends.
+@example(
+    before=[("user", "t1", "q"), ("increment", "t1", "é" * 1100)],
+    later=[("increment", "t1", "x" * 10), ("assistant", "t1", "")],
+    limits=[1, 32],
+)
 @given(
     before=st.lists(ops, max_size=12),
     later=st.lists(ops.filter(lambda op: op[0] != "compaction"), max_size=6),
@@ -180,12 +170,19 @@ def test_concatenated_pages_equal_the_projection(
         events: list[dict[str, object]] = []
         cursors: set[str] = set()
         after = None
-        appended = False
+        appended = resynced = False
+        stale = False  # the append changed an item accepted before it
         for page_index in range(100_000):
             page = store.replay(session, after, limits[page_index % len(limits)])
             encoded = orjson.dumps(page)
             assert len(encoded) <= MAX_SESSION_REPLAY_PAGE_BYTES
-            assert page["resync_required"] is False and page["gap"] is False
+            assert page["gap"] is False
+            if page["resync_required"]:
+                # Only once, right after an append that changed what was accepted.
+                assert stale and not resynced and not page["events"]
+                resynced = True
+                events, cursors, after = [], set(), page["next_cursor"]
+                continue
             assert len(page["events"]) <= limits[page_index % len(limits)]
             for event in page["events"]:
                 cursor = event.pop("cursor")
@@ -200,10 +197,19 @@ def test_concatenated_pages_equal_the_projection(
                 assert page["next_cursor"] == page["snapshot_cursor"]
                 if appended:
                     break
-                # New durable records after the first pass continue from the saved cursor.
+                # New durable records after the first pass continue from the saved cursor,
+                # unless they changed the last item accepted: the last part of a reply
+                # still streaming, which more of its text extends or ends.
+                assert events == expected(records)
                 next_seq, more = write(path, later, next_seq)
                 records += more
                 appended = True
+                now = expected(records)
+                stale = events != now[: len(events)]
+                if stale:
+                    assert events[:-1] == now[: len(events) - 1]
+                    assert events[-1]["kind"] == "message" and events[-1]["role"] == "assistant"
+        assert resynced == stale
         assert events == expected(records)
 
 

@@ -195,6 +195,59 @@ def test_cursor_survives_restart_and_appends_but_not_a_new_checkpoint(
     ]
 
 
+def test_a_streamed_reply_replays_as_its_whole_text_in_2048_byte_parts(
+    store: SessionStore, session: str, lease: WriterLease
+) -> None:
+    def reply(text: str, continued: bool = True) -> None:
+        record = {"type": "assistant", "turn_id": "t1", "text": text}
+        lease.append({**record, "continued": True} if continued else record)
+
+    lease.append({"type": "user", "turn_id": "t1", "text": "q"})
+    for _ in range(3):
+        reply("a" * 500)  # increments that each fit one part: parts follow the text
+    first = store.replay(session, None, 32)
+    assert strip(first["events"]) == [msg("user", "q"), msg("assistant", "a" * 1500)]
+    grown_part = first["next_cursor"]  # the last part of the reply still streaming
+    reply("b" * 1000)
+    second = store.replay(session, None, 32)
+    assert strip(second["events"]) == [
+        msg("user", "q"),
+        msg("assistant", "a" * 1500 + "b" * 548, 0, False),
+        msg("assistant", "b" * 452, 1),
+    ]
+    # The part that grew was accepted shorter: a cursor naming it resyncs, never skips.
+    stale = store.replay(session, grown_part, 32)
+    assert stale["resync_required"] is True and stale["events"] == []
+    whole_part = second["events"][1]["cursor"]  # a full part: more text never changes it
+    last_part = second["next_cursor"]
+    reply("", continued=False)  # the reply ends with nothing left: nothing changes
+    lease.append({"type": "terminal", "turn_id": "t1", "status": "completed", "assistant_text": ""})
+    after_whole = store.replay(session, whole_part, 32)
+    assert after_whole["resync_required"] is False
+    assert strip(after_whole["events"]) == [msg("assistant", "b" * 452, 1), term("completed")]
+    after_last = store.replay(session, last_part, 32)
+    assert strip(after_last["events"]) == [term("completed")]
+
+
+def test_a_reply_cut_mid_stream_is_one_whole_message_with_or_without_its_terminal(
+    store: SessionStore, session: str, lease: WriterLease
+) -> None:
+    lease.append({"type": "user", "turn_id": "t1", "text": "q"})
+    for tick in range(3):
+        lease.append(
+            {"type": "assistant", "turn_id": "t1", "text": f"tick{tick:02d} ", "continued": True}
+        )
+    cut = [msg("user", "q"), msg("assistant", "tick00 tick01 tick02 ")]
+    assert strip(replay_all(store, session)) == cut
+    saved = store.replay(session, None, 32)["next_cursor"]
+    # The interrupted-turn repair (or the next turn) adds its items; no empty part.
+    lease.append(
+        {"type": "terminal", "turn_id": "t1", "status": "failed", "assistant_text": "tick00 "}
+    )
+    assert strip(replay_all(store, session)) == [*cut, term("failed")]
+    assert strip(store.replay(session, saved, 32)["events"]) == [term("failed")]
+
+
 @pytest.mark.parametrize("after", ["", "garbage", "!!!!", "AAAA", "é", "A" * 128])
 def test_unmatched_cursor_requests_resync_from_the_start(
     store: SessionStore, session: str, lease: WriterLease, after: str
