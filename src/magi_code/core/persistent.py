@@ -182,18 +182,21 @@ class PersistentCoordinator:
         self, session_id: str, turn_id: str
     ) -> tuple[dict[str, Any], str | None]:
         assert self.sessions is not None
-        store = self.sessions.store
-        outcome = await asyncio.to_thread(store.turn_outcome, session_id, turn_id)
+        outcome = await asyncio.to_thread(self.sessions.store.turn_outcome, session_id, turn_id)
         if outcome is None:
             raise ServiceError(ErrorCode.UNKNOWN_TURN)
-        failure = None
         if outcome.status is None:
-            # Its service died mid-turn: record the turn as failed (repairing the tail).
-            failure = failures.INTERRUPTED
-            outcome = await asyncio.to_thread(store.close_interrupted_turn, session_id, turn_id)
+            # Its service died mid-turn: record the turn as failed (repairing the tail),
+            # under this daemon's attachment of the session if a client holds one.
+            outcome = await self.sessions.close_interrupted_turn(session_id, turn_id)
             if outcome is None or outcome.status is None:
                 raise ServiceError(ErrorCode.UNKNOWN_TURN)
             log.info("recovered the outcome of an interrupted turn")
+        failure = None
+        if outcome.status == "failed" and outcome.sequence is None:
+            # Only the interrupted-turn repair writes a terminal no event carried (here or
+            # when a service took the session's lease).
+            failure = failures.INTERRUPTED
         status: str = outcome.status
         if status == "compaction_required":
             # A session-record status only: on the wire the turn failed, as it did live.

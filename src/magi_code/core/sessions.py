@@ -9,11 +9,18 @@ Explicit attachments (create/open) survive turns until close or disconnect. A tu
 without one takes an implicit attachment that is released after its terminal output and
 worker cleanup. A close during a turn marks the attachment closing and cancels the turn;
 the lease is released once the turn has finished.
+
+A turn left without a terminal by a process that died (kill -9, a crash) gets its
+``failed`` terminal when this service takes the session's lease (open, a control grant,
+a turn's implicit attachment): no turn can be running then. An older one asked for by
+``attach`` (RFC-0002 §6) is closed under whichever attachment of this service holds the
+session, or under a lease of its own when none does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -27,10 +34,13 @@ from magi_code.protocol.limits import (
     MAX_SESSION_PAGE_ITEMS,
 )
 from magi_code.sessions.ids import validate_session_id
+from magi_code.sessions.outcomes import TurnOutcome
 from magi_code.sessions.store import SessionStore, WriterLease
 
 from .coordinator import Connection
 from .routes import Reply, Route, SessionRule, check_fields, empty_payload
+
+log = logging.getLogger(__name__)
 
 _PAGE_FIELDS: Final = frozenset({"after", "limit"})
 
@@ -49,6 +59,10 @@ class Attachment:
     @property
     def busy(self) -> bool:
         return self.cancel_turn is not None
+
+
+def _nothing_to_cancel() -> None:
+    """A close during a recovery write waits for it (there is no turn to cancel)."""
 
 
 def _page_args(payload: dict[str, Any]) -> tuple[Any, int]:
@@ -115,8 +129,11 @@ class SessionService:
             raise ServiceError(ErrorCode.SESSION_BUSY)
         return attachment
 
-    async def attach(self, conn: Connection, session_id: str, *, explicit: bool) -> Attachment:
-        """Reuse this client's attachment or take the writer lease for a new one."""
+    async def attach(
+        self, conn: Connection, session_id: str, *, explicit: bool, created: bool = False
+    ) -> Attachment:
+        """Reuse this client's attachment or take the writer lease for a new one (and
+        close the turn a dead process left open, unless the session was just ``created``)."""
         attachment = self._existing(conn, session_id)
         if attachment is not None:
             attachment.explicit |= explicit
@@ -124,8 +141,9 @@ class SessionService:
         self._check_capacity(conn)
         if (releasing := self._releasing.get(session_id)) is not None:
             await releasing.wait()
-            return await self.attach(conn, session_id, explicit=explicit)
-        lease = await asyncio.to_thread(self.store.acquire_writer_lease, session_id)
+            return await self.attach(conn, session_id, explicit=explicit, created=created)
+        take = self.store.acquire_writer_lease if created else self._take_lease
+        lease = await asyncio.to_thread(take, session_id)
         # Another request of this loop may have attached meanwhile (the lease call
         # would then have failed with session_busy, so this is our lease).
         attachment = Attachment(session_id, conn.conn_id, lease, explicit)
@@ -133,10 +151,47 @@ class SessionService:
         self._attachments[session_id] = attachment
         return attachment
 
+    def _take_lease(self, session_id: str) -> WriterLease:
+        lease = self.store.acquire_writer_lease(session_id)
+        try:
+            if self.store.close_last_interrupted_turn(lease) is not None:
+                log.info("recovered the outcome of an interrupted turn")
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
     async def create(self, conn: Connection, *, explicit: bool) -> Attachment:
         self._check_capacity(conn)
         session_id = await asyncio.to_thread(self.store.create)
-        return await self.attach(conn, session_id, explicit=explicit)
+        return await self.attach(conn, session_id, explicit=explicit, created=True)
+
+    async def close_interrupted_turn(self, session_id: str, turn_id: str) -> TurnOutcome | None:
+        """``SessionStore.close_interrupted_turn``, under this service's attachment of the
+        session when there is one (its lease excludes any other).
+
+        Raises:
+            ServiceError: as the store's; ``SESSION_BUSY`` while a turn runs on (or a close
+                releases) this service's attachment.
+        """
+        while (releasing := self._releasing.get(session_id)) is not None:
+            await releasing.wait()
+        attachment = self._attachments.get(session_id)
+        if attachment is None:
+            return await asyncio.to_thread(self.store.close_interrupted_turn, session_id, turn_id)
+        if attachment.busy or attachment.closing:
+            raise ServiceError(ErrorCode.SESSION_BUSY)
+        # Claimed as a turn claims it: no turn starts and no close releases it meanwhile.
+        attachment.cancel_turn = _nothing_to_cancel
+        attachment.idle.clear()
+        try:
+            return await asyncio.to_thread(
+                self.store.close_interrupted_turn, session_id, turn_id, attachment.lease
+            )
+        finally:
+            attachment.cancel_turn = None
+            attachment.idle.set()
+            await self.turn_finished(attachment)  # a close meanwhile releases it now
 
     async def release(self, attachment: Attachment) -> None:
         if self._attachments.get(attachment.session_id) is attachment:

@@ -28,7 +28,8 @@ directory's ``fstat`` is unchanged (``listing.SessionIndex``, one per store).
 
 Turn outcomes (``turn_outcome``, ``find_turn_by_key``) scan the whole history, not only the
 replay window, so a restarted daemon can answer for any turn; ``close_interrupted_turn``
-gives a turn whose process died mid-turn its ``failed`` terminal record.
+gives a turn whose process died mid-turn its ``failed`` terminal record, and
+``close_last_interrupted_turn`` does so for the latest turn when a service takes the lease.
 
 Every method is blocking file I/O; async callers run it in a worker thread (the lease's
 ``submit``, ``durable``, ``append_async`` and ``enqueue`` never block), except
@@ -788,14 +789,18 @@ class SessionStore:
             return self._scan(name, None)  # no scan, but a missing session still raises
         return self._scan(name, lambda user: user.idempotency_key == key)
 
-    def close_interrupted_turn(self, session_id: object, turn_id: str) -> TurnOutcome | None:
+    def close_interrupted_turn(
+        self, session_id: object, turn_id: str, lease: WriterLease | None = None
+    ) -> TurnOutcome | None:
         """Persist a ``failed`` terminal for a turn that has no terminal; its outcome after.
 
         For a turn with a user record and no terminal (its process died mid-turn), takes
         the writer lease without waiting (which also truncates a torn tail), appends
         ``{"type":"terminal","status":"failed","assistant_text":<persisted text>}`` with no
-        ``sequence`` and releases the lease. A turn that already has a terminal is returned
-        as is and nothing is written; an unknown turn gives ``None``.
+        ``sequence`` and releases the lease. With ``lease``, the session's lease the caller
+        holds and appends nothing else under meanwhile, appends under that one instead. A
+        turn that already has a terminal is returned as is and nothing is written; an
+        unknown turn gives ``None``.
 
         Raises:
             ServiceError: as ``turn_outcome``; ``SESSION_BUSY`` when another holder (any
@@ -806,26 +811,60 @@ class SessionStore:
         outcome = self.turn_outcome(name, turn_id)
         if outcome is None or outcome.status is not None:
             return outcome
-        with self.acquire_writer_lease(name) as lease:
-            # Nobody else can append now: this read is authoritative.
-            outcome = self.turn_outcome(name, turn_id)
-            if outcome is None or outcome.status is not None:
-                return outcome
-            terminal: dict[str, object] = {
-                "type": "terminal",
-                "turn_id": turn_id,
-                "status": "failed",
-                "assistant_text": outcome.assistant_text,
-            }
-            try:
-                lease.append(terminal)
-            except ServiceError as exc:
-                if exc.code is not ErrorCode.LIMIT_EXCEEDED:
-                    raise
-                # Only a hand-made history holds that much text (a turn's text is bounded
-                # far below a record); replay shows the assistant records either way.
-                lease.append({**terminal, "assistant_text": ""})
-                return replace(outcome, status="failed", assistant_text="")
+        if lease is not None:
+            return self._close_turn(lease, turn_id)
+        with self.acquire_writer_lease(name) as own:
+            return self._close_turn(own, turn_id)
+
+    def close_last_interrupted_turn(self, lease: WriterLease) -> TurnOutcome | None:
+        """``close_interrupted_turn`` for the latest turn of ``lease``'s session, when it
+        has no terminal (``None`` otherwise): what a service does on taking the lease,
+        since no turn can be running under it then.
+
+        Reads the replay window (the whole history only when no turn starts in it).
+
+        Raises:
+            ServiceError: as ``close_interrupted_turn``.
+        """
+        name = lease.session_id
+        window = self._read_window(name, WRITER_LOCK_WAIT)
+        ended: set[str] = set()
+        for record in reversed(window.records):
+            if isinstance(record, TerminalRecord):
+                ended.add(record.turn_id)
+            elif isinstance(record, UserRecord):
+                if record.turn_id in ended:
+                    return None
+                return self._close_turn(lease, record.turn_id)
+        if not window.omitted_prefix:
+            return None  # no turn at all
+        latest = self._scan(name, lambda _: True)
+        if latest is None or latest.status is not None:
+            return None
+        return self._close_turn(lease, latest.turn_id)
+
+    def _close_turn(self, lease: WriterLease, turn_id: str) -> TurnOutcome | None:
+        # What the lease submitted is in the file first; then nobody else can append, and
+        # this read is authoritative.
+        lease.wait_durable(lease.submitted_seq)
+        outcome = self.turn_outcome(lease.session_id, turn_id)
+        if outcome is None or outcome.status is not None:
+            return outcome
+        terminal: dict[str, object] = {
+            "type": "terminal",
+            "turn_id": turn_id,
+            "status": "failed",
+            "assistant_text": outcome.assistant_text,
+        }
+        try:
+            lease.append(terminal)
+        except ServiceError as exc:
+            if exc.code is not ErrorCode.LIMIT_EXCEEDED:
+                raise
+            # Only a hand-made history holds that much text (a turn's text is bounded
+            # far below a record); replay shows the assistant records either way.
+            lease.append({**terminal, "assistant_text": ""})
+            return replace(outcome, status="failed", assistant_text="")
         return replace(outcome, status="failed")
 
     def _scan(

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 
 import msgpack
+import orjson
 import pytest
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
@@ -231,6 +232,71 @@ async def test_a_turn_whose_daemon_died_is_answered_failed_once_reopened(
     outcome = store.turn_outcome(session_id, "turn_dead")
     assert outcome is not None and outcome.status == "failed"  # durable now
     await peer.close()
+
+
+def _dead_turn(store: SessionStore, session_id: str, turn_id: str, text: str) -> None:
+    """What a daemon killed mid-turn leaves: the user record, some text, no terminal."""
+    with store.acquire_writer_lease(session_id) as lease:
+        lease.append({"type": "user", "turn_id": turn_id, "text": "p"})
+        lease.append({"type": "assistant", "turn_id": turn_id, "text": text, "continued": True})
+
+
+def _terminals(store: SessionStore, session_id: str, turn_id: str) -> list[dict[str, object]]:
+    lines = (store._root / session_id / "history.jsonl").read_bytes().splitlines()
+    records = [orjson.loads(line) for line in lines]
+    return [r for r in records if r["type"] == "terminal" and r["turn_id"] == turn_id]
+
+
+async def test_session_open_closes_the_turn_a_dead_daemon_left_and_attach_answers_it(
+    daemon: InMemoryDaemon, home: Path
+) -> None:
+    store = SessionStore(home / "sessions")
+    session_id = store.create()
+    _dead_turn(store, session_id, "turn_dead", "half")
+    peer = await _peer(daemon)
+    opened = await peer.request("session.open", {}, session_id=session_id)
+    assert opened["error"] is None
+    # Recorded at open: the session this client now holds has no turn left open.
+    (terminal,) = _terminals(store, session_id, "turn_dead")
+    assert terminal["status"] == "failed" and terminal["assistant_text"] == "half"
+    answer, events = await peer.attach("turn_dead", -1, session_id=session_id)
+    assert answer["status"] == "finished" and answer["failure"] == "service_interrupted"
+    payload = events[0]["payload"]
+    assert payload["status"] == "failed" and payload["assistant_text"] == "half"
+    assert payload["sequence"] == RECOVERED_SEQUENCE
+    assert len(_terminals(store, session_id, "turn_dead")) == 1
+    await peer.close()
+
+
+async def test_attach_closes_an_older_dead_turn_under_the_attachment_this_daemon_holds(
+    daemon: InMemoryDaemon, home: Path
+) -> None:
+    store = SessionStore(home / "sessions")
+    session_id = store.create()
+    _dead_turn(store, session_id, "turn_dead", "half")
+    with store.acquire_writer_lease(session_id) as lease:  # a later turn ended normally
+        lease.append({"type": "user", "turn_id": "turn_later", "text": "q"})
+        lease.append(
+            {
+                "type": "terminal",
+                "turn_id": "turn_later",
+                "status": "completed",
+                "assistant_text": "",
+            }
+        )
+    holder, asker = await _peer(daemon), await _peer(daemon)
+    assert (await holder.request("session.open", {}, session_id=session_id))["error"] is None
+    assert _terminals(store, session_id, "turn_dead") == []  # not the latest turn
+    answer, events = await asker.attach("turn_dead", -1, session_id=session_id)
+    assert answer["status"] == "finished" and answer["failure"] == "service_interrupted"
+    assert events[0]["payload"]["status"] == "failed"
+    (terminal,) = _terminals(store, session_id, "turn_dead")
+    assert terminal["assistant_text"] == "half"
+    # The holder still holds its attachment.
+    closed = await holder.request("session.close", {}, session_id=session_id)
+    assert closed["payload"]["status"] == "closed"
+    await holder.close()
+    await asker.close()
 
 
 async def test_a_lost_clients_session_is_granted_to_one_other_client(

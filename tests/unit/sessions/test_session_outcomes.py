@@ -433,3 +433,49 @@ def test_close_with_text_too_large_for_one_record_keeps_replay_intact(
     assert "".join(str(e["text"]) for e in events if e.get("role") == "assistant") == (
         "a" * 700_000 + "b" * 700_000
     )
+
+
+def test_close_interrupted_turn_under_a_lease_the_caller_holds(
+    store: SessionStore, session: str
+) -> None:
+    path = crashed_turn(store, session)
+    with store.acquire_writer_lease(session) as held:
+        closed = store.close_interrupted_turn(session, "t2", held)
+        assert closed is not None and closed.status == "failed"
+        # Written under that lease: the next record it appends follows the terminal.
+        seq = held.append(user("t3", "q3"))
+    assert decode_line(path.read_bytes().split(b"\n")[-3]) == TerminalRecord(
+        7, "t2", "failed", "partial one, partial two"
+    )
+    assert seq == 8
+
+
+def test_taking_the_lease_closes_only_a_latest_turn_left_without_terminal(
+    store: SessionStore, session: str
+) -> None:
+    with store.acquire_writer_lease(session) as lease:
+        assert store.close_last_interrupted_turn(lease) is None  # no turn at all
+    crashed_turn(store, session)
+    with store.acquire_writer_lease(session) as lease:
+        closed = store.close_last_interrupted_turn(lease)
+        assert closed is not None and (closed.turn_id, closed.status) == ("t2", "failed")
+        assert store.close_last_interrupted_turn(lease) is None  # it has its terminal now
+        # A dead turn followed by a later turn is not the latest: left for attach.
+        lease.append(user("t3", "q3"))
+        lease.append(user("t4", "q4"))
+        lease.append(terminal("t4", "completed", "", sequence=1))
+        assert store.close_last_interrupted_turn(lease) is None
+    still = store.turn_outcome(session, "t3")
+    assert still is not None and still.status is None
+
+
+def test_taking_the_lease_closes_a_latest_turn_that_starts_before_the_window(
+    store: SessionStore, session: str
+) -> None:
+    with store.acquire_writer_lease(session) as lease:
+        lease.append(user("t", "q"))
+        for letter in "abcd":  # over 2 MiB: the window holds none of the turn's user record
+            lease.append({**assistant("t", letter * 700_000), "continued": True})
+    with store.acquire_writer_lease(session) as lease:
+        closed = store.close_last_interrupted_turn(lease)
+    assert closed is not None and (closed.turn_id, closed.status) == ("t", "failed")
