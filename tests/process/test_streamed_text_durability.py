@@ -3,7 +3,8 @@
 The turn streams slowly, the test SIGKILLs the service process (embedded) or the daemon
 (daemon mode) mid-stream, then a new service replays the session: the text streamed
 more than one increment window before the kill is there, and nothing that was not
-streamed (issue #12 item 7; increments: ``turns/streamed.py``).
+streamed (issue #12 item 7; increments: ``turns/streamed.py``), as one message in whole
+2,048-byte parts, before and after ``session.open`` closes the dead turn (issue #31).
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ import pytest
 
 from magi_code.turns.streamed import INCREMENT_SECONDS
 from tests.process.daemon.support import status, wait_for
-from tests.process.turn_support import replay_all, start_turn, write_settings
+from tests.process.turn_support import (
+    conversation,
+    replay_events,
+    start_turn,
+    whole_messages,
+    write_settings,
+)
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess
 
 CHUNKS = [f"chunk{i:02d}:" + "ab" * 8 + " " for i in range(40)]
+# 5,160 bytes of 1-, 2- and 3-byte characters: three parts.
+WIDE_CHUNKS = [f"chunk{i:02d}:" + "aé漢" * 20 + " " for i in range(40)]
 CHUNK_DELAY = 0.05
 # One increment window plus generous room for the append in flight on a loaded machine.
 SLACK_SECONDS = INCREMENT_SECONDS + 0.75
@@ -78,21 +87,28 @@ async def _replayed_assistant_text(home: Path, project: Path, session_id: str) -
     svc = await ServiceProcess.start(home, project)
     try:
         await svc.initialize()
-        items = await replay_all(svc, session_id)
+        events, _ = await replay_events(svc, session_id)
     finally:
         await svc.stop()
-    assert items[0]["kind"] == "message" and items[0]["role"] == "user"
-    assert all(i["kind"] == "message" for i in items), items  # no terminal was written
-    # A long or slow response replays as consecutive assistant messages (its increments).
-    return "".join(i["text"] for i in items[1:] if i["role"] == "assistant")
+    items = conversation(whole_messages(events))
+    # No terminal was written (nothing took the session's lease): the user message, and
+    # the reply's increments as one message.
+    assert [i[:2] for i in items] == [("message", "user"), ("message", "assistant")], items
+    return items[1][2]
 
 
 async def _turn_killed_after(
-    home: Path, project: Path, fake: FakeProviderServer, deltas: int, *, settle: float = 0.0
+    home: Path,
+    project: Path,
+    fake: FakeProviderServer,
+    deltas: int,
+    *,
+    settle: float = 0.0,
+    chunks: list[str] = CHUNKS,
 ) -> tuple[DeltaClock, float, str]:
     write_settings(home, fake)
     fake.enqueue(
-        Reply(text=CHUNKS, chunk_delay=CHUNK_DELAY, ending="stall", after_chunks=len(CHUNKS))
+        Reply(text=chunks, chunk_delay=CHUNK_DELAY, ending="stall", after_chunks=len(chunks))
     )
     svc = await ServiceProcess.start(home, project)
     try:
@@ -138,3 +154,29 @@ async def test_all_text_of_a_stalled_stream_is_replayed_after_a_kill_9(
     )
     assert clock.text() == "".join(CHUNKS)
     assert await _replayed_assistant_text(home, project, session_id) == "".join(CHUNKS)
+
+
+async def test_a_reply_cut_by_a_kill_9_replays_as_one_message_and_open_closes_its_turn(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    clock, _, session_id = await _turn_killed_after(
+        home, project, fake, len(WIDE_CHUNKS), settle=SLACK_SECONDS, chunks=WIDE_CHUNKS
+    )
+    text = "".join(WIDE_CHUNKS)
+    assert clock.text() == text
+    svc = await ServiceProcess.start(home, project)
+    try:
+        await svc.initialize()
+        events, cursor = await replay_events(svc, session_id)
+        cut = [("message", "user", "stream slowly"), ("message", "assistant", text)]
+        assert conversation(whole_messages(events)) == cut
+        # Taking the session's lease closes the turn its dead process left open.
+        opened = await svc.request("session.open", {}, session_id=session_id)
+        assert opened["error"] is None, opened
+        after_open, _ = await replay_events(svc, session_id)
+        assert conversation(whole_messages(after_open)) == [*cut, ("terminal", "failed")]
+        assert after_open[: len(events)] == events  # the message is as it was
+        rest, _ = await replay_events(svc, session_id, after=cursor)
+        assert rest == after_open[len(events) :]
+    finally:
+        await svc.stop()

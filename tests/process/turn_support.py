@@ -336,6 +336,72 @@ async def replay_all(svc: ServiceProcess, session_id: str) -> list[dict[str, Any
     raise AssertionError("replay did not end")
 
 
+async def replay_events(
+    svc: ServiceProcess, session_id: str, *, after: str | None = None, limit: int = 32
+) -> tuple[list[dict[str, Any]], str]:
+    """The replay events after ``after`` as sent (parts apart), following pages; and the
+    last page's ``next_cursor``. ``resync_required`` fails the call."""
+    events: list[dict[str, Any]] = []
+    for _ in range(10_000):
+        payload = {"after": after, "limit": limit}
+        response = await svc.request("session.replay", payload, session_id=session_id)
+        assert response["error"] is None, response
+        page = response["payload"]
+        assert page["resync_required"] is False, page
+        events += page["events"]
+        after = page["next_cursor"]
+        if not page["truncated"]:
+            assert after is not None
+            return events, after
+    raise AssertionError("replay did not end")
+
+
+def greedy_parts(text: str) -> list[str]:
+    """``text`` in the longest parts of at most 2,048 UTF-8 bytes that end on a character."""
+    parts, current, size = [], [], 0
+    for ch in text:
+        width = len(ch.encode())
+        if size + width > 2048:
+            parts.append("".join(current))
+            current, size = [], 0
+        current.append(ch)
+        size += width
+    return [*parts, "".join(current)]
+
+
+def whole_messages(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Replay events with each message's (or summary's) parts joined, after checking them
+    as the v1 contract has them: the whole text split at UTF-8 boundaries into parts of at
+    most 2,048 bytes (each as long as the bound allows), ``part`` counting from 0 per
+    message, ``last_part`` only on its last part, and no empty part but the one part of
+    an empty user message."""
+    shape = [
+        (e["kind"], e.get("role"), e.get("part"), e.get("last_part"), len(e.get("text", "")))
+        for e in events
+    ]
+    items: list[dict[str, Any]] = []
+    parts: list[str] = []
+    for event in events:
+        if event["kind"] not in ("message", "summary"):
+            assert not parts, f"a message without its last part: {shape}"
+            items.append(dict(event))
+            continue
+        assert event["part"] == len(parts), f"part {event['part']} after {len(parts)}: {shape}"
+        if parts:
+            assert (event["kind"], event.get("role")) == (items[-1]["kind"], items[-1].get("role"))
+        else:
+            items.append(dict(event))
+        parts.append(event["text"])
+        if event["last_part"]:
+            text = "".join(parts)
+            assert parts == greedy_parts(text), f"not split as the whole text: {shape}"
+            assert text or event.get("role") == "user", f"an empty part: {shape}"
+            items[-1].update(text=text, part=0, last_part=True)
+            parts = []
+    assert not parts, f"a message without its last part: {shape}"
+    return items
+
+
 def conversation(items: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
     """Replay items reduced to comparable tuples."""
     out: list[tuple[str, ...]] = []

@@ -16,10 +16,13 @@ import msgpack
 import pytest
 
 from magi_code.client import connect_channel
+from magi_code.core.persistent import RECOVERED_SEQUENCE
 from magi_code.protocol.frames import MAX_FRAME_BYTES
 from tests.process.daemon.support import context, replay_in_new_shim, status, wait_for
-from tests.process.turn_support import write_settings
+from tests.process.turn_support import start_turn, write_settings
+from tests.support import wire_schema
 from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.service import ServiceProcess
 from tests.support.v2peer import Frame, Peer, sequences
 
 
@@ -181,6 +184,66 @@ async def test_after_kill_9_a_finished_turn_keeps_its_outcome_and_a_running_one_
         await peer.close()
     items = await replay_in_new_shim(home, project, session_id)
     assert [i["status"] for i in items if i["kind"] == "terminal"] == ["completed", "failed"]
+
+
+@pytest.mark.parametrize("holder", ["persistent", "v1_shim"])
+async def test_after_kill_9_a_client_that_opened_the_session_gets_its_dead_turn_finished(
+    home: Path, project: Path, fake: FakeProviderServer, holder: str
+) -> None:
+    write_settings(home, fake)
+    fake.enqueue(Reply(text=["half ", "way"], ending="stall", after_chunks=2))
+    peer = await _peer(home, project)
+    response = await peer.request("turn.start", {"prompt": "hang"})
+    wire_schema.check_record(response)
+    turn_id, session_id = response["payload"]["turn_id"], response["payload"]["session_id"]
+    deltas = 0
+    while deltas < 2:
+        frame = await peer.until(lambda f: f["t"] == "message")
+        wire_schema.check_record(frame["message"])
+        deltas += frame["message"].get("event") == "turn.assistant_delta"
+    os.kill(status(home)["pid"], signal.SIGKILL)
+    await wait_for(lambda: not status(home)["running"], 30, "the daemon to die")
+    await peer.close()
+    peer = await _peer(home, project)  # a new daemon
+    shim = None
+    try:
+        # This daemon's own client holds the session's lease before anyone asks.
+        if holder == "persistent":
+            opened = await peer.request("session.open", {}, session_id=session_id)
+            wire_schema.check_record(opened)
+        else:
+            shim = await ServiceProcess.start(home, project)  # checks its records itself
+            await shim.initialize()
+            opened = await shim.request("session.open", {}, session_id=session_id)
+        assert opened["error"] is None, opened
+        answer, events = await peer.attach(turn_id, -1, session_id=session_id)
+        assert answer["t"] == "attach_result", answer  # not session_busy
+        assert (answer["status"], answer["failure"]) == ("finished", "service_interrupted")
+        (event,) = events
+        wire_schema.check("envelope.event", event)
+        wire_schema.check("event.turn.terminal", event["payload"])
+        terminal = event["payload"]
+        assert (terminal["turn_id"], terminal["status"]) == (turn_id, "failed")
+        assert terminal["sequence"] == RECOVERED_SEQUENCE
+        assert "half" in terminal["assistant_text"] or terminal["assistant_text"] == ""
+        # The holder goes on with the session.
+        fake.enqueue(Reply(text=["next"]))
+        if shim is None:
+            started = await peer.request("turn.start", {"prompt": "go"}, session_id=session_id)
+            wire_schema.check_record(started)
+            last = (await peer.turn_events(started["payload"]["turn_id"]))[-1]
+            wire_schema.check_record(last)
+        else:
+            rid, _ = await start_turn(shim, "go", session_id=session_id)
+            last = (await shim.events_until_terminal(rid))[-1]
+        assert last["payload"]["status"] == "completed"
+    finally:
+        if shim is not None:
+            await shim.close_stdin()
+            await shim.wait()
+        await peer.close()
+    items = await replay_in_new_shim(home, project, session_id)
+    assert [i["status"] for i in items if i["kind"] == "terminal"] == ["failed", "completed"]
 
 
 async def test_a_retried_start_after_a_dropped_connection_runs_the_prompt_once(
