@@ -220,28 +220,34 @@ def _run_command(args: argparse.Namespace) -> int:
 def _run_service() -> int:
     import os
 
-    mode = os.environ.get(_MODE_ENV) or "daemon"
+    mode = os.environ.get(_MODE_ENV) or "auto"
     if mode == "embedded":
-        import uvloop
-
-        from magi_code.storage.launch import LaunchContext
-
-        ctx = LaunchContext.from_process()
-        _configure_logging()
-
-        # ``initialize`` is answered before the domain services are loaded (composition).
-        from magi_code.composition import build_embedded_coordinator
-        from magi_code.stdio.adapter import serve_stdio
-
-        return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
-    if mode == "daemon":
+        return _run_in_process()
+    if mode in ("auto", "daemon"):
         # No event loop, no logging set up and no LaunchContext (pathlib, dataclasses):
         # the shim with a warm daemon states its launch context as strings, imports no
-        # asyncio (see shim.bridge) and writes its few diagnostics itself.
+        # asyncio (see shim.bridge) and writes its few diagnostics itself. ``auto`` (the
+        # default) serves in this process when no daemon can be started or reached.
         from magi_code.shim.bridge import serve_shim
 
-        return serve_shim()
-    return _fail(f"{_MODE_ENV} must be 'daemon' or 'embedded'")
+        return serve_shim(_run_in_process if mode == "auto" else None)
+    return _fail(f"{_MODE_ENV} must be 'auto', 'daemon' or 'embedded'")
+
+
+def _run_in_process() -> int:
+    """The v1 service with the core in this process (embedded mode)."""
+    import uvloop
+
+    from magi_code.storage.launch import LaunchContext
+
+    ctx = LaunchContext.from_process()
+    _configure_logging()
+
+    # ``initialize`` is answered before the domain services are loaded (composition).
+    from magi_code.composition import build_embedded_coordinator
+    from magi_code.stdio.adapter import serve_stdio
+
+    return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
 
 
 def _run_prompt(

@@ -63,6 +63,11 @@ def formatter(env: Mapping[str, str], text_format: str) -> logging.Formatter:
     return JsonFormatter() if wants_json(env) else logging.Formatter(text_format)
 
 
+def file_formatter(env: Mapping[str, str]) -> logging.Formatter:
+    """``daemon.log``'s lines: time, this process's pid, level, logger and message."""
+    return formatter(env, f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+
+
 def configure_stderr(env: Mapping[str, str], default: int = logging.WARNING) -> None:
     """The stdio service's and the CLI's logging: one stderr handler, ``magi-code: ...``."""
     root = logging.getLogger()

@@ -388,11 +388,7 @@ def _setup_logging(path: Path, *, journal: bool) -> None:
     handler = logging.handlers.RotatingFileHandler(
         path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS
     )
-    handler.setFormatter(
-        logs.formatter(
-            os.environ, f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s"
-        )
-    )
+    handler.setFormatter(logs.file_formatter(os.environ))
     logging.getLogger().addHandler(handler)
     _daemon_levels()
 

@@ -30,6 +30,7 @@ from magi_code.protocol.frames import FrameError, encode_frame
 
 from .connect import Link, reach
 from .core import ShimCore
+from .fallback import announcement, log_fallback, unusable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,16 +49,32 @@ def diagnostic(message: str) -> None:
         os.write(2, f"magi-code: {message}\n".encode())
 
 
-def serve_shim() -> int:
-    """Run the v1 service on this process's stdio through the daemon; the exit code."""
+def serve_shim(in_process: Callable[[], int] | None = None) -> int:
+    """Run the v1 service on this process's stdio through the daemon; the exit code.
+
+    When no daemon can be started or reached (:func:`~magi_code.shim.fallback.unusable`)
+    and ``in_process`` is given, it serves this process instead, announced once on stderr
+    and in the daemon log; nothing of stdin has been read by then. Without it, the shim
+    says why and exits 1.
+    """
     proto_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    launch = process_launch()
     try:
-        link = reach(process_launch())
+        link = reach(launch)
     except (DaemonUnavailable, DaemonError, UnsafeRuntimeDir) as exc:
-        diagnostic(f"cannot reach the daemon: {exc}")
-        return 1
+        reason = unusable(exc)
+        if in_process is None or reason is None:
+            diagnostic(f"cannot reach the daemon: {exc}")
+            return 1
+        # fd 1 back as it was: the in-process service guards its protocol output itself.
+        os.dup2(proto_fd, 1)
+        os.close(proto_fd)
+        sys.stdout = sys.__stdout__
+        diagnostic(announcement(reason))
+        log_fallback(launch, reason)
+        return in_process()
     try:
         return Bridge(link, stdin_fd=0, stdout_fd=proto_fd).run()
     finally:

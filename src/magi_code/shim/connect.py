@@ -42,6 +42,10 @@ CLIENT_NAME = "shim"
 READ_CHUNK = 65536
 
 
+class StartFailed(DaemonError):
+    """No daemon answered and none could be started (the starter's reason)."""
+
+
 class Link:
     """A handshaken connection: the socket, the welcome, and what came after it."""
 
@@ -65,8 +69,8 @@ class Link:
 def reach(launch: Launch) -> Link:
     """Connect to this home's daemon, starting it when none answers.
 
-    Raises ``DaemonUnavailable``/``DaemonError`` (and ``UnsafeRuntimeDir``) with the
-    operator line to print.
+    Raises ``DaemonError`` (:class:`StartFailed` when the start failed) or
+    ``UnsafeRuntimeDir`` with the operator line to print.
     """
     try:
         # Only a client that will use this daemon asks one of another build to make way.
@@ -145,4 +149,4 @@ def _start_and_connect(launch: Launch) -> Link:
             context_of(launch), lambda build: connect(launch, build=build), probed=True
         )
     except DaemonStartError as exc:
-        raise DaemonError(str(exc)) from None
+        raise StartFailed(str(exc)) from None
