@@ -4,8 +4,9 @@ The model's shell tool runs, as the user, scripts that find the daemon's socket 
 an attacker would (``daemon.json`` names it; the test hands the path over explicitly) and
 try to drive it: a raw v2 control ``stop``, one that writes and exits without waiting,
 a burst of 64 of those from a process that exits at once (accepted after it is gone),
-``magi-code daemon stop``/``status`` and a stdio shim with ``MC_HOME`` set by hand. Each
-is refused with ``tool_process`` before the daemon reads a byte; the daemon keeps
+``magi-code daemon stop``/``status`` and a stdio shim with ``MC_HOME`` set by hand (in
+daemon mode and in the default mode, which does not fall back to serving in-process on a
+refusal). Each is refused with ``tool_process`` before the daemon reads a byte; the daemon keeps
 serving, the turn completes, and the same script run by a process that is not the
 daemon's descendant is admitted.
 """
@@ -135,6 +136,7 @@ async def test_tool_processes_are_refused_and_the_daemon_keeps_serving(
         assert daemon["running"] is True and "instance_id" in daemon, daemon
         sock = _recorded_socket(home)
         client = f"{py} {shlex.quote(str(script))} {shlex.quote(sock)} {shlex.quote(str(home))}"
+        default = f"MC_HOME={shlex.quote(str(home))} {py} -m magi_code"
         by_hand = f"MC_HOME={shlex.quote(str(home))} MC_SERVICE_MODE=daemon {py} -m magi_code"
         fake.enqueue(
             Reply(
@@ -147,6 +149,8 @@ async def test_tool_processes_are_refused_and_the_daemon_keeps_serving(
                     _shell("cli-stop", f"{by_hand} daemon stop; echo exit=$?"),
                     _shell("cli-status", f"{by_hand} daemon status --json; echo exit=$?"),
                     _shell("shim", f"{by_hand} --app service </dev/null; echo exit=$?"),
+                    # The default mode does not bypass a refusal by serving in-process.
+                    _shell("shim-default", f"{default} --app service </dev/null; echo exit=$?"),
                 ],
             ),
             Reply(text=["the daemon said no"]),
@@ -201,13 +205,15 @@ async def test_tool_processes_are_refused_and_the_daemon_keeps_serving(
     status_out = outputs["cli-status"]
     reported = orjson.loads(status_out.splitlines()[0])
     assert reported["responding"] is False and reason in reported["error"], status_out
-    shim_out = outputs["shim"]
-    shim_lines = [line for line in shim_out.splitlines() if line.startswith("magi-code:")]
-    assert shim_lines == [f"magi-code: cannot reach the daemon: {reason}"], shim_out
-    assert "exit=1" in shim_out
+    for call_id in ("shim", "shim-default"):
+        shim_out = outputs[call_id]
+        shim_lines = [line for line in shim_out.splitlines() if line.startswith("magi-code:")]
+        assert shim_lines == [f"magi-code: cannot reach the daemon: {reason}"], shim_out
+        assert "exit=1" in shim_out
 
     log = (home / "run" / "daemon.log").read_text()
-    assert log.count("refused a connection code=tool_process") >= 6 + 64, log
+    assert log.count("refused a connection code=tool_process") >= 7 + 64, log
+    assert "serving in-process" not in log
 
 
 async def test_tool_children_see_no_daemon_variable_or_socket_path(
