@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: service test test-fast check benchmark stress
+.PHONY: service test test-fast check conformance benchmark stress
 
 # Set-up output goes to stderr: `make service` keeps stdout for protocol JSONL only.
 $(STAMP): pyproject.toml
@@ -29,6 +29,16 @@ test: check
 # the daemon's in-memory transport; no lint, no process tests. CI runs `make test`.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n 4 -q tests/unit tests/contract/test_fixtures_in_memory.py
+
+# The gate a frontend's integration runs (under a minute, no network, no user stores): the
+# credential-free contract scenarios against the installed magi-code in both modes, and
+# the consumer fixtures through the reference validator; it ends with the fixture schema
+# versions and the backend build it checked. A further check joins by adding its tests
+# to CONFORMANCE.
+CONFORMANCE := tests/contract/test_fixtures.py tests/unit/client/test_v1stream.py
+conformance: $(STAMP)
+	MC_TEST_SERVICE_COMMAND=$(CURDIR)/$(BIN)/magi-code $(BIN)/python -m pytest -n 2 -q \
+		-p no:cacheprovider -p tests.contract.conformance $(CONFORMANCE)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -25,6 +25,8 @@ STEP_TIMEOUT = 20.0
 # Captured at import, before the autouse fixture strips MC_* variables; the mode matrix
 # fixture (tests/contract, tests/process) overrides it per test.
 DEFAULT_MODE = os.environ.get("MC_TEST_SERVICE_MODE", "embedded")
+# An installed ``magi-code`` to run instead of ``python -m magi_code`` (``make conformance``).
+SERVICE_COMMAND = os.environ.get("MC_TEST_SERVICE_COMMAND")
 _mode: list[str] = [DEFAULT_MODE]
 _live: dict[Path, int] = {}
 
@@ -140,12 +142,14 @@ class ServiceProcess:
         checks: bool = True,
         python: str | None = None,
     ) -> ServiceProcess:
-        """``python -m magi_code`` (this interpreter unless ``python`` names another)."""
+        """``python -m magi_code`` (this interpreter unless ``python`` names another), or
+        the ``MC_TEST_SERVICE_COMMAND`` this run was given."""
+        if python is None and SERVICE_COMMAND:
+            command = [SERVICE_COMMAND, *args]
+        else:
+            command = [python or sys.executable, "-m", "magi_code", *args]
         proc = await asyncio.create_subprocess_exec(
-            python or sys.executable,
-            "-m",
-            "magi_code",
-            *args,
+            *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
