@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from typing import TYPE_CHECKING, Final
 
 from magi_code.client.errors import DaemonTimeout, ForeignDaemon
@@ -68,30 +67,28 @@ def log_fallback(launch: Launch, reason: str) -> None:
 
     from magi_code import logs
     from magi_code.endpoint.paths import LOG_NAME, ensure_private_dir, state_dir_of
+    from magi_code.storage.files import open_regular
 
     if logs.level(launch.env, logging.INFO) > logging.WARNING:
         return
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         state = Path(state_dir_of(launch.mc_home))
         ensure_private_dir(state)
-        # Non-blocking: a FIFO planted as the log must not hang the service.
-        fd = os.open(state / LOG_NAME, flags, 0o600)
+        # A FIFO or symlink planted as the log is refused, never waited on.
+        fd = open_regular(state / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     except (UnsafeRuntimeDir, OSError):
         return
+    record = logging.LogRecord(
+        "magi_code.shim",
+        logging.WARNING,
+        __file__,
+        0,
+        "serving in-process reason=%s",
+        (reason,),
+        None,
+    )
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            record = logging.LogRecord(
-                "magi_code.shim",
-                logging.WARNING,
-                __file__,
-                0,
-                "serving in-process reason=%s",
-                (reason,),
-                None,
-            )
-            line = logs.file_formatter(launch.env).format(record) + "\n"
-            with contextlib.suppress(OSError):
-                os.write(fd, line.encode())
+        with contextlib.suppress(OSError):
+            os.write(fd, (logs.file_formatter(launch.env).format(record) + "\n").encode())
     finally:
         os.close(fd)
