@@ -34,7 +34,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.http import NetworkSettings
 from magi_code.providers.types import ApiKind
 from magi_code.storage.files import atomic_write, locked, read_regular
-from magi_code.storage.launch import LaunchContext
+from magi_code.storage.launch import PROJECT_CONFIG_DIR, LaunchContext, inside_project
 
 log = logging.getLogger(__name__)
 # The last problem logged per settings file (a daemon reads many projects' files).
@@ -42,8 +42,10 @@ _reported: dict[Path, str | None] = {}
 MAX_REPORTED_FILES: Final = 1024
 # Project-file keys used only in a trusted project (see the module docstring).
 TRUST_GATED: Final = ("hooks", "mcp_servers", "network")
-# Projects whose ignored keys were already logged (a daemon serves many projects).
+# Projects whose ignored keys, or whose .magi-code leading out of them, were already
+# logged (a daemon serves many projects).
 _untrusted_logged: set[str] = set()
+_outside_logged: set[str] = set()
 MAX_LOGGED_PROJECTS: Final = 1024
 
 MAX_SETTINGS_BYTES: Final = 1 << 20
@@ -147,7 +149,25 @@ class Settings:
 
 
 def settings_path(ctx: LaunchContext, scope: Scope) -> Path:
+    """The file a scope names (lexical: what identifies it, not what is opened)."""
     return ctx.global_settings_path if scope is Scope.GLOBAL else ctx.project_settings_path
+
+
+def project_settings_path(ctx: LaunchContext) -> Path | None:
+    """The project's settings file as it is read, written and locked, or None when the
+    project's ``.magi-code`` leads out of the project (a symlink to ``$MC_HOME`` or to
+    another directory): then the project has no settings layer, and project writes are
+    refused. Blocking."""
+    directory = inside_project(ctx.project_dir, PROJECT_CONFIG_DIR)
+    if directory is None:
+        _log_once(
+            _outside_logged,
+            ctx.project_dir,
+            "the project's .magi-code directory leads out of the project: "
+            "its settings and instructions are ignored",
+        )
+        return None
+    return directory / "settings.json"
 
 
 def read_document(path: Path, scope: Scope) -> dict[str, Any]:
@@ -354,7 +374,8 @@ def load_settings(ctx: LaunchContext) -> Settings:
         ServiceError: ``configuration_unavailable`` for any unreadable or invalid file.
     """
     global_doc = read_document(ctx.global_settings_path, Scope.GLOBAL)
-    project_doc = read_document(ctx.project_settings_path, Scope.PROJECT)
+    project = project_settings_path(ctx)
+    project_doc = {} if project is None else read_document(project, Scope.PROJECT)
     trusted = False
     if any(key in project_doc for key in TRUST_GATED):
         trusted = is_trusted(global_doc.get("trusted_projects", ()), ctx.project_dir)
@@ -371,16 +392,23 @@ def is_trusted(trusted_projects: Sequence[str], project_dir: Path) -> bool:
 
 
 def _log_untrusted(project_dir: Path) -> None:
-    key = str(project_dir)
-    if key in _untrusted_logged:
-        return
-    if len(_untrusted_logged) >= MAX_LOGGED_PROJECTS:
-        _untrusted_logged.clear()
-    _untrusted_logged.add(key)
-    log.info(
+    _log_once(
+        _untrusted_logged,
+        project_dir,
         "the project settings' hooks, mcp_servers and network are ignored: "
-        "the project is not in trusted_projects"
+        "the project is not in trusted_projects",
     )
+
+
+def _log_once(logged: set[str], project_dir: Path, message: str) -> None:
+    """``message`` (no path in it) once per project."""
+    key = str(project_dir)
+    if key in logged:
+        return
+    if len(logged) >= MAX_LOGGED_PROJECTS:
+        logged.clear()
+    logged.add(key)
+    log.info(message)
 
 
 # Receives the merged view and the target document, both re-read under the lock, and
@@ -403,14 +431,18 @@ def update_settings(
     Raises:
         ServiceError: ``configuration_unavailable`` when the current files cannot be read;
             whatever ``mutate`` raises; ``settings_write_failed`` when the lock cannot be
-            taken, the result is invalid, or the write fails.
+            taken, the result is invalid, the write fails, or (project scope) the
+            project's ``.magi-code`` leads out of the project.
     """
-    path = settings_path(ctx, scope)
+    project = project_settings_path(ctx)
+    path = ctx.global_settings_path if scope is Scope.GLOBAL else project
+    if path is None:
+        raise ServiceError(ErrorCode.SETTINGS_WRITE_FAILED)
     schema = SETTINGS_SCHEMA if scope is Scope.GLOBAL else project_schema()
     try:
         with locked(path):
             global_doc = read_document(ctx.global_settings_path, Scope.GLOBAL)
-            project_doc = read_document(ctx.project_settings_path, Scope.PROJECT)
+            project_doc = {} if project is None else read_document(project, Scope.PROJECT)
             current = build_settings(global_doc, project_doc)
             document = global_doc if scope is Scope.GLOBAL else project_doc
             mutate(current, document)

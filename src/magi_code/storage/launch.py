@@ -12,12 +12,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Final
 
 from magi_code.dataclass import dataclass, field
 
 # Re-exported: where the tools have always imported it from.
 from magi_code.storage.process import current_umask as current_umask
 from magi_code.storage.process import home_of
+
+# The project's own directory of magi-code files: settings, instructions, skills.
+PROJECT_CONFIG_DIR: Final = Path(".magi-code")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,9 @@ class LaunchContext:
 
     @property
     def project_settings_path(self) -> Path:
-        return self.project_dir / ".magi-code" / "settings.json"
+        """Where the project's settings file is named; read and written only through
+        :func:`inside_project` (``config.settings.project_settings_path``)."""
+        return self.project_dir / PROJECT_CONFIG_DIR / "settings.json"
 
     @property
     def sessions_dir(self) -> Path:
@@ -67,3 +73,19 @@ class LaunchContext:
     @property
     def catalog_dir(self) -> Path:
         return self.mc_home / "catalog"
+
+
+def inside_project(project_dir: Path, relative: Path) -> Path | None:
+    """``project_dir / relative`` with every symlink resolved, or None when that leads out
+    of the (resolved) project directory or cannot be resolved. Blocking.
+
+    What is read or locked under the project's ``.magi-code`` goes through this: a
+    ``.magi-code`` (or a directory in it) that is a symlink to a directory outside the
+    project, ``$MC_HOME`` or another project, is not followed; one that stays inside is.
+    """
+    try:
+        project = Path(os.path.realpath(project_dir))
+        resolved = Path(os.path.realpath(project / relative))
+    except (OSError, ValueError):
+        return None
+    return resolved if resolved.is_relative_to(project) else None

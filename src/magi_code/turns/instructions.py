@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Final
 
+from magi_code.storage.launch import inside_project
+
 from .skills import SkillCatalog, prompt_section
 
 BASE_PROMPT: Final = (
@@ -14,7 +16,8 @@ BASE_PROMPT: Final = (
     "Use the tools to read, search, edit and run code; keep answers concise and say what "
     "you changed."
 )
-# Instruction files, in order; each is read with a bounded read.
+# Instruction files, in order; each is read with a bounded read, from a directory that
+# resolves inside the project (a ``.magi-code`` symlink leading out of it is not followed).
 INSTRUCTION_FILES: Final = ("AGENTS.md", ".magi-code/instructions.md", ".magi-code/AGENTS.md")
 MAX_INSTRUCTION_BYTES: Final = 64 * 1024
 
@@ -38,7 +41,9 @@ def _read_bounded(path: Path) -> str | None:
 def system_prompt(project_dir: Path, skills: SkillCatalog | None = None) -> str:
     sections = [BASE_PROMPT]
     for name in INSTRUCTION_FILES:
-        text = _read_bounded(project_dir / name)
+        relative = Path(name)
+        directory = inside_project(project_dir, relative.parent)
+        text = None if directory is None else _read_bounded(directory / relative.name)
         if text:
             sections.append(f"# Project instructions ({name})\n\n{text}")
     if skills is not None and (listing := prompt_section(skills)):

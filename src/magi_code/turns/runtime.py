@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Final
 from magi_code.auth.credentials import resolve_headers
 from magi_code.auth.store import AuthStore
 from magi_code.config.effective import Effective, resolve_effective
-from magi_code.config.settings import Settings, load_settings
+from magi_code.config.settings import Settings, load_settings, project_settings_path
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.http import HttpClients, transport_options
@@ -99,11 +99,12 @@ def prepare_settings(ctx: LaunchContext) -> Prepared:
 
     Blocking (run it in a thread). A write holding a lock past ``SETTINGS_LOCK_WAIT``
     raises ``configuration_busy``; the project lock is only taken when the project has a
-    settings directory (capture never creates files in the user's project).
+    usable settings directory (capture never creates files in the user's project).
     """
+    project = project_settings_path(ctx)
     with contextlib.ExitStack() as stack:
-        for path in (ctx.global_settings_path, ctx.project_settings_path):
-            if path.parent.is_dir():
+        for path in (ctx.global_settings_path, project):
+            if path is not None and path.parent.is_dir():
                 try:
                     stack.enter_context(locked(path, timeout=SETTINGS_LOCK_WAIT))
                 except TimeoutError:  # filelock.Timeout, not imported (see storage.files.locked)

@@ -37,7 +37,7 @@ from typing import Any, Final, Literal
 
 from magi_code.dataclass import dataclass
 from magi_code.storage.files import open_regular
-from magi_code.storage.launch import LaunchContext
+from magi_code.storage.launch import PROJECT_CONFIG_DIR, LaunchContext, inside_project
 from magi_code.tools.base import Tool, ToolContext, ToolOutcome
 
 from . import activity
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 SKILL_TOOL_NAME: Final = "skill"
 SKILL_FILE: Final = "SKILL.md"
-PROJECT_SKILLS_DIR: Final = Path(".magi-code") / "skills"
+PROJECT_SKILLS_DIR: Final = PROJECT_CONFIG_DIR / "skills"
 HOME_SKILLS_DIR: Final = "skills"
 
 MAX_SKILLS: Final = 32
@@ -242,16 +242,15 @@ def discover_skills(project_dir: Path, mc_home: Path) -> SkillCatalog:
     """Every usable skill of the project and the home, project first. Blocking; never
     raises for what is on disk."""
     found: dict[str, Skill] = {}
-    try:
-        project_real = Path(os.path.realpath(project_dir))
-    except (OSError, ValueError):
-        project_real = None
     roots: list[tuple[Path, Scope, Path | None]] = []
-    if project_real is not None:
-        roots.append((project_real / PROJECT_SKILLS_DIR, "project", project_real))
+    project_root = inside_project(project_dir, PROJECT_SKILLS_DIR)
+    if project_root is None:
+        log.info("the project's skills directory leads out of the project; it is skipped")
+    else:
+        roots.append((project_root, "project", Path(os.path.realpath(project_dir))))
     roots.append((mc_home / HOME_SKILLS_DIR, "home", None))
-    for root, scope, confine in roots:
-        for skill in _scan(root, scope, confine):
+    for root, scope, project in roots:
+        for skill in _scan(root, scope, project):
             if len(found) >= MAX_SKILLS:
                 break
             found.setdefault(skill.name, skill)
@@ -260,13 +259,10 @@ def discover_skills(project_dir: Path, mc_home: Path) -> SkillCatalog:
 
 def _scan(root: Path, scope: Scope, project: Path | None) -> list[Skill]:
     """The valid skills directly under ``root``, by name. ``project``: the real project
-    directory that ``root`` must resolve into."""
+    directory, which a project skill is shown relative to."""
     try:
         real_root = Path(os.path.realpath(root))
     except (OSError, ValueError):
-        return []
-    if project is not None and not real_root.is_relative_to(project):
-        log.info("the project's skills directory leads out of the project; it is skipped")
         return []
     try:
         root_fd = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)

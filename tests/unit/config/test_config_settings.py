@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from config_helpers import NOW, read_json, seed_catalog, write_json
 
 from magi_code.config.catalog import CatalogModel
-from magi_code.config.effective import effective_config, resolve_effective
+from magi_code.config.effective import apply_config_set, effective_config, resolve_effective
 from magi_code.config.schema import (
     SCHEMA_FILENAME,
     SETTINGS_SCHEMA,
@@ -348,3 +349,22 @@ def test_generated_schema_agrees_with_reference_json_schema_validator(document: 
     jsonschema = pytest.importorskip("jsonschema")
     reference = jsonschema.Draft202012Validator(SETTINGS_SCHEMA).is_valid(document)
     assert is_valid(document, SETTINGS_SCHEMA) == reference
+
+
+def test_a_magi_code_symlink_is_followed_only_inside_the_project(
+    ctx: LaunchContext, tmp_path: Path
+) -> None:
+    write_json(ctx.global_settings_path, {"model": "global-model"})
+    inside = ctx.project_dir / "config"
+    write_json(inside / "settings.json", {"model": "inside-model"})
+    (ctx.project_dir / ".magi-code").symlink_to(inside)
+    assert config_get(ctx)["selection"]["model_id"] == "inside-model"
+    outside = tmp_path / "elsewhere"
+    write_json(outside / "settings.json", {"model": "outside-model"})
+    (ctx.project_dir / ".magi-code").unlink()
+    (ctx.project_dir / ".magi-code").symlink_to(outside)
+    assert config_get(ctx)["selection"]["model_id"] == "global-model"
+    with pytest.raises(ServiceError) as refused:
+        apply_config_set(ctx, {"scope": "project", "thinking_level": "high"})
+    assert refused.value.code is ErrorCode.SETTINGS_WRITE_FAILED
+    assert sorted(p.name for p in outside.iterdir()) == ["settings.json"]  # no lock file
