@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.support.fake_providers import FakeModel, FakeProviderServer, Reply
 from tests.support.service import running_service
+from tests.support.settings_lock import settings_lock_held
 
 
 def _write_settings(home: Path, base_url: str, **extra: object) -> None:
@@ -106,6 +107,39 @@ async def test_configuration_busy_while_a_slow_refresh_runs_and_a_turn_streams(
             assert refreshed["payload"]["state"] == "fresh_cache"
             await asyncio.sleep(0)
             assert (await service.request("config.get"))["error"] is None
+
+
+async def test_a_v1_turn_starts_while_a_settings_write_is_in_progress(
+    home: Path, project: Path
+) -> None:
+    # The spec: a v1 turn's worker reloads the settings before provider execution, so a
+    # config.set still running (here: waiting for another process's lock) never makes
+    # turn.start fail at acceptance.
+    with FakeProviderServer() as fake:
+        _write_settings(home, fake.base_url, provider="local", model="m1")
+        fake.enqueue(Reply(text=["ran"]))
+        async with running_service(home, project) as service:
+            with settings_lock_held(home / "settings.json") as lock:
+                write_id = service.next_id("set")
+                await service.send(
+                    {
+                        "protocol_version": 1,
+                        "kind": "request",
+                        "request_id": write_id,
+                        "method": "config.set",
+                        "payload": {"scope": "global", "fast": True},
+                    }
+                )
+                busy = await service.request("config.get")
+                assert busy["error"]["code"] == "configuration_busy"  # the write runs
+                turn = await service.request("turn.start", {"prompt": "go"})
+                assert turn["error"] is None, turn
+                lock.release()
+                events = await service.events_until_terminal(turn["request_id"])
+                assert events[-1]["payload"]["status"] == "completed"
+                assert events[-1]["payload"]["assistant_text"] == "ran"
+                written = await service.response_for(write_id)
+                assert written["payload"]["persisted"] is True, written
 
 
 async def test_unreadable_settings_and_auth_give_fixed_errors(home: Path, project: Path) -> None:

@@ -27,7 +27,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.launch import LaunchContext
 
 from .output import Batch, Output, TurnEvent
-from .routes import Reply, Route, SessionRule
+from .routes import Reply, RequestExpired, Route, SessionRule
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class Connection:
         conn_id: int,
         transports: Sequence[str],
         server_version: str | None = None,
+        *,
+        persistent: bool = False,
     ) -> None:
         self.coordinator = coordinator
         self.ctx = ctx
@@ -62,6 +64,9 @@ class Connection:
         # ``initialize.server_version``: the client's installed package (a daemon client
         # sends its own), else this process's.
         self.server_version = server_version
+        # A persistent (v2) client: its turn admission captures settings (RFC-0002 §6.6);
+        # a v1 client's turn workers reload them instead.
+        self.persistent = persistent
         self.output = Output()
         self.initialized = False
         self.reserved: set[str] = set()
@@ -165,9 +170,16 @@ class ServiceCoordinator:
         ctx: LaunchContext,
         transports: Sequence[str] | None = None,
         server_version: str | None = None,
+        *,
+        persistent: bool = False,
     ) -> Connection:
         conn = Connection(
-            self, ctx, next(self._conn_ids), transports or self.transports, server_version
+            self,
+            ctx,
+            next(self._conn_ids),
+            transports or self.transports,
+            server_version,
+            persistent=persistent,
         )
         self.connections[conn.conn_id] = conn
         return conn
@@ -199,12 +211,23 @@ class ServiceCoordinator:
         return await self._handle(conn, envelope.decode_record(line, conn.reserved.__contains__))
 
     async def handle_message(
-        self, conn: Connection, message: object, *, idempotency_key: str | None = None
+        self,
+        conn: Connection,
+        message: object,
+        *,
+        idempotency_key: str | None = None,
+        deadline_ms: int | None = None,
     ) -> Batch | None:
-        """Handle a request envelope already decoded by a transport (v2 ``request``)."""
+        """Handle a request envelope already decoded by a transport (v2 ``request``).
+
+        Raises :class:`RequestExpired` (its ID released, nothing answered) when the
+        deadline passed while the handler waited.
+        """
         decoded = envelope.decode_object(message, conn.reserved.__contains__)
-        if isinstance(decoded, Request) and idempotency_key is not None:
-            decoded = dataclasses.replace(decoded, idempotency_key=idempotency_key)
+        if isinstance(decoded, Request) and (idempotency_key or deadline_ms is not None):
+            decoded = dataclasses.replace(
+                decoded, idempotency_key=idempotency_key, deadline_ms=deadline_ms
+            )
         return await self._handle(conn, decoded)
 
     async def _handle(self, conn: Connection, decoded: Request | Rejected) -> Batch | None:
@@ -216,6 +239,9 @@ class ServiceCoordinator:
             reply = await self._dispatch(conn, request)
         except ServiceError as exc:
             return conn.respond(request, error=exc)
+        except RequestExpired:
+            conn.release(request.request_id)
+            raise
         except Exception:  # the one exception-to-wire boundary
             log.exception("request handler failed (method=%s)", request.method)
             return conn.respond(request, error=ServiceError(ErrorCode.INTERNAL_ERROR))

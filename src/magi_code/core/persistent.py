@@ -82,15 +82,24 @@ class PersistentCoordinator:
         reports as ``server_version``.
         """
         transports = ("stdio",) if role == "v1_shim" else ("unix",)
-        conn = self.coordinator.open_connection(launch, transports, client_version)
+        conn = self.coordinator.open_connection(
+            launch, transports, client_version, persistent=role == "persistent"
+        )
         self._clients[conn.conn_id] = Registration(conn, role, end)
         return conn
+
+    def lost(self, conn: Connection) -> None:
+        """The client is gone (its transport was lost): from now on its sessions may be
+        taken over, even while a request it sent earlier is still being handled."""
+        reg = self._clients.get(conn.conn_id)
+        if reg is not None:
+            reg.lost = True
 
     async def close(self, conn: Connection) -> None:
         """The connection ended: drain (v1 shim) or detach (persistent) its work."""
         reg = self._clients[conn.conn_id]
         detach = reg.role == "persistent" and not self.draining
-        reg.lost = True  # from now on its sessions may be taken over
+        self.lost(conn)
         try:
             await self.coordinator.close_connection(conn, detach=detach)
         finally:

@@ -41,6 +41,11 @@ class Reply:
     after_write: Callable[[], None] | None = None
 
 
+class RequestExpired(Exception):
+    """The request's v2 deadline passed while its handler waited (RFC-0002 §6.6): it took
+    no effect, and the transport answers it as one that expired before it ran."""
+
+
 # A handler returns a Reply, or None when it answers later through
 # ``Connection.respond`` (the configuration worker does, so input keeps flowing).
 Handler = Callable[["Connection", Request, Any], Awaitable[Reply | None]]

@@ -117,6 +117,14 @@ class SessionService:
     def owned(self, conn: Connection) -> list[Attachment]:
         return [a for a in self._attachments.values() if a.owner == conn.conn_id]
 
+    def holds(self, conn: Connection, attachment: Attachment) -> bool:
+        """``conn`` still controls ``attachment``: registered, its own, not closing."""
+        return (
+            self._attachments.get(attachment.session_id) is attachment
+            and attachment.owner == conn.conn_id
+            and not attachment.closing
+        )
+
     def _check_capacity(self, conn: Connection) -> None:
         if len(self.owned(conn)) >= MAX_SESSION_ATTACHMENTS:
             raise ServiceError(ErrorCode.LIMIT_EXCEEDED)

@@ -3,10 +3,13 @@
 Theory of operation, per turn:
 
 - admission (on the coordinator): payload, active-turn limit, session attachment (reuse,
-  implicit, or a new session), bounded history read, the user message made durable, the
-  start request ID kept reserved; the acceptance response and ``turn.started`` (sequence
-  0) go out in one batch, and the worker starts only after that batch was written;
-- the worker (``TurnRun``) runs the agent. Every assistant delta and every *attempted*
+  implicit, or a new session), bounded history read, for a persistent client the settings
+  capture (``settings_gate``; then its deadline and its hold on the session are checked
+  again), the user message made durable, the start request ID kept reserved; the
+  acceptance response and ``turn.started`` (sequence 0) go out in one batch, and the
+  worker starts only after that batch was written;
+- the worker (``TurnRun``) runs the agent, a v1 client's after reloading the settings
+  (never refused at admission for a settings write). Every assistant delta and every *attempted*
   activity takes the next value of one per-turn sequence counter *before* it is queued;
   deltas wait for queue space, activity never does (a full queue drops it and counts it);
 - streamed text is persisted while it streams, in bounded increments (``turns.streamed``);
@@ -43,16 +46,25 @@ from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
 from magi_code.protocol.text import utf8_parts
+from magi_code.protocol.v2 import deadline_passed
 from magi_code.providers.errors import ProviderFailure
 from magi_code.sessions.ids import validate_session_id
 from magi_code.turns import failures
 from magi_code.turns.agent import CompactionRequired, IterationLimitExceeded, OutputLimitExceeded
-from magi_code.turns.runtime import TurnRequest, TurnRuntime, TurnSetupError, prepare_settings
+from magi_code.turns.runtime import (
+    Prepared,
+    PreparedSettings,
+    TurnRequest,
+    TurnRuntime,
+    TurnSetupError,
+    prepare_settings,
+    read_settings,
+)
 
 from .coordinator import Connection
 from .idempotency import RETAIN_SECONDS, StartKeys, repeated
 from .output import Batch, TurnEvent, TurnInfo
-from .routes import Reply, Route, SessionRule, check_fields, payload_id
+from .routes import Reply, RequestExpired, Route, SessionRule, check_fields, payload_id
 from .sessions import Attachment, SessionService
 from .settings_gate import SettingsGate
 
@@ -109,8 +121,8 @@ class TurnReport:
             self.output_tokens += int(usage.get("output", 0))
 
     def log(self, run: TurnRun, status: str) -> None:
-        prepared = run.turn.prepared
-        effective = None if isinstance(prepared, ServiceError) else prepared.effective
+        prepared = run.prepared
+        effective = prepared.effective if isinstance(prepared, PreparedSettings) else None
         fields = {
             "turn": hashlib.sha256(run.turn_id.encode()).hexdigest()[:12],
             "provider": effective.provider_id if effective else None,
@@ -177,6 +189,7 @@ class TurnRun:
         info: TurnInfo,
         attachment: Attachment,
         turn: TurnRequest,
+        prepared: Prepared | None,
     ) -> None:
         self.service = service
         self.conn = conn
@@ -186,6 +199,8 @@ class TurnRun:
         self.session_id = attachment.session_id
         self.turn_id = info.turn_id
         self.turn = turn
+        # Captured at admission (persistent client), else reloaded by the worker.
+        self.prepared = prepared
         self.next_sequence = 1
         self.activity_dropped = 0
         self.text_parts: list[str] = []
@@ -246,12 +261,16 @@ class TurnRun:
     def start(self) -> None:
         if self.task is not None:
             return  # started by its acceptance write or by connection cleanup, once
-        self.agent_task = asyncio.create_task(
-            self.service.runtime.run(self.turn, self, self._keep_settle)
-        )
+        self.agent_task = asyncio.create_task(self._agent())
         if self._cancel_requested:
             self.agent_task.cancel()
         self.task = asyncio.create_task(self._run())
+
+    async def _agent(self) -> None:
+        if self.prepared is None:
+            # A v1 turn: the settings as they are now, right before provider execution.
+            self.prepared = await asyncio.to_thread(read_settings, self.turn.ctx)
+        await self.service.runtime.run(self.turn, self.prepared, self, self._keep_settle)
 
     def _keep_settle(self, settle: Callable[[], Awaitable[None]]) -> None:
         # The runtime hands back how to make the text streamed so far durable.
@@ -465,11 +484,16 @@ class TurnService:
             history = await asyncio.to_thread(
                 self.sessions.store.load_context, attachment.session_id
             )
-            async with self.gate.capture():
-                prepared = await asyncio.to_thread(prepare_settings, conn.ctx)
-            # Revalidate on the coordinator after the awaits: the client may be gone, or
-            # a close may have started meanwhile.
-            if conn.output.closed or attachment.closing:
+            prepared: Prepared | None = None
+            if conn.persistent:
+                with self.gate.capture():
+                    prepared = await asyncio.to_thread(prepare_settings, conn.ctx)
+                if deadline_passed(request.deadline_ms):
+                    raise RequestExpired
+            # Revalidate on the coordinator after the awaits: the client's output may be
+            # gone, a close may have started, or (its client lost) another client may
+            # have taken control of the session meanwhile.
+            if conn.output.closed or not self.sessions.holds(conn, attachment):
                 raise ServiceError(ErrorCode.SESSION_BUSY)
             turn_id = f"turn_{secrets.token_hex(12)}"
             user = {"type": "user", "turn_id": turn_id, "text": prompt}
@@ -479,7 +503,7 @@ class TurnService:
         except BaseException:
             await self._abandon(attachment)
             raise
-        turn = TurnRequest(conn.ctx, attachment.session_id, turn_id, prompt, history, prepared)
+        turn = TurnRequest(conn.ctx, attachment.session_id, turn_id, prompt, history)
         info = TurnInfo(
             turn_id,
             attachment.session_id,
@@ -488,7 +512,7 @@ class TurnService:
             str(conn.ctx.project_dir),
             request.idempotency_key,
         )
-        run = TurnRun(self, conn, info, attachment, turn)
+        run = TurnRun(self, conn, info, attachment, turn, prepared)
         attachment.cancel_turn = run.cancel
         if closed_early.is_set():
             run.cancel()

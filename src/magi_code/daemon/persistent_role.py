@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,6 +23,7 @@ import msgpack
 from magi_code.core.coordinator import Connection
 from magi_code.core.journal import BadCursor, SnapshotQuery
 from magi_code.core.output import TurnEvent
+from magi_code.core.routes import RequestExpired
 from magi_code.protocol import v2
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.frames import FrameError
@@ -54,6 +54,9 @@ class PersistentRole:
             interval_ms=delta_interval_ms,
             on_cut=lambda turn_id: self.core.journal.unfollow(turn_id, self._deliver),
         )
+        # Control is revoked the moment the client is gone (RFC-0002 §6.1), not only once
+        # the requests it sent before have been handled.
+        peer.on_lost_hook = lambda: self.core.lost(conn)
 
     async def serve(self) -> None:
         peer, conn = self.peer, self.conn
@@ -62,12 +65,7 @@ class PersistentRole:
         try:
             async for frame in peer.frames():
                 if isinstance(frame, v2.Request):
-                    if not self._expired(frame):
-                        batch = await self.core.coordinator.handle_message(
-                            conn, frame.message, idempotency_key=frame.idempotency_key
-                        )
-                        if batch is not None:
-                            await conn.answered(batch, writer)
+                    await self._request(frame, writer)
                 elif isinstance(frame, v2.TakeControl):
                     await self._take_control(frame)
                 elif isinstance(frame, v2.Control):
@@ -85,13 +83,26 @@ class PersistentRole:
             finally:
                 self.outbound.close()
 
-    def _expired(self, frame: v2.Request) -> bool:
-        """Answer a request whose deadline passed without running it (RFC-0002 §6.4)."""
-        if frame.deadline_ms is None or time.time() * 1000 < frame.deadline_ms:
-            return False
-        log.info("request expired before it ran")
-        self.peer.send(v2.request_error(frame.request_id, Code.DEADLINE_EXCEEDED))
-        return True
+    async def _request(self, frame: v2.Request, writer: asyncio.Task[None]) -> None:
+        """Run a request unless its deadline passed first (RFC-0002 §6.4); a turn start
+        whose deadline passes during its settings capture is answered alike (§6.6)."""
+        if v2.deadline_passed(frame.deadline_ms):
+            log.info("request expired before it ran")
+            self.peer.send(v2.request_error(frame.request_id, Code.DEADLINE_EXCEEDED))
+            return
+        try:
+            batch = await self.core.coordinator.handle_message(
+                self.conn,
+                frame.message,
+                idempotency_key=frame.idempotency_key,
+                deadline_ms=frame.deadline_ms,
+            )
+        except RequestExpired:
+            log.info("request expired during admission")
+            self.peer.send(v2.request_error(frame.request_id, Code.DEADLINE_EXCEEDED))
+            return
+        if batch is not None:
+            await self.conn.answered(batch, writer)
 
     async def _take_control(self, frame: v2.TakeControl) -> None:
         try:

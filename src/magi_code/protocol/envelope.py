@@ -85,6 +85,8 @@ class Request:
     payload: dict[str, Any]
     # v2 ``request`` frames may name the request for safe retries (turn.start).
     idempotency_key: str | None = None
+    # and give it a deadline (Unix time in ms), checked again where admission waits.
+    deadline_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,25 +81,39 @@ class TurnSetupError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PreparedSettings:
-    """The settings a turn runs with, captured once at admission."""
+    """The settings a turn runs with, read once; the turn keeps them."""
 
     settings: Settings
     effective: Effective
 
 
-# A capture that failed: the turn is still accepted and fails in its worker, as before.
+# Settings that could not be read: the turn is still accepted and fails in its worker.
 Prepared = PreparedSettings | ServiceError
 
-# How long admission waits for another process's settings write before reporting busy.
+# How long a capture waits for another process's settings write before reporting busy.
 SETTINGS_LOCK_WAIT: Final = 2.0
 
 
-def prepare_settings(ctx: LaunchContext) -> Prepared:
-    """Capture selection, reasoning and fast settings under the settings files' locks.
+def read_settings(ctx: LaunchContext) -> Prepared:
+    """Selection, reasoning and fast settings as the files say now. Blocking.
 
-    Blocking (run it in a thread). A write holding a lock past ``SETTINGS_LOCK_WAIT``
-    raises ``configuration_busy``; the project lock is only taken when the project has a
-    usable settings directory (capture never creates files in the user's project).
+    What a v1 turn's worker reloads before provider execution: each file is replaced
+    atomically, so it reads the old or the new one and never waits for a write.
+    """
+    try:
+        settings = load_settings(ctx)
+        return PreparedSettings(settings, resolve_effective(ctx, settings))
+    except ServiceError as exc:
+        return exc
+
+
+def prepare_settings(ctx: LaunchContext) -> Prepared:
+    """Capture :func:`read_settings` under the settings files' locks (a persistent
+    client's turn admission). Blocking (run it in a thread).
+
+    A write holding a lock past ``SETTINGS_LOCK_WAIT`` raises ``configuration_busy``; the
+    project lock is only taken when the project has a usable settings directory (capture
+    never creates files in the user's project).
     """
     project = project_settings_path(ctx)
     with contextlib.ExitStack() as stack:
@@ -109,11 +123,7 @@ def prepare_settings(ctx: LaunchContext) -> Prepared:
                     stack.enter_context(locked(path, timeout=SETTINGS_LOCK_WAIT))
                 except TimeoutError:  # filelock.Timeout, not imported (see storage.files.locked)
                     raise ServiceError(ErrorCode.CONFIGURATION_BUSY) from None
-        try:
-            settings = load_settings(ctx)
-            return PreparedSettings(settings, resolve_effective(ctx, settings))
-        except ServiceError as exc:
-            return exc
+        return read_settings(ctx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +133,6 @@ class TurnRequest:
     turn_id: str
     prompt: str
     history: SessionContext
-    prepared: Prepared
 
 
 class TurnRuntime:
@@ -146,14 +155,16 @@ class TurnRuntime:
     async def run(
         self,
         turn: TurnRequest,
+        prepared: Prepared,
         sink: TurnSink,
         expose_settle: Callable[[Callable[[], Awaitable[None]]], None],
     ) -> None:
+        """Run the agent with ``prepared`` (captured at admission, or reloaded by the
+        worker right before this); the turn keeps them for its whole run."""
         ctx = turn.ctx
-        # Captured at admission, right before this worker started; the turn keeps them.
-        if isinstance(turn.prepared, ServiceError):
-            raise turn.prepared
-        settings, effective = turn.prepared.settings, turn.prepared.effective
+        if isinstance(prepared, ServiceError):
+            raise prepared
+        settings, effective = prepared.settings, prepared.effective
         provider = effective.provider
         if provider is None:
             raise TurnSetupError(PROVIDER_NOT_CONFIGURED)

@@ -1,10 +1,8 @@
-"""Settings capture at turn admission: one preparation worker, never overlapping a write."""
+"""Settings capture at a persistent client's turn admission: one preparation worker,
+never overlapping another capture or a write."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,30 +11,22 @@ from magi_code.core.settings_gate import SettingsGate
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns.runtime import PreparedSettings, prepare_settings
+from tests.support.settings_lock import settings_lock_held
 
 
-async def test_captures_queue_behind_each_other_and_writes_are_refused_meanwhile() -> None:
+def test_captures_and_writes_that_overlap_are_refused_not_queued() -> None:
     gate = SettingsGate()
-    order: list[str] = []
-    release = asyncio.Event()
-
-    async def capture(name: str) -> None:
-        async with gate.capture():
-            order.append(name)
-            await release.wait()
-
-    first = asyncio.create_task(capture("a"))
-    second = asyncio.create_task(capture("b"))
-    await asyncio.sleep(0)
-    with pytest.raises(ServiceError) as refused, gate.write():
-        pass
-    assert refused.value.code is ErrorCode.CONFIGURATION_BUSY
-    release.set()
-    await asyncio.gather(first, second)
-    assert order == ["a", "b"]
-    with gate.write(), pytest.raises(ServiceError):
-        async with gate.capture():
+    with gate.capture():
+        for overlapping in (gate.capture, gate.write):
+            with pytest.raises(ServiceError) as refused, overlapping():
+                pass
+            assert refused.value.code is ErrorCode.CONFIGURATION_BUSY
+    with gate.write(), gate.write():  # writes of different files may overlap
+        with pytest.raises(ServiceError) as refused, gate.capture():
             pass
+        assert refused.value.code is ErrorCode.CONFIGURATION_BUSY
+    with gate.capture():  # free again once each ended
+        pass
 
 
 def test_capture_reads_the_merged_settings(tmp_path: Path) -> None:
@@ -57,26 +47,7 @@ def test_capture_reads_the_merged_settings(tmp_path: Path) -> None:
 def test_capture_is_busy_while_another_process_writes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time\n"
-            "from pathlib import Path\n"
-            "from magi_code.storage.files import locked\n"
-            f"with locked(Path({str(home / 'settings.json')!r})):\n"
-            "    print('held', flush=True)\n"
-            "    time.sleep(30)\n",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(ServiceError) as busy:
-            prepare_settings(LaunchContext(home, tmp_path, {}))
-        assert busy.value.code is ErrorCode.CONFIGURATION_BUSY
-    finally:
-        holder.kill()
-        holder.wait()
+    with settings_lock_held(home / "settings.json"), pytest.raises(ServiceError) as busy:
+        prepare_settings(LaunchContext(home, tmp_path, {}))
+    assert busy.value.code is ErrorCode.CONFIGURATION_BUSY
     assert isinstance(prepare_settings(LaunchContext(home, tmp_path, {})), PreparedSettings)

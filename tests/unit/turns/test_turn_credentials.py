@@ -13,7 +13,7 @@ import pytest
 from magi_code.auth.credentials import CredentialsError
 from magi_code.sessions.store import SessionContext
 from magi_code.storage.launch import LaunchContext
-from magi_code.turns.runtime import TurnRequest, TurnRuntime, prepare_settings
+from magi_code.turns.runtime import TurnRequest, TurnRuntime, read_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 
 KEY_ENV = "MY_PROVIDER_API_KEY"
@@ -47,14 +47,14 @@ def _request(tmp_path: Path, fake: FakeProviderServer, env: dict[str, str]) -> T
     (home / "settings.json").write_text(json.dumps(doc))
     ctx = LaunchContext(home, tmp_path, env)
     history = SessionContext(None, None, (), history_cut=False, gap=False)
-    return TurnRequest(ctx, "ses_x", "turn_x", "hi", history, prepare_settings(ctx))
+    return TurnRequest(ctx, "ses_x", "turn_x", "hi", history)
 
 
 async def _run(turn: TurnRequest) -> Sink:
     runtime = TurnRuntime()
     sink = Sink()
     try:
-        await runtime.run(turn, sink, lambda settle: None)
+        await runtime.run(turn, read_settings(turn.ctx), sink, lambda settle: None)
     finally:
         await runtime.client.aclose()
     return sink

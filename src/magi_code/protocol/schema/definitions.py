@@ -787,7 +787,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
             (E.SESSION_BUSY, "the session runs a turn, is closing, or another client holds it"),
             (E.SESSION_UNAVAILABLE, "no such session, or its history cannot be read"),
             (E.LIMIT_EXCEEDED, "a new attachment would exceed 16 sessions"),
-            (E.CONFIGURATION_BUSY, "a `config.set` write is in progress"),
+            (
+                E.CONFIGURATION_BUSY,
+                "persistent (v2) clients only: another turn's settings capture or a "
+                "`config.set` write is in progress",
+            ),
         ),
     ),
     Operation(
@@ -1548,7 +1552,8 @@ ERROR_DOCS: Final[Mapping[ErrorCode, str]] = {
     E.CONFIRMATION_REQUIRED: "`auth.logout` without `confirmed: true`",
     E.CONFIGURATION_UNAVAILABLE: "settings cannot be read, or `MC_PROVIDER`/`MC_MODEL` is unsafe",
     E.CONFIGURATION_BUSY: "another catalog/config request of this client is running, the "
-    "same file is being written, or a write meets a turn's settings capture",
+    "same file is being written, or a write or a persistent client's turn start meets a "
+    "turn's settings capture",
     E.CATALOG_REFRESH_FAILED: "discovery failed or found nothing usable, or the cache could "
     "not be written",
     E.SETTINGS_WRITE_FAILED: "a settings write could not be locked, validated or persisted",
