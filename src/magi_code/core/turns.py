@@ -42,11 +42,11 @@ import orjson
 
 from magi_code.auth.credentials import CredentialsError
 from magi_code.dataclass import dataclass, field
+from magi_code.protocol.deadlines import deadline_passed
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
 from magi_code.protocol.text import utf8_parts
-from magi_code.protocol.v2 import deadline_passed
 from magi_code.providers.errors import ProviderFailure
 from magi_code.sessions.ids import validate_session_id
 from magi_code.turns import failures

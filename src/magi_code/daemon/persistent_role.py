@@ -25,6 +25,7 @@ from magi_code.core.journal import BadCursor, SnapshotQuery
 from magi_code.core.output import TurnEvent
 from magi_code.core.routes import RequestExpired
 from magi_code.protocol import v2
+from magi_code.protocol.deadlines import deadline_passed
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.frames import FrameError
 from magi_code.protocol.v2 import Code
@@ -86,7 +87,7 @@ class PersistentRole:
     async def _request(self, frame: v2.Request, writer: asyncio.Task[None]) -> None:
         """Run a request unless its deadline passed first (RFC-0002 §6.4); a turn start
         whose deadline passes during its settings capture is answered alike (§6.6)."""
-        if v2.deadline_passed(frame.deadline_ms):
+        if deadline_passed(frame.deadline_ms):
             log.info("request expired before it ran")
             self.peer.send(v2.request_error(frame.request_id, Code.DEADLINE_EXCEEDED))
             return

@@ -8,7 +8,6 @@ answer), and builds every frame the daemon sends. Codes and their fixed messages
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, Literal, cast
@@ -582,11 +581,6 @@ def refused(code: Code) -> dict[str, Any]:
 
 def error(code: Code) -> dict[str, Any]:
     return {"t": "error", "code": code.value, "message": MESSAGES[code]}
-
-
-def deadline_passed(deadline_ms: int | None) -> bool:
-    """Whether a request's ``deadline_ms`` (Unix time in ms; None: never) has passed."""
-    return deadline_ms is not None and time.time() * 1000 >= deadline_ms
 
 
 def request_error(request_id: object, code: Code) -> dict[str, Any]:
