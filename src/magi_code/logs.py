@@ -68,6 +68,23 @@ def file_formatter(env: Mapping[str, str]) -> logging.Formatter:
     return formatter(env, f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s")
 
 
+class LineFormatter(logging.Formatter):
+    """One line per record, an exception shown by its type only: a traceback's frames and
+    an exception's text name files (stderr carries no host paths)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        # Left out of this line only: another handler's formatter still finds them.
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            line = super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+        if record.exc_info and record.exc_info[0] is not None:
+            line += f" ({record.exc_info[0].__name__})"
+        return line.replace("\n", " ")
+
+
 def configure_stderr(env: Mapping[str, str], default: int = logging.WARNING) -> None:
     """The stdio service's and the CLI's logging: one stderr handler, ``magi-code: ...``."""
     root = logging.getLogger()
@@ -75,7 +92,8 @@ def configure_stderr(env: Mapping[str, str], default: int = logging.WARNING) -> 
         return
     handler = logging.StreamHandler()
     setattr(handler, _STDERR_MARK, True)
-    handler.setFormatter(formatter(env, "magi-code: %(message)s"))
+    text = "magi-code: %(message)s"
+    handler.setFormatter(JsonFormatter() if wants_json(env) else LineFormatter(text))
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("magi_code").setLevel(level(env, default))

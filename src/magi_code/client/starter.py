@@ -55,6 +55,11 @@ class DaemonStartError(Exception):
     """The daemon could not be started; the message names the reason (operator text)."""
 
 
+class DaemonFailedToStart(DaemonStartError):
+    """A daemon was spawned and failed before it was ready. Its reason may name files: it
+    is for an operator's terminal (``magi-code daemon start``), not a frontend's stderr."""
+
+
 async def ensure_daemon(
     ctx: LaunchContext, timeout: float = START_TIMEOUT_SECONDS
 ) -> dict[str, Any]:
@@ -150,14 +155,14 @@ def _start_locked(
         attempts += 1
         reply = _spawn_and_wait(ctx, use_scope, deadline)
         if reply.startswith("ERR ") and not is_held(paths.lock):
-            raise DaemonStartError(reply[4:])
+            raise DaemonFailedToStart(reply[4:])
         # Else another daemon took the lock first (a service manager restarting it): wait.
     if is_held(paths.lock):
         raise DaemonStartError(
             "a daemon holds the lock for this MC_HOME but does not answer; "
             "check `magi-code daemon status` and its log"
         )
-    raise DaemonStartError(f"the daemon did not start; see its log at {paths.log}")
+    raise DaemonFailedToStart(f"the daemon did not start; see its log at {paths.log}")
 
 
 def _answer(connect: Callable[[str | None], T], build: str | None) -> T | None:

@@ -146,10 +146,16 @@ def is_held(path: Path) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        raise UnsafeRuntimeDir(f"lock file {path} cannot be opened safely; remove it") from None
+        raise UnsafeRuntimeDir(
+            f"lock file {path} cannot be opened safely; remove it",
+            "the daemon's lock file cannot be opened safely",
+        ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeRuntimeDir(f"lock file {path} is not a regular file; remove it")
+            raise UnsafeRuntimeDir(
+                f"lock file {path} is not a regular file; remove it",
+                "the daemon's lock file is not a regular file",
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -207,11 +213,15 @@ def remove_stale_socket(sock_path: Path, lock: LifetimeLock) -> bool:
     except FileNotFoundError:
         return False
     if not (stat.S_ISSOCK(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-        raise UnsafeRuntimeDir(f"{sock_path} exists and is not a socket; remove it")
+        raise UnsafeRuntimeDir(
+            f"{sock_path} exists and is not a socket; remove it",
+            "another kind of file is at the daemon's socket path",
+        )
     if socket_is_live(sock_path):
         raise SocketInUse(
             f"socket path {sock_path} is served by another live process; it is not removed. "
-            "Stop that process, or set MC_RUNTIME_DIR to another private directory"
+            "Stop that process, or set MC_RUNTIME_DIR to another private directory",
+            "another live process serves the daemon's socket path",
         )
     with contextlib.suppress(FileNotFoundError):
         os.unlink(sock_path)
@@ -271,7 +281,10 @@ def start_lock(path: Path, timeout: float) -> Iterator[None]:
         # filelock's message names the path; ours must not.
         raise StartLockTimeout("timed out waiting for another daemon start") from None
     except OSError as exc:  # a read-only MC_HOME, a full disk
-        raise UnsafeRuntimeDir(f"cannot open the start lock {path}: {_reason(exc)}") from None
+        raise UnsafeRuntimeDir(
+            f"cannot open the start lock {path}: {_reason(exc)}",
+            f"the daemon's start lock cannot be opened ({_reason(exc)})",
+        ) from None
     with stack:
         yield
 
@@ -280,16 +293,27 @@ def _open_lock_file(path: Path) -> int:
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags, 0o600)
-    except (PermissionError, FileNotFoundError) as exc:
-        raise UnsafeRuntimeDir(f"cannot open the lock file {path}: {_reason(exc)}") from None
     except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT):
-            raise UnsafeRuntimeDir(f"cannot open the lock file {path}: {_reason(exc)}") from None
-        raise UnsafeRuntimeDir(f"lock file {path} cannot be opened safely; remove it") from None
+        if isinstance(exc, PermissionError | FileNotFoundError) or exc.errno in (
+            errno.EROFS,
+            errno.ENOSPC,
+            errno.EDQUOT,
+        ):
+            raise UnsafeRuntimeDir(
+                f"cannot open the lock file {path}: {_reason(exc)}",
+                f"the daemon's lock file cannot be opened ({_reason(exc)})",
+            ) from None
+        raise UnsafeRuntimeDir(
+            f"lock file {path} cannot be opened safely; remove it",
+            "the daemon's lock file cannot be opened safely",
+        ) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         os.close(fd)
-        raise UnsafeRuntimeDir(f"lock file {path} is not a regular file of ours; remove it")
+        raise UnsafeRuntimeDir(
+            f"lock file {path} is not a regular file of ours; remove it",
+            "the daemon's lock file is not a regular file of ours",
+        )
     return fd
 
 

@@ -63,7 +63,15 @@ _HASH_CHARS: Final = 12
 
 
 class UnsafeRuntimeDir(Exception):
-    """A runtime directory is missing protections the daemon relies on; the text names the fix."""
+    """A runtime directory is missing protections the daemon relies on.
+
+    The message names the paths and the fix (for an operator's terminal); ``problem`` says
+    what is wrong without any path (for a frontend's stderr).
+    """
+
+    def __init__(self, message: str, problem: str) -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 class SocketPathTooLong(UnsafeRuntimeDir):
@@ -177,7 +185,8 @@ def runtime_dir_of(mc_home: str, env: Mapping[str, str], *, platform: str = sys.
     override = env.get(RUNTIME_DIR_ENV)
     if override:
         if not override.startswith("/"):
-            raise UnsafeRuntimeDir(f"{RUNTIME_DIR_ENV} must be an absolute path")
+            message = f"{RUNTIME_DIR_ENV} must be an absolute path"
+            raise UnsafeRuntimeDir(message, message)
         directory = spelled(override)
         socket_path_of(directory, socket_name_of(mc_home, env))
         return directory
@@ -206,9 +215,10 @@ def socket_path(directory: Path, name: str = SOCKET_NAME) -> Path:
 def socket_path_of(directory: str, name: str = SOCKET_NAME) -> str:
     path = joined(directory, name)
     if not socket_path_fits(directory, name):
+        fix = f"set {RUNTIME_DIR_ENV} to a shorter private directory"
         raise SocketPathTooLong(
-            f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
-            f"set {RUNTIME_DIR_ENV} to a shorter private directory"
+            f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; {fix}",
+            f"the socket path is longer than {MAX_SOCKET_PATH_BYTES} bytes; {fix}",
         )
     return path
 
@@ -234,7 +244,10 @@ def ensure_private_dir(path: Path) -> None:
     verification below decides.
     """
     if not path.is_absolute():
-        raise UnsafeRuntimeDir(f"runtime directory {path} is not an absolute path")
+        raise UnsafeRuntimeDir(
+            f"runtime directory {path} is not an absolute path",
+            "a runtime directory is not an absolute path",
+        )
     missing: list[Path] = []
     current = path
     while not os.path.lexists(current):
@@ -247,12 +260,16 @@ def ensure_private_dir(path: Path) -> None:
             pass
         except OSError as exc:
             raise UnsafeRuntimeDir(
-                f"cannot create runtime directory {directory}: {exc.strerror}"
+                f"cannot create runtime directory {directory}: {exc.strerror}",
+                f"a runtime directory cannot be created ({exc.strerror})",
             ) from None
     try:
         verify_private_dir(path)
     except FileNotFoundError:
-        raise UnsafeRuntimeDir(f"runtime directory {path} vanished while being created") from None
+        raise UnsafeRuntimeDir(
+            f"runtime directory {path} vanished while being created",
+            "a runtime directory vanished while being created",
+        ) from None
 
 
 def verify_private_dir(path: Path | str) -> None:
@@ -271,7 +288,8 @@ def verify_private_dir(path: Path | str) -> None:
     except OSError:
         raise UnsafeRuntimeDir(
             f"runtime directory {path} is not a directory we can open (a symlink or another "
-            "file type?); remove it and retry"
+            "file type?); remove it and retry",
+            "a runtime directory is not a directory we can open (a symlink?)",
         ) from None
     try:
         st = os.fstat(fd)
@@ -279,15 +297,20 @@ def verify_private_dir(path: Path | str) -> None:
         os.close(fd)
     euid = os.geteuid()
     if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeRuntimeDir(f"runtime directory {path} is not a directory; remove it")
+        raise UnsafeRuntimeDir(
+            f"runtime directory {path} is not a directory; remove it",
+            "a runtime directory is not a directory",
+        )
     if st.st_uid != euid:
         raise UnsafeRuntimeDir(
-            f"runtime directory {path} is owned by uid {st.st_uid}, not {euid}; remove it"
+            f"runtime directory {path} is owned by uid {st.st_uid}, not {euid}; remove it",
+            f"a runtime directory is owned by uid {st.st_uid}, not {euid}",
         )
     if st.st_mode & 0o077:
+        mode = f"{stat.S_IMODE(st.st_mode):04o}"
         raise UnsafeRuntimeDir(
-            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}; "
-            f"run `chmod 700 {path}` or remove it"
+            f"runtime directory {path} has mode {mode}; run `chmod 700 {path}` or remove it",
+            f"a runtime directory has mode {mode}, not 0700",
         )
     _verify_ancestors(path)
 
@@ -300,12 +323,14 @@ def _verify_ancestors(path: Path | str) -> None:
         if st.st_uid not in (0, euid):
             raise UnsafeRuntimeDir(
                 f"{ancestor} (an ancestor of runtime directory {path}) is owned by uid "
-                f"{st.st_uid}; choose a location owned by you or root (e.g. {RUNTIME_DIR_ENV})"
+                f"{st.st_uid}; choose a location owned by you or root (e.g. {RUNTIME_DIR_ENV})",
+                f"a directory above a runtime directory is owned by uid {st.st_uid}",
             )
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             raise UnsafeRuntimeDir(
                 f"{ancestor} (an ancestor of runtime directory {path}) is writable by others; "
-                f"run `chmod go-w {ancestor}` or choose another location"
+                f"run `chmod go-w {ancestor}` or choose another location",
+                "a directory above a runtime directory is writable by others",
             )
         if ancestor == "/":
             return

@@ -66,7 +66,13 @@ def serve_shim(in_process: Callable[[], int] | None = None) -> int:
     except (DaemonUnavailable, DaemonError, UnsafeRuntimeDir) as exc:
         reason = unusable(exc)
         if in_process is None or reason is None:
-            diagnostic(f"cannot reach the daemon: {exc}")
+            # An unsafe runtime directory's message names directories: stderr gets none.
+            problem = (
+                f"{exc.problem}; `magi-code daemon start` shows where"
+                if isinstance(exc, UnsafeRuntimeDir)
+                else str(exc)
+            )
+            diagnostic(f"cannot reach the daemon: {problem}")
             return 1
         # fd 1 back as it was: the in-process service guards its protocol output itself.
         os.dup2(proto_fd, 1)

@@ -40,6 +40,9 @@ from magi_code.version import build_id
 
 CLIENT_NAME = "shim"
 READ_CHUNK = 65536
+# A daemon that failed to start reported a reason that may name files, and the frontend's
+# stderr gets no host paths: ``magi-code daemon start`` shows the reason in full.
+START_FAILED = "the daemon could not start; `magi-code daemon start` shows why"
 
 
 class StartFailed(DaemonError):
@@ -69,8 +72,9 @@ class Link:
 def reach(launch: Launch) -> Link:
     """Connect to this home's daemon, starting it when none answers.
 
-    Raises ``DaemonError`` (:class:`StartFailed` when the start failed) or
-    ``UnsafeRuntimeDir`` with the operator line to print.
+    Raises ``DaemonError`` (:class:`StartFailed` when the start failed), whose message is
+    the line to print (it names no path), or ``UnsafeRuntimeDir``, whose ``problem`` is
+    (its message names directories).
     """
     try:
         # Only a client that will use this daemon asks one of another build to make way.
@@ -140,7 +144,7 @@ def _chunks(sock: socket.socket, deadline: float) -> Iterator[bytes]:
 
 def _start_and_connect(launch: Launch) -> Link:
     """No daemon answered: start one (the client's blocking starter) and connect to it."""
-    from magi_code.client.starter import DaemonStartError, start_daemon
+    from magi_code.client.starter import DaemonFailedToStart, DaemonStartError, start_daemon
 
     try:
         # Our own hello is the starter's probe, so the daemon it found or started serves
@@ -148,5 +152,7 @@ def _start_and_connect(launch: Launch) -> Link:
         return start_daemon(
             context_of(launch), lambda build: connect(launch, build=build), probed=True
         )
+    except DaemonFailedToStart:
+        raise StartFailed(START_FAILED) from None  # its reason may name files
     except DaemonStartError as exc:
         raise StartFailed(str(exc)) from None

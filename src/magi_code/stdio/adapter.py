@@ -22,7 +22,7 @@ that nothing else in the process (or a child that inherits it) can corrupt the s
 
 Before anything else, embedded mode checks ``MC_HOME`` as the daemon path does for its
 state directory (:func:`check_home`): an unsafe home ends the process with one stderr line
-and exit status 1, as the shim does when the daemon cannot be reached.
+(naming no path) and exit status 1, as the shim does when the daemon cannot be reached.
 """
 
 from __future__ import annotations
@@ -236,7 +236,8 @@ async def pump_input(
 
 
 def check_home(mc_home: Path) -> str | None:
-    """Why the service must not keep its state in ``mc_home`` (one operator line), or None.
+    """Why the service must not keep its state in ``mc_home`` (one line, naming no path:
+    it goes to the frontend's stderr), or None.
 
     The daemon only starts once ``$MC_HOME/run`` is private and every ancestor of it is
     owned by root or us and not writable by others (``ensure_private_dir``); embedded mode
@@ -248,7 +249,7 @@ def check_home(mc_home: Path) -> str | None:
     be a directory owned by us that neither group nor others can write.
     """
     if not mc_home.is_absolute():
-        return f"{mc_home} is not an absolute path"
+        return "MC_HOME is not an absolute path"
     existing = mc_home.parent
     while not os.path.lexists(existing):
         existing = existing.parent
@@ -261,21 +262,21 @@ def check_home(mc_home: Path) -> str | None:
             ensure_private_dir(mc_home)
         real = Path(os.path.realpath(mc_home))
         fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except UnsafeRuntimeDir as exc:
-        return str(exc)
+    except UnsafeRuntimeDir:
+        return "MC_HOME could not be created as a private directory"
     except OSError as exc:
-        return f"{mc_home} is not a directory we can open ({exc.strerror})"
+        return f"MC_HOME is not a directory we can open ({exc.strerror})"
     try:
         st = os.fstat(fd)
     finally:
         os.close(fd)
     euid = os.geteuid()
     if st.st_uid != euid:
-        return f"{real} is owned by uid {st.st_uid}, not {euid}"
+        return f"MC_HOME is owned by uid {st.st_uid}, not {euid}"
     if st.st_mode & 0o022:
         return (
-            f"{real} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-            f"run `chmod go-w {real}`"
+            f"MC_HOME is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            "remove that permission (chmod go-w)"
         )
     return _unsafe_ancestor(list(real.parents))
 
@@ -286,11 +287,11 @@ def _unsafe_ancestor(ancestors: list[Path]) -> str | None:
         try:
             info = os.stat(ancestor)
         except OSError as exc:
-            return f"{ancestor}, an ancestor, cannot be checked ({exc.strerror})"
+            return f"a directory above MC_HOME cannot be checked ({exc.strerror})"
         if info.st_uid not in (0, euid):
-            return f"{ancestor}, an ancestor, is owned by uid {info.st_uid}"
+            return f"a directory above MC_HOME is owned by uid {info.st_uid}"
         if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-            return f"{ancestor}, an ancestor, is writable by others; run `chmod go-w {ancestor}`"
+            return "a directory above MC_HOME is writable by others; remove that permission"
     return None
 
 

@@ -54,8 +54,10 @@ def _answers(rid: str) -> Callable[[Frame], bool]:
         if frame["t"] == "request_error":
             return bool(frame["request_id"] == rid)
         message = frame.get("message", {})
-        return frame["t"] == "message" and message.get("kind") == "response" and (
-            message.get("request_id") == rid
+        return (
+            frame["t"] == "message"
+            and message.get("kind") == "response"
+            and (message.get("request_id") == rid)
         )
 
     return answers
