@@ -186,7 +186,8 @@ class Client:
         """Send a v1 request envelope; returns its v1 response envelope.
 
         ``deadline_ms`` (Unix time in milliseconds): if the daemon reaches the request
-        only after it, the request does not run and :class:`DeadlineExceeded` is raised.
+        only after it (a ``turn.start``: or it passes during the turn's settings
+        capture), the request does not run and :class:`DeadlineExceeded` is raised.
 
         ``turn.start`` carries an ``idempotency_key`` (a fresh one unless you pass your
         own: 1-64 ASCII letters, digits and ``-_.:``): the daemon answers a repeat of it

@@ -8,10 +8,11 @@ Theory of operation, per turn:
   again), the user message made durable, the start request ID kept reserved; the
   acceptance response and ``turn.started`` (sequence 0) go out in one batch, and the
   worker starts only after that batch was written;
-- the worker (``TurnRun``) runs the agent, a v1 client's after reloading the settings
-  (never refused at admission for a settings write). Every assistant delta and every *attempted*
-  activity takes the next value of one per-turn sequence counter *before* it is queued;
-  deltas wait for queue space, activity never does (a full queue drops it and counts it);
+- the worker (``TurnRun``) runs the agent; a v1 client's worker first reloads the
+  settings (its start is never refused for a settings write). Every assistant delta and
+  every *attempted* activity takes the next value of one per-turn sequence counter
+  *before* it is queued; deltas wait for queue space, activity never does (a full queue
+  drops it and counts it);
 - streamed text is persisted while it streams, in bounded increments (``turns.streamed``);
 - the turn's records are queued for the session's group commit without waiting for their
   fsync (``WriterLease.enqueue``); every event is queued with the seq of the last record
