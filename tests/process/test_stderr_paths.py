@@ -5,15 +5,18 @@ path."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.service import ServiceProcess, running_service
+from tests.support.service import ServiceProcess, running_service, service_env
 
 # Generous bound for an answer; a wedged service never answers at all.
 WAIT_S = 60.0
@@ -110,3 +113,27 @@ async def test_an_unsafe_home_is_reported_without_its_path(
     _no_paths(stderr, home.parent, home, project)
     (line,) = stderr.splitlines()
     assert "writable by others" in line, line
+
+
+async def test_a_home_that_is_a_file_is_reported_without_its_path(
+    tmp_path: Path, project: Path
+) -> None:
+    home = tmp_path / "home-file"
+    home.write_text("not a directory\n")
+    # Run directly: no daemon can exist for this home, so none is stopped afterwards.
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "magi_code", "--app", "service"],
+        cwd=project,
+        env=service_env(home),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    code, stderr = done.returncode, done.stderr
+    assert code == 1
+    _no_paths(stderr, home, project)
+    (line,) = stderr.splitlines()
+    assert line.startswith("magi-code: ") and "directory" in line, line
