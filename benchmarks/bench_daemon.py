@@ -151,12 +151,17 @@ async def clients_rss(ws: Workspace, daemon: psutil.Process, count: int) -> None
 
 async def one_turn(client: Client, started: list[float]) -> int:
     """Start a turn on ``client``; its assistant delta count once its terminal arrives."""
-    request_id = f"turn-{id(client)}"
     events = client.events()
     started.append(time.perf_counter())
-    response = await client.request(
-        "turn.start", {"prompt": "Say something.", "options": {}}, request_id=request_id
-    )
+    for attempt in range(1000):
+        request_id = f"turn-{id(client)}-{attempt}"
+        response = await client.request(
+            "turn.start", {"prompt": "Say something.", "options": {}}, request_id=request_id
+        )
+        # Starts whose settings captures overlap are refused busy (RFC-0002 §6.6): retry.
+        error = response["error"]
+        if error is None or error["code"] != "configuration_busy":
+            break
     if response["error"] is not None:
         raise RuntimeError(f"turn.start failed: {response['error']}")
     deltas = 0
