@@ -35,7 +35,7 @@ from tests.support.service import ServiceProcess, service_env
 # What the default mode says on stderr, and what ``MC_SERVICE_MODE=daemon`` says instead.
 CASES = {
     "runtime_dir": ("its runtime directory is unusable", "is not a directory we can open"),
-    "start_failed": ("it could not be started", "exists and is not a socket; remove it"),
+    "start_failed": ("it could not be started", "the daemon could not start"),
     "no_answer": ("it does not answer", "did not answer the handshake within 3 s"),
 }
 INITIALIZE = {"supported_protocol_versions": [1]}

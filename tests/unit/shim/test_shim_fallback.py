@@ -34,8 +34,13 @@ def _refusal(code: str) -> Exception:
 @pytest.mark.parametrize(
     ("exc", "reason"),
     [
-        (UnsafeRuntimeDir("runtime directory /x has mode 0755"), "runtime_dir"),
-        (SocketPathTooLong("socket path /x is longer than 100 bytes"), "runtime_dir"),
+        (UnsafeRuntimeDir("runtime directory /x has mode 0755", "it has mode 0755"), "runtime_dir"),
+        (
+            SocketPathTooLong(
+                "socket path /x is longer than 100 bytes", "the socket path is too long"
+            ),
+            "runtime_dir",
+        ),
         (StartFailed("the daemon did not start"), "start_failed"),
         (no_answer(3.0), "no_answer"),
         (DaemonTimeout("the daemon is not accepting connections"), "no_answer"),
