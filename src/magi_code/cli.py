@@ -124,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     protocol = commands.add_parser("protocol", help="the v1 protocol's machine-readable schema")
     protocol_actions = protocol.add_subparsers(dest="action", metavar="ACTION", required=True)
     schema = protocol_actions.add_parser("schema", help="print or write the JSON Schemas")
+    schema.add_argument(
+        "--consumer",
+        action="store_true",
+        help="the schemas a client validates the service's output against",
+    )
     schema.add_argument("--out", help="write one file per document into this directory")
     return parser
 
@@ -214,7 +219,9 @@ def _run_command(args: argparse.Namespace) -> int:
         return sessions.main(ctx, args.action, ids, as_json=getattr(args, "json", False))
     from magi_code.protocol import schema
 
-    return schema.main(["--out", args.out] if args.out else [])
+    return schema.main(
+        (["--consumer"] if args.consumer else []) + (["--out", args.out] if args.out else [])
+    )
 
 
 def _run_service() -> int:

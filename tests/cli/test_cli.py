@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from magi_code.protocol.schema import schema_documents
 from magi_code.version import package_version
 from tests.process.turn_support import APIS, builtin_env, write_settings
 from tests.support.cli import magi
@@ -420,7 +421,18 @@ def test_doctor_network_reports_other_failures_for_what_they_are(
 
 def test_protocol_schema_prints_the_bundle_and_writes_files(home: Path, tmp_path: Path) -> None:
     bundle = json.loads(magi(home, "protocol", "schema").stdout)
-    assert bundle
+    assert bundle == schema_documents()["v1"]
     out = tmp_path / "schemas"
     assert magi(home, "protocol", "schema", "--out", str(out)).returncode == 0
     assert any(out.glob("*.json"))
+
+
+def test_protocol_schema_consumer_prints_the_consumer_bundle(home: Path, tmp_path: Path) -> None:
+    printed = magi(home, "protocol", "schema", "--consumer")
+    assert printed.returncode == 0
+    bundle = json.loads(printed.stdout)
+    assert bundle == schema_documents("consumer")["v1"] != schema_documents()["v1"]
+    assert bundle["$id"] == "urn:magi-code:protocol:v1:consumer"
+    out = tmp_path / "consumer"
+    assert magi(home, "protocol", "schema", "--consumer", "--out", str(out)).returncode == 0
+    assert json.loads((out / "v1.json").read_text()) == bundle

@@ -58,7 +58,8 @@ def type_text(shape: Shape) -> str:
             return f"string {_code(shape.const)}"
         if shape.enum is not None:
             values = ", ".join(_code(v) for v in shape.enum)
-            return f"string: {values}" + (" (open: expect others)" if shape.open_enum else "")
+            fallback = f" (any other value: {shape.fallback})" if shape.fallback else ""
+            return f"string: {values}{fallback}"
         return "string"
     if isinstance(shape, Bool):
         return "boolean" if shape.const is None else f"boolean {_code(str(shape.const).lower())}"
@@ -124,7 +125,11 @@ def constraints(shape: Shape, request: bool) -> list[str]:
         elif shape.minimum is not None:
             found.append(f"≥ {shape.minimum:,}")
         found += _range_codes(shape, "minimum", "maximum", "below", "above", request)
+    elif isinstance(shape, Obj) and shape.max_json_bytes is not None:
+        found.append(f"≤ {shape.max_json_bytes:,} bytes as compact JSON")
     elif isinstance(shape, Arr) and shape.const is None:
+        if shape.contains is not None:
+            found.append(f"contains {_code(shape.contains)}")
         low, high = shape.min_items or 0, shape.max_items
         if high is not None:
             found.append(f"{low} to {high} items" if low else f"≤ {high} items")
@@ -159,12 +164,31 @@ def rows(obj: Obj, *, request: bool, prefix: str = "") -> Iterator[str]:
             yield from rows(nested[1], request=request, prefix=f"{prefix}{member.name}{nested[0]}")
 
 
+def consumer_text(shape: Shape) -> str:
+    """What a client accepts where a shape names a ``consumer`` replacement (its type is
+    the strict one's)."""
+    found = constraints(shape, request=False)
+    if isinstance(shape, Arr) and isinstance(shape.items, Str) and shape.items.fallback:
+        found.append(f"any other item: {shape.items.fallback}")
+    return "; ".join(found)
+
+
+def _replacement(shape: Shape) -> Shape | None:
+    if isinstance(shape, Nullable):
+        return _replacement(shape.inner)
+    return shape.consumer
+
+
 def _row(member: Field, *, request: bool, prefix: str) -> str:
     if member.required:
         presence = "required" if request else "always"
     else:
         presence = "optional" + (f", default {member.default}" if member.default else "")
-    limits = "; ".join(constraints(member.shape, request)) or "—"
+    found = constraints(member.shape, request)
+    replacement = None if request else _replacement(member.shape)
+    if replacement is not None:
+        found.append(f"a client accepts: {consumer_text(replacement)}")
+    limits = "; ".join(found) or "—"
     doc = member.doc or member.shape.doc
     cells = [_code(prefix + member.name), type_text(member.shape), presence, limits, doc]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
@@ -194,6 +218,11 @@ def table(obj: Obj, *, request: bool) -> str:
             )
     if request:
         lines.append("\nAny other member → `invalid_payload`.")
+    elif obj.unknown is not None:
+        lines.append(
+            f"\nA client accepts other members too, each {type_text(obj.unknown)}: "
+            f"{consumer_text(obj.unknown)}."
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,9 @@
 """The generated v1 JSON Schemas as validators, compiled once per test process.
 
-``jsonschema``'s 2020-12 validator, extended with the two annotations the generator emits
-that plain JSON Schema cannot express: ``x-max-utf8-bytes`` (a UTF-8 byte bound) and
-``x-printable`` (``str.isprintable``). ``check_record`` validates one service-written
+``jsonschema``'s 2020-12 validator, extended with the annotations the generator emits
+that plain JSON Schema cannot express: ``x-max-utf8-bytes`` (a UTF-8 byte bound),
+``x-printable`` (``str.isprintable``) and ``x-max-json-bytes`` (the compact encoding's
+UTF-8 bytes). ``check_record`` validates one service-written
 record: its envelope, then its payload against the method's or event's document, and
 fails with the record, the document and the schema path.
 """
@@ -14,12 +15,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonschema
+import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
 from magi_code.protocol.schema import definitions, schema_documents
-from magi_code.protocol.schema.model import MAX_UTF8_BYTES, PRINTABLE
+from magi_code.protocol.schema.model import MAX_JSON_BYTES, MAX_UTF8_BYTES, PRINTABLE
 
 _OPERATIONS = frozenset(op.name for op in definitions.OPERATIONS)
 _EVENTS = {ev.name: ev for ev in definitions.EVENTS}
@@ -41,14 +43,29 @@ def _printable(
         yield ValidationError(f"{instance!r} is not printable")
 
 
+def _max_json_bytes(
+    validator: Validator, limit: int, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    if isinstance(instance, dict):
+        size = len(orjson.dumps(instance))
+        if size > limit:
+            yield ValidationError(f"{size} bytes of compact JSON is more than {limit}")
+
+
 WireValidator = jsonschema.validators.extend(
-    Draft202012Validator, {MAX_UTF8_BYTES: _max_utf8_bytes, PRINTABLE: _printable}
+    Draft202012Validator,
+    {MAX_UTF8_BYTES: _max_utf8_bytes, PRINTABLE: _printable, MAX_JSON_BYTES: _max_json_bytes},
 )
+
+
+# The consumer bundle, by the name ``validator`` and ``errors`` take.
+CONSUMER = "consumer:v1"
 
 
 @functools.cache
 def documents() -> dict[str, dict[str, Any]]:
-    return schema_documents()
+    """Every strict document by name, and the consumer bundle as ``CONSUMER``."""
+    return {**schema_documents(), CONSUMER: schema_documents("consumer")["v1"]}
 
 
 @functools.cache

@@ -12,22 +12,25 @@ It rejects what a v1 consumer cannot interpret safely (``docs/protocol/``):
 
 - a record over 65,536 bytes with its newline, without its newline, not UTF-8 JSON, not
   an object; any structural bound broken (depth 32, 64 items, 64 members, strings and
-  keys of 16,384 bytes, IDs of 128 bytes, names of 64 bytes, a payload of 32,768 bytes,
-  an error message of 512 bytes);
-- ``protocol_version`` other than 1, a ``kind`` other than ``response``/``event``, a
-  missing or mistyped envelope member, a response with both or neither of ``payload`` and
-  ``error``;
+  keys of 16,384 bytes); ``protocol_version`` other than 1, a ``kind`` other than
+  ``response``/``event``;
+- a record the consumer profile of the v1 definitions refuses
+  (:func:`magi_code.protocol.schema.consumer.check_record`, the same rules as the
+  consumer JSON Schema): a payload over 32,768 bytes, a known member missing, mistyped
+  or out of its bounds, an
+  unknown event, an unknown value of an enumeration without a fallback (activity kinds,
+  statuses, sources, login states, ...), an unknown member beyond the structural
+  bounds;
 - a response whose ``request_id`` the client has no request in flight for, or whose
   ``method``/``session_id`` differ from that request's;
 - per turn: ``turn.started`` not directly after its acceptance, sequences that repeat or
   go backwards, a terminal whose skipped sequence numbers differ from its
-  ``activity_dropped`` or whose text differs from the deltas, an unknown terminal status,
-  and any event of the turn after its terminal (a second terminal included); the same
-  for a login's events.
+  ``activity_dropped`` or whose text differs from the deltas, and any event of the turn
+  after its terminal (a second terminal included); the same for a login's events.
 
-It tolerates what later v1 services may add: unknown members anywhere, unknown events
-(ignored whole), unknown activity kinds and values of open enumerations (activity
-categories and statuses, sources, login states, error codes, ...), and optional members.
+It tolerates what later v1 services may add within v1: unknown members of known objects
+(bounded), new limits (positive integers), operations it does not use, error codes it
+does not know (a failure of that request), and the tool transport ``unknown``.
 """
 
 from __future__ import annotations
@@ -42,21 +45,18 @@ from magi_code.dataclass import dataclass, field
 from magi_code.protocol.bounds import check_bounds, string_fits
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.limits import (
-    MAX_ERROR_MESSAGE_BYTES,
     MAX_ID_BYTES,
     MAX_NAME_BYTES,
-    MAX_PAYLOAD_BYTES,
     MAX_RECORD_BYTES,
     PROTOCOL_VERSION,
 )
+from magi_code.protocol.schema import consumer
+from magi_code.protocol.schema.definitions import EVENT_NAMES, EVENTS
 
-TURN_EVENTS: Final = frozenset(
-    {"turn.started", "turn.assistant_delta", "turn.activity", "turn.terminal"}
-)
-LOGIN_EVENTS: Final = frozenset({"auth.login.progress", "auth.login.terminal"})
-TERMINAL_STATUSES: Final = frozenset({"completed", "cancelled", "failed"})
-_RESPONSE_MEMBERS: Final = ("request_id", "session_id", "method", "payload", "error")
-_EVENT_MEMBERS: Final = ("event_id", "request_id", "session_id", "event", "payload")
+# Which rule of the consumer profile a record broke -> the violation reported.
+_LIMIT_RULES: Final = frozenset({"max_bytes", "max_items", "max_properties", "bounds"})
+_VALUE_RULES: Final = frozenset({"enum", "tag"})
+_TURN_EVENTS: Final = frozenset(ev.name for ev in EVENTS if ev.stream == "turn")
 # Finished streams remembered only to explain a late event (bounded).
 _REMEMBERED: Final = 64
 
@@ -132,39 +132,22 @@ def _nothing() -> None:
     return None
 
 
-def _string(
-    value: object,
-    what: str,
-    *,
-    limit: int | None = None,
-    empty: bool = True,
-    reason: str = "invalid_payload",
-) -> str:
-    if not isinstance(value, str) or (not empty and not value):
-        raise _fail(
-            reason, f"{what} is not a non-empty string" if not empty else f"{what} is not a string"
-        )
-    if limit is not None and not string_fits(value, limit):
-        raise _fail("limit_exceeded", f"{what} is over {limit} bytes")
-    return value
-
-
-def _optional_id(value: object, what: str) -> str | None:
-    if value is None:
-        return None
-    return _string(value, what, limit=MAX_ID_BYTES, empty=False, reason="invalid_envelope")
-
-
-def _integer(value: object, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _fail("invalid_payload", f"{what} is not an integer")
-    return value
-
-
-def _object(value: object, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail("invalid_payload", f"{what} is not an object")
-    return value
+def _violation(mismatch: consumer.Mismatch) -> StreamViolation:
+    """The violation a record the consumer profile refuses is reported as."""
+    shape = mismatch.shape
+    if mismatch.rule in _LIMIT_RULES:
+        reason = "limit_exceeded"
+    elif mismatch.rule == "max_json_bytes":
+        reason = "payload_too_large"
+    elif mismatch.rule == "enum" and getattr(shape, "enum", None) == EVENT_NAMES:
+        reason = "unknown_event"  # a record of one, or one advertised
+    elif mismatch.rule in _VALUE_RULES:
+        reason = "unknown_value"
+    elif mismatch.path[:1] == ("payload",):
+        reason = "invalid_payload"
+    else:
+        reason = "invalid_envelope"
+    return _fail(reason, str(mismatch))
 
 
 @dataclass(slots=True)
@@ -249,12 +232,13 @@ class V1StreamValidator:
         """
         record = self._decode(line)
         kind = record.get("kind")
-        if kind == "response":
-            apply = self._response(record)
-        elif kind == "event":
-            apply = self._event(record)
-        else:
+        if kind not in ("response", "event"):
             raise _fail("unknown_kind", f"kind {kind!r} is not response or event")
+        try:
+            consumer.check_record(record)
+        except consumer.Mismatch as exc:
+            raise _violation(exc) from None
+        apply = self._response(record) if kind == "response" else self._event(record)
         apply()
         self._state.received += 1
         return record
@@ -313,44 +297,17 @@ class V1StreamValidator:
             raise _fail("invalid_envelope", "protocol_version is not an integer")
         if version != PROTOCOL_VERSION:
             raise _fail("unsupported_version", f"protocol_version {version}")
-        payload = record.get("payload")
-        if payload is not None and len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
-            raise _fail("payload_too_large", "the payload is over 32,768 bytes")
         return record
 
-    def _members(self, record: dict[str, Any], names: tuple[str, ...]) -> None:
-        missing = [name for name in names if name not in record]
-        if missing:
-            raise _fail("invalid_envelope", f"missing {missing}")
-
     def _response(self, record: dict[str, Any]) -> Callable[[], None]:
-        self._members(record, _RESPONSE_MEMBERS)
-        request_id = _optional_id(record["request_id"], "request_id")
-        session_id = _optional_id(record["session_id"], "session_id")
-        method = record["method"]
-        if method is not None:
-            _string(method, "method", limit=MAX_NAME_BYTES, empty=False, reason="invalid_envelope")
-        payload, error = record["payload"], record["error"]
-        if (payload is None) == (error is None):
-            raise _fail("invalid_envelope", "exactly one of payload and error must be set")
-        if payload is not None and not isinstance(payload, dict):
-            raise _fail("invalid_envelope", "payload is not an object")
-        if error is not None:
-            if not isinstance(error, dict):
-                raise _fail("invalid_envelope", "error is not an object")
-            code, message = error.get("code"), error.get("message")
-            _string(
-                code, "error.code", limit=MAX_NAME_BYTES, empty=False, reason="invalid_envelope"
-            )
-            _string(
-                message, "error.message", limit=MAX_ERROR_MESSAGE_BYTES, reason="invalid_envelope"
-            )
+        request_id: str | None = record["request_id"]
+        session_id: str | None = record["session_id"]
+        method: str | None = record["method"]
+        payload: dict[str, Any] | None = record["payload"]
         state = self._state
         if state.expect_started is not None:
             raise _fail("started_not_next", "turn.started must follow its acceptance")
         if request_id is None:
-            if error is None:
-                raise _fail("invalid_envelope", "a success response must carry its request_id")
             return _nothing  # uncorrelated error: nothing to match
         candidates = state.pending.get(request_id)
         if not candidates:
@@ -370,9 +327,9 @@ class V1StreamValidator:
             )
         rest = candidates[:index] + candidates[index + 1 :]
         start: Callable[[], None] = _nothing
-        if isinstance(payload, dict) and method == "turn.start":
+        if payload is not None and method == "turn.start":
             start = self._turn_accepted(request_id, session_id, payload)
-        elif isinstance(payload, dict) and method == "auth.login.start":
+        elif payload is not None and method == "auth.login.start":
             start = self._login_accepted(request_id, payload)
 
         def apply() -> None:
@@ -387,10 +344,8 @@ class V1StreamValidator:
     def _turn_accepted(
         self, request_id: str, session_id: str | None, payload: dict[str, Any]
     ) -> Callable[[], None]:
-        turn_id = _string(payload.get("turn_id"), "turn_id", empty=False)
-        turn_session = _string(payload.get("session_id"), "session_id", empty=False)
-        if payload.get("status") != "accepted":
-            raise _fail("invalid_payload", "turn.start status is not accepted")
+        turn_id: str = payload["turn_id"]
+        turn_session: str = payload["session_id"]
         if session_id != turn_session:
             raise _fail("mismatched_response", "turn.start session_id differs from the payload's")
         state = self._state
@@ -405,7 +360,7 @@ class V1StreamValidator:
         return apply
 
     def _login_accepted(self, request_id: str, payload: dict[str, Any]) -> Callable[[], None]:
-        login_id = _string(payload.get("login_id"), "login_id", empty=False)
+        login_id: str = payload["login_id"]
         state = self._state
         if request_id in state.logins:
             raise _fail("duplicate_stream", f"{request_id!r} already runs a login")
@@ -417,55 +372,39 @@ class V1StreamValidator:
         return apply
 
     def _event(self, record: dict[str, Any]) -> Callable[[], None]:
-        self._members(record, _EVENT_MEMBERS)
-        _string(
-            record["event_id"],
-            "event_id",
-            limit=MAX_ID_BYTES,
-            empty=False,
-            reason="invalid_envelope",
-        )
-        request_id = _optional_id(record["request_id"], "request_id")
-        session_id = _optional_id(record["session_id"], "session_id")
-        name = _string(
-            record["event"], "event", limit=MAX_NAME_BYTES, empty=False, reason="invalid_envelope"
-        )
-        if not isinstance(record["payload"], dict):
-            raise _fail("invalid_envelope", "payload is not an object")
+        request_id: str = record["request_id"]
+        session_id: str | None = record["session_id"]
+        name: str = record["event"]
         payload: dict[str, Any] = record["payload"]
-        state = self._state
-        if state.expect_started is not None and name != "turn.started":
+        if self._state.expect_started is not None and name != "turn.started":
             raise _fail("started_not_next", "turn.started must follow its acceptance")
-        if name in TURN_EVENTS:
+        if name in _TURN_EVENTS:
+            assert session_id is not None  # the consumer profile requires it
             return self._turn_event(name, request_id, session_id, payload)
-        if name in LOGIN_EVENTS:
-            return self._login_event(name, request_id, session_id, payload)
-        return _nothing  # an event of a later version: ignored
+        return self._login_event(name, request_id, payload)
 
-    def _stream_gone(self, name: str, request_id: str | None) -> StreamViolation:
-        ended = self._state.finished.get(request_id or "")
+    def _stream_gone(self, name: str, request_id: str) -> StreamViolation:
+        ended = self._state.finished.get(request_id)
         if ended is not None:
             return _fail("event_after_terminal", f"{name} after the terminal of {ended!r}")
         return _fail("unknown_stream", f"{name} for request {request_id!r} has no stream")
 
     def _turn_event(
-        self, name: str, request_id: str | None, session_id: str | None, payload: dict[str, Any]
+        self, name: str, request_id: str, session_id: str, payload: dict[str, Any]
     ) -> Callable[[], None]:
         state = self._state
-        turn = state.turns.get(request_id or "")
-        if request_id is None or turn is None:
+        turn = state.turns.get(request_id)
+        if turn is None:
             raise self._stream_gone(name, request_id)
         if session_id != turn.session_id:
             raise _fail("mismatched_event", f"{name} session_id is not the turn's")
         if payload.get("turn_id") != turn.turn_id:
             raise _fail("mismatched_event", f"{name} turn_id is not the turn's")
-        sequence = _integer(payload.get("sequence"), f"{name} sequence")
+        sequence: int = payload["sequence"]
         if name == "turn.started":
             if state.expect_started != request_id or turn.started:
                 raise _fail("duplicate_started", "turn.started twice, or not after acceptance")
-            if sequence != 0 or payload.get("status") != "started":
-                raise _fail("sequence_violation", "turn.started must have sequence 0")
-            if payload.get("session_id") != turn.session_id:
+            if payload["session_id"] != turn.session_id:
                 raise _fail("mismatched_event", "turn.started session_id is not the turn's")
             started = replace(turn, started=True)
 
@@ -485,10 +424,7 @@ class V1StreamValidator:
             return self._terminal(request_id, turn, payload, sequence, skipped)
         text = turn.text
         if name == "turn.assistant_delta":
-            text = (*text, _string(payload.get("text"), "delta text"))
-        else:
-            activity = _object(payload.get("activity"), "activity")
-            _string(activity.get("kind"), "activity kind", empty=False)
+            text = (*text, payload["text"])
         moved = replace(turn, last_sequence=sequence, skipped=skipped, text=text)
 
         def apply() -> None:
@@ -504,19 +440,15 @@ class V1StreamValidator:
         sequence: int,
         skipped: int,
     ) -> Callable[[], None]:
-        status = payload.get("status")
-        if status not in TERMINAL_STATUSES:
-            raise _fail("unknown_terminal_status", f"turn.terminal status {status!r}")
-        dropped = _integer(payload.get("activity_dropped"), "activity_dropped")
+        dropped: int = payload["activity_dropped"]
         if dropped != skipped:
             raise _fail(
                 "sequence_gap",
                 f"{skipped} sequence numbers skipped, activity_dropped says {dropped}",
             )
-        text = _string(payload.get("assistant_text"), "assistant_text")
-        if text != "".join(turn.text):
+        if payload["assistant_text"] != "".join(turn.text):
             raise _fail("text_mismatch", "assistant_text is not the deltas joined")
-        if payload.get("session_id") != turn.session_id:
+        if payload["session_id"] != turn.session_id:
             raise _fail("mismatched_event", "turn.terminal session_id is not the turn's")
         state = self._state
 
@@ -527,20 +459,15 @@ class V1StreamValidator:
         return apply
 
     def _login_event(
-        self, name: str, request_id: str | None, session_id: str | None, payload: dict[str, Any]
+        self, name: str, request_id: str, payload: dict[str, Any]
     ) -> Callable[[], None]:
         state = self._state
-        login = state.logins.get(request_id or "")
-        if request_id is None or login is None:
+        login = state.logins.get(request_id)
+        if login is None:
             raise self._stream_gone(name, request_id)
-        if session_id is not None:
-            raise _fail("mismatched_event", f"{name} carries a session_id")
-        if payload.get("login_id") != login.login_id:
+        if payload["login_id"] != login.login_id:
             raise _fail("mismatched_event", f"{name} login_id is not the login's")
-        state_name = _string(payload.get("state"), f"{name} state", empty=False)
         if name == "auth.login.progress":
-            if state_name == "authorization_url":
-                _string(payload.get("url"), "authorization url", empty=False)
             return _nothing
 
         def apply() -> None:

@@ -29,18 +29,19 @@ def _check_string(value: str) -> None:
         raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
 
 
-def check_bounds(value: object) -> None:
+def check_bounds(value: object, depth: int = 1) -> None:
     """Raise ``limit_exceeded`` if ``value`` breaks a structural limit.
 
-    Depth counts containers: a top-level object is depth 1. Strings are checked where
-    they are met; only containers go on the stack (wide records are the common case).
+    Depth counts containers: a top-level object is depth 1, or ``depth`` for a value
+    nested that deep in a record. Strings are checked where they are met; only
+    containers go on the stack (wide records are the common case).
     """
     if isinstance(value, str):
         _check_string(value)
         return
     stack: list[tuple[dict[str, object] | list[object], int]] = []
     if isinstance(value, (dict, list)):
-        stack.append((value, 1))
+        stack.append((value, depth))
     while stack:
         item, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:

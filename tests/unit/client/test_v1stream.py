@@ -5,7 +5,10 @@ stream labelled ``accept`` or ``reject-before-mutation``. The validator must acc
 step of an ``accept`` fixture; for a ``reject-before-mutation`` fixture it must accept
 every step but the last, reject the last with the labelled violation, and keep its state
 exactly as it was before that step. Each fixture runs twice: with the client's requests
-given as objects and as the bytes a client writes.
+given as objects and as the bytes a client writes. The validator also agrees with the
+consumer JSON Schema on every fixture: a record the schema refuses is a violation, and
+the validator refuses a record the schema accepts only for what the record alone cannot
+show (framing, correlation, order), as the fixture's ``detected_by`` says.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 
 from magi_code.client import v1stream
 from magi_code.client.v1stream import StreamViolation, V1StreamValidator
+from tests.support import wire_schema
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "application_service" / "consumer"
 STEP_KINDS = {
@@ -112,13 +116,16 @@ def test_fixture_headers_and_names() -> None:
     assert len(files) >= 50
     for path in files:
         header, steps = load(path)
-        assert header["consumer_fixture_schema_version"] == 1
+        assert header["consumer_fixture_schema_version"] == 2
         assert header["fixture"] == path.stem
         assert header["reason"]
         assert path.stem.startswith(
             {"accept": "accept.", "reject-before-mutation": "reject."}[header["verdict"]]
         )
         assert ("violation" in header) == (header["verdict"] != "accept")
+        assert header.get("detected_by") in (
+            {None} if header["verdict"] == "accept" else {"framing", "record", "stream"}
+        )
         assert steps and any(
             s.keys()
             & {"service_writes", "service_writes_text", "service_writes_padded", "service_ends"}
@@ -138,16 +145,24 @@ def test_fixtures_cover_the_required_cases() -> None:
         "limit_exceeded",
         "payload_too_large",
         "unknown_kind",
-        "unknown_terminal_status",
+        "unknown_event",
+        "unknown_value",
+        "invalid_payload",
     ):
         assert needed in labels, needed
     names = {p.stem for p in fixture_files()}
     for needed in (
         "accept.unknown_members",
         "accept.optional_members_added",
-        "accept.unknown_events",
-        "accept.unknown_activity_kind",
-        "accept.unknown_open_enum_values",
+        "accept.advertisement_extensions",
+        "accept.defined_fallbacks",
+        "reject.unknown_event",
+        "reject.advertised_unknown_event",
+        "reject.unknown_activity_kind",
+        "reject.unknown_tool_transport",
+        "reject.unknown_terminal_status",
+        "reject.unknown_login_terminal_state",
+        "reject.limit_extension_not_an_integer",
         "reject.duplicate_terminal",
         "reject.string_over_max_bytes",
     ):
@@ -170,6 +185,39 @@ def test_every_reject_fixture_is_accepted_without_its_last_step() -> None:
                 line = service_line(step)
                 assert line is not None
                 validator.receive(line)
+
+
+@pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.stem)
+def test_the_validator_agrees_with_the_consumer_schema(path: Path) -> None:
+    """Every record the schema refuses, the validator refuses; a reject fixture's last
+    record is refused by the schema exactly when the fixture says the record alone shows
+    the violation (``detected_by: record``)."""
+    header, steps = load(path)
+    violation, rejected_at = run(path, as_bytes=False)
+    for index, step in enumerate(steps, start=1):
+        line = service_line(step)
+        if line is None:
+            continue
+        last = index == len(steps) and header["verdict"] != "accept"
+        layer = header.get("detected_by") if last else None
+        if layer == "framing":
+            assert _not_a_record(line), f"{path.name}: the schema could check this line"
+            continue
+        schema_ok = not wire_schema.errors(wire_schema.CONSUMER, orjson.loads(line))
+        assert schema_ok == (layer != "record"), (path.name, index, layer)
+        if not schema_ok:
+            assert violation is not None and rejected_at == index, (path.name, index)
+
+
+def _not_a_record(line: bytes) -> bool:
+    """A line no schema sees: over the record bound, without its newline, or not JSON."""
+    if len(line) > 65536 or not line.endswith(b"\n"):
+        return True
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return True
+    return False
 
 
 # -- input-side framing (what the client wrote) ----------------------------------------------

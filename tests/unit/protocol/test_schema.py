@@ -22,9 +22,16 @@ import pytest
 from magi_code.composition import build_coordinator
 from magi_code.protocol.errors import MESSAGES, ErrorCode
 from magi_code.protocol.limits import ADVERTISED_LIMITS
-from magi_code.protocol.schema import SHIPPED, encode, main, schema_documents, write_schemas
+from magi_code.protocol.schema import (
+    CONSUMER_BUNDLE,
+    SHIPPED,
+    encode,
+    main,
+    schema_documents,
+    shipped_documents,
+)
 from magi_code.protocol.schema import definitions as v1
-from magi_code.protocol.schema.model import Arr, Int, Obj, Shape, Str, Union, walk
+from magi_code.protocol.schema.model import Arr, Int, Obj, Profile, Shape, Str, Union, walk
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns import activity
 from tests.support import wire_schema
@@ -34,29 +41,35 @@ from tests.support import wire_schema
 
 def test_the_shipped_schema_files_are_current() -> None:
     """Regenerates the files; fails when that changed anything (commit the result)."""
-    expected = {f"{name}.json": encode(doc) for name, doc in schema_documents().items()}
+    expected = {f"{name}.json": encode(doc) for name, doc in shipped_documents().items()}
     shipped = {path.name: path.read_text(encoding="utf-8") for path in SHIPPED.glob("*.json")}
     if shipped != expected:
         for name in set(shipped) - set(expected):
             (SHIPPED / name).unlink()
-        write_schemas(SHIPPED)
+        for name, text in expected.items():
+            (SHIPPED / name).write_text(text, encoding="utf-8")
         stale = sorted(
             n for n in expected.keys() | shipped.keys() if shipped.get(n) != expected.get(n)
         )
         pytest.fail(f"regenerated stale schema files (commit them): {stale}")
 
 
-def test_every_document_is_a_valid_2020_12_schema_and_self_contained() -> None:
-    for name, document in schema_documents().items():
+@pytest.mark.parametrize("profile", ["strict", "consumer"])
+def test_every_document_is_a_valid_2020_12_schema_and_self_contained(profile: Profile) -> None:
+    ids = set()
+    for name, document in schema_documents(profile).items():
         assert document["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         wire_schema.WireValidator.check_schema(document)
+        ids.add(document["$id"])
         refs = list(_values(document, "$ref"))
-        if name == "v1":
-            assert refs and all(r.startswith("#/$defs/") for r in refs)
-            for ref in refs:
-                assert ref.removeprefix("#/$defs/") in document["$defs"], ref
-        else:
+        if name != "v1" and profile == "strict":
             assert refs == [], name
+        assert all(r.startswith("#/$defs/") for r in refs), name
+        for ref in refs:
+            assert ref.removeprefix("#/$defs/") in document["$defs"], (name, ref)
+    assert len(ids) == len(schema_documents(profile))
+    strict_ids = {d["$id"] for d in schema_documents().values()}
+    assert profile == "strict" or not ids & strict_ids
 
 
 def _values(node: Any, key: str) -> Iterator[Any]:
@@ -80,16 +93,29 @@ def test_documents_cover_every_operation_and_event() -> None:
     assert len(names) == 4 + 2 * 20 + 6 + 1
 
 
-def test_main_prints_the_bundle_and_writes_every_document(tmp_path: Path) -> None:
+@pytest.mark.parametrize("profile", ["strict", "consumer"])
+def test_main_prints_the_bundle_and_writes_every_document(tmp_path: Path, profile: Profile) -> None:
+    flags = ["--consumer"] if profile == "consumer" else []
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main([]) == 0
-    assert json.loads(out.getvalue()) == schema_documents()["v1"]
-    assert main(["--out", str(tmp_path / "schemas")]) == 0
+        assert main(flags) == 0
+    assert json.loads(out.getvalue()) == schema_documents(profile)["v1"]
+    assert main([*flags, "--out", str(tmp_path / "schemas")]) == 0
     written = sorted(p.name for p in (tmp_path / "schemas").iterdir())
-    assert written == sorted(f"{name}.json" for name in schema_documents())
+    assert written == sorted(f"{name}.json" for name in schema_documents(profile))
     bundle = json.loads((tmp_path / "schemas" / "v1.json").read_text())
-    assert bundle == schema_documents()["v1"]
+    assert bundle == schema_documents(profile)["v1"]
+
+
+def test_the_package_ships_the_consumer_bundle() -> None:
+    shipped = json.loads((SHIPPED / f"{CONSUMER_BUNDLE}.json").read_text(encoding="utf-8"))
+    assert shipped == schema_documents("consumer")["v1"]
+    assert shipped["$id"] == "urn:magi-code:protocol:v1:consumer"
+    # A client reads responses and events, never requests.
+    assert [r["$ref"] for r in shipped["oneOf"]] == [
+        "#/$defs/record.response",
+        "#/$defs/record.event",
+    ]
 
 
 def test_main_reports_an_unwritable_directory(tmp_path: Path) -> None:

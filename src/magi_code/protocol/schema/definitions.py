@@ -25,26 +25,41 @@ from magi_code.protocol.limits import (
     MAX_ID_BYTES,
     MAX_NAME_BYTES,
     MAX_NEGOTIATION_ITEMS,
+    MAX_PAYLOAD_BYTES,
     MAX_SESSION_PAGE_ITEMS,
     MAX_SUMMARY_BYTES,
     PROTOCOL_VERSION,
 )
 
-from .model import Arr, Bool, Field, Forbid, Int, Nullable, Obj, RequireAny, Str, Union
+from .model import (
+    Arr,
+    Bool,
+    ExactlyOne,
+    Field,
+    Forbid,
+    Int,
+    Nullable,
+    Obj,
+    RequireAny,
+    Str,
+    Union,
+)
 
 E = ErrorCode
 LIMIT: Final = {"max_items": E.LIMIT_EXCEEDED}
 
 # -- shared shapes -------------------------------------------------------------------------
 
+# IDs are opaque to clients: a consumer checks only what makes an ID safe to echo.
+OPAQUE_ID: Final = Str(min_length=1, max_bytes=MAX_ID_BYTES, printable=True)
 SESSION_ID_PATTERN: Final = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
 SESSION_ID: Final = Str(
     max_bytes=MAX_ID_BYTES,
     pattern=SESSION_ID_PATTERN,
     example="ses_01jd8w6c0zq6m3c2x9y4t5v7ab",
     counterexamples=("", "-x", "a.b", "a/b", "ses é"),
+    consumer=OPAQUE_ID,
 )
-OPAQUE_ID: Final = Str(min_length=1, max_bytes=MAX_ID_BYTES, printable=True)
 # An ID a request payload names: over the ID bound is ``limit_exceeded``, as for the
 # envelope's IDs; any other string is looked up (an ID never issued is unknown).
 ID_ARGUMENT: Final = Str(
@@ -89,6 +104,7 @@ CURSOR: Final = Str(
     pattern=r"^[A-Za-z0-9_-]{1,58}$",
     example="AbCd",
     doc="Opaque replay position (unpadded URL-safe base64, at most 58 characters).",
+    consumer=OPAQUE_ID,
 )
 RFC3339_MS: Final = Str(
     pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$",
@@ -112,15 +128,23 @@ def page_limit(maximum: int) -> Int:
 
 METHOD_PATTERN: Final = r"^[a-z][a-z0-9_.]*$"
 METHOD: Final = Str(max_bytes=MAX_NAME_BYTES, pattern=METHOD_PATTERN, example="status")
-EVENT_ID: Final = Str(max_bytes=MAX_ID_BYTES, pattern=r"^evt-[1-9][0-9]*$", example="evt-1")
+EVENT_ID: Final = Str(
+    max_bytes=MAX_ID_BYTES, pattern=r"^evt-[1-9][0-9]*$", example="evt-1", consumer=OPAQUE_ID
+)
 VERSION: Final = Int(const=PROTOCOL_VERSION)
+# Any payload, as an envelope sees it (its operation's or event's shape says the rest).
+PAYLOAD: Final = Obj(closed=False, max_json_bytes=MAX_PAYLOAD_BYTES)
 
 ERROR_CODES: Final = tuple(code.value for code in ErrorCode)
 ERROR: Final = Obj(
     fields=(
         Field(
             name="code",
-            shape=Str(enum=ERROR_CODES, open_enum=True),
+            shape=Str(
+                enum=ERROR_CODES,
+                max_bytes=MAX_NAME_BYTES,
+                fallback="a failure of that request (never a success, never retried automatically)",
+            ),
             doc="Stable machine-readable code (see the error table).",
         ),
         Field(
@@ -151,8 +175,8 @@ REQUEST_ENVELOPE: Final = Obj(
         Field(name="method", shape=METHOD, doc="The operation name."),
         Field(
             name="payload",
-            shape=Obj(closed=False),
-            doc="The operation's arguments; at most 32,768 bytes as compact JSON.",
+            shape=PAYLOAD,
+            doc="The operation's arguments.",
         ),
     ),
 )
@@ -179,17 +203,12 @@ RESPONSE_ENVELOPE: Final = Obj(
         ),
         Field(
             name="payload",
-            shape=Nullable(inner=Obj(closed=False)),
+            shape=Nullable(inner=PAYLOAD),
             doc="The result on success; `null` on error.",
         ),
         Field(name="error", shape=Nullable(inner=ERROR), doc="`null` on success."),
     ),
-    extra={
-        "oneOf": [
-            {"properties": {"payload": {"type": "object"}, "error": {"type": "null"}}},
-            {"properties": {"payload": {"type": "null"}, "error": {"type": "object"}}},
-        ]
-    },
+    rules=(ExactlyOne(names=("payload", "error")),),
 )
 
 # -- operations ----------------------------------------------------------------------------
@@ -239,12 +258,17 @@ LIMIT_DOCS: Final[Mapping[str, str]] = {
     "max_session_list_scan_entries": "Directory entries one `session.list` examines.",
     "max_catalog_page_items": "Entries of a catalog page.",
 }
+# A later v1 service may advertise other values and more limits: a consumer checks that
+# each is a positive integer every JSON implementation represents exactly (2**53 - 1),
+# then against its own bounds.
+ADVERTISED_BOUND: Final = Int(minimum=1, maximum=2**53 - 1)
 LIMITS: Final = Obj(
     doc="The bounds this service enforces, in bytes or items.",
     fields=tuple(
-        Field(name=name, shape=Int(const=value), doc=LIMIT_DOCS[name])
+        Field(name=name, shape=Int(const=value, consumer=ADVERTISED_BOUND), doc=LIMIT_DOCS[name])
         for name, value in ADVERTISED_LIMITS.items()
     ),
+    unknown=ADVERTISED_BOUND,
 )
 OPERATION_NAMES: Final = (
     "initialize",
@@ -296,8 +320,8 @@ EVENT_ENVELOPE: Final = Obj(
             shape=Nullable(inner=OPAQUE_ID),
             doc="The turn's session; `null` for login events.",
         ),
-        Field(name="event", shape=Str(enum=EVENT_NAMES, open_enum=True), doc="The event name."),
-        Field(name="payload", shape=Obj(closed=False), doc="The event's data."),
+        Field(name="event", shape=Str(enum=EVENT_NAMES), doc="The event name."),
+        Field(name="payload", shape=PAYLOAD, doc="The event's data."),
     ),
 )
 ACTIVITY_CAPABILITIES: Final = Obj(
@@ -323,6 +347,12 @@ ACTIVITY_CAPABILITIES: Final = Obj(
         ),
     ),
 )
+TRANSPORTS: Final = ("stdio", "unix")
+TRANSPORT_NAME: Final = Str(
+    enum=TRANSPORTS,
+    max_bytes=MAX_NAME_BYTES,
+    fallback="a transport this client does not use (ignored)",
+)
 CAPABILITIES: Final = Obj(
     fields=(
         Field(
@@ -332,17 +362,28 @@ CAPABILITIES: Final = Obj(
         ),
         Field(
             name="operations",
-            shape=Arr(items=Str(enum=OPERATION_NAMES, open_enum=True)),
+            shape=Arr(
+                items=Str(
+                    enum=OPERATION_NAMES,
+                    max_bytes=MAX_NAME_BYTES,
+                    fallback="an operation this client does not know (left unused)",
+                )
+            ),
             doc="Every operation this service answers (all 20).",
         ),
         Field(
             name="events",
-            shape=Arr(items=Str(enum=EVENT_NAMES, open_enum=True)),
-            doc="Every event this service sends (all 6).",
+            shape=Arr(items=Str(enum=EVENT_NAMES)),
+            doc="Every event this service sends (all 6); a client that cannot handle one "
+            "of them must not go on.",
         ),
         Field(
             name="transports",
-            shape=Arr(items=Str(enum=("stdio", "unix"), open_enum=True), min_items=1),
+            shape=Arr(
+                items=Str(enum=TRANSPORTS),
+                min_items=1,
+                consumer=Arr(items=TRANSPORT_NAME, min_items=1, contains="stdio"),
+            ),
             doc='`["stdio"]` for `--app service`.',
         ),
         Field(name="limits", shape=LIMITS, doc="The same object as `initialize.limits`."),
@@ -461,7 +502,6 @@ _PART_FIELDS: Final = (
 )
 REPLAY_ITEM: Final = Union(
     tag="kind",
-    open_tag=True,
     doc="One projected history item.",
     variants=(
         Obj(
@@ -504,17 +544,17 @@ AUTH_ENTRY: Final = Obj(
         Field(name="provider_id", shape=SELECTION_ID, doc="The provider."),
         Field(
             name="auth_method",
-            shape=Str(enum=("oauth", "api_key", "none"), open_enum=True),
+            shape=Str(enum=("oauth", "api_key", "none")),
             doc="How the provider authenticates.",
         ),
         Field(
             name="source",
-            shape=Str(enum=("shared_store", "environment", "none"), open_enum=True),
+            shape=Str(enum=("shared_store", "environment", "none")),
             doc="Where the credential is (or would be) found.",
         ),
         Field(
             name="readiness",
-            shape=Str(enum=("ready", "missing", "needs_login"), open_enum=True),
+            shape=Str(enum=("ready", "missing", "needs_login")),
             doc="Whether a turn could authenticate now.",
         ),
         Field(name="ready", shape=Bool(), doc='`readiness == "ready"`.'),
@@ -1142,7 +1182,6 @@ TURN_ID: Final = Field(name="turn_id", shape=OPAQUE_ID, doc="The turn.")
 LIFECYCLE_STATUSES: Final = ("queued", "running", "writing", "completed", "failed", "cancelled")
 _LIFECYCLE_STATUS: Final = Str(
     enum=LIFECYCLE_STATUSES,
-    open_enum=True,
     sources={"enum": "magi_code.turns.activity:LifecycleStatus"},
 )
 ACTIVITY_ID: Final = Field(name="activity_id", shape=HASHED_ID, doc="Stable per activity.")
@@ -1153,7 +1192,6 @@ DETAILS_OMITTED: Final = Field(
 )
 ACTIVITY: Final = Union(
     tag="kind",
-    open_tag=True,
     doc="One flattened activity object; `kind` says which.",
     variants=(
         Obj(
@@ -1176,7 +1214,6 @@ ACTIVITY: Final = Union(
                             "compaction",
                             "activity",
                         ),
-                        open_enum=True,
                         sources={"enum": "magi_code.turns.activity:lifecycle.category"},
                     ),
                     doc="What started (`activity`: a later state of an activity already reported).",
@@ -1212,7 +1249,6 @@ ACTIVITY: Final = Union(
                                 "task",
                                 "write_file",
                             ),
-                            open_enum=True,
                             sources={"enum": "magi_code.turns.runtime:ALLOWLISTED_TOOL_NAMES"},
                         )
                     ),
@@ -1225,8 +1261,9 @@ ACTIVITY: Final = Union(
                 ),
                 Field(
                     name="transport",
-                    shape=Str(enum=("local", "mcp"), open_enum=True),
-                    doc="Where the tool runs.",
+                    shape=Str(enum=("local", "mcp", "unknown")),
+                    doc="Where the tool runs (`unknown`: not known; this service sends "
+                    "`local` or `mcp`).",
                 ),
                 Field(name="status", shape=_LIFECYCLE_STATUS, doc="`running`, then an end state."),
                 Field(
@@ -1268,7 +1305,6 @@ ACTIVITY: Final = Union(
                             "provider_exact",
                             "provider_partial",
                         ),
-                        open_enum=True,
                         sources={"enum": "magi_code.turns.activity:ContextSource"},
                     ),
                     doc="How `current_tokens` was obtained.",
@@ -1296,7 +1332,6 @@ ACTIVITY: Final = Union(
                     name="source",
                     shape=Str(
                         enum=("provider_request", "subagent_aggregate"),
-                        open_enum=True,
                         sources={"enum": "magi_code.turns.activity:UsageSource"},
                     ),
                     doc="What was counted.",
@@ -1312,7 +1347,6 @@ ACTIVITY: Final = Union(
                     name="status",
                     shape=Str(
                         enum=("triggered", "running", "completed", "failed", "cancelled"),
-                        open_enum=True,
                         sources={"enum": "magi_code.turns.activity:CompactionStatus"},
                     ),
                     doc="`triggered` → `running` → an end state.",
@@ -1376,7 +1410,6 @@ def _progress(state: str, doc: str, *extra: Field) -> Obj:
 
 LOGIN_PROGRESS: Final = Union(
     tag="state",
-    open_tag=True,
     doc="The step the login reached.",
     variants=(
         _progress(
@@ -1501,7 +1534,6 @@ EVENTS: Final[tuple[Event, ...]] = (
                     name="state",
                     shape=Str(
                         enum=LOGIN_TERMINAL_STATES,
-                        open_enum=True,
                         sources={"enum": "magi_code.auth.login:TERMINAL_STATES"},
                     ),
                     doc="`exchange_succeeded` means signed in; every other value is a "

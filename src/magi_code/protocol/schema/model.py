@@ -10,27 +10,48 @@ tagged choice of objects). Every constraint of a *request* shape names the error
 violation gets (``codes``, default ``invalid_payload``); constraints listed in ``late``
 are checked by the operation itself after the payload validator, which lets them pass.
 
+Every shape renders in two profiles (:data:`Profile`):
+
+- ``strict``: exactly what this service sends and accepts. Objects are closed, every
+  enumeration lists today's values. Requests are always rendered this way (the service
+  refuses anything else), and the tests validate the service's output against it.
+- ``consumer``: what a client reading a v1 service must accept. Objects are open to
+  unknown members within the structural bounds (:func:`unknown_member`), while every
+  known member is validated as in ``strict``; enumerations stay closed unless the field
+  defines a fallback for other values (``Str.fallback``); a shape may name what
+  consumers accept instead where a later v1 service may differ (``Shape.consumer``:
+  advertised limit values, opaque IDs).
+
 Byte bounds are UTF-8 bounds. JSON Schema can only count code points, so a byte bound
 is rendered as ``maxLength`` (a code point is at least one byte, so this is implied)
 plus the annotation ``x-max-utf8-bytes``; ``x-printable`` marks identifiers that must be
-printable (Python's ``str.isprintable``), and ``x-open-enum`` marks enumerations a consumer
-must expect to grow. Validators that do not know these annotations ignore them; the
-project's tests check the first two as well.
+printable (Python's ``str.isprintable``), and ``x-max-json-bytes`` bounds an object's
+compact JSON encoding in UTF-8 bytes (a payload). Validators that do not know these annotations
+ignore them; the project's tests and :mod:`.consumer` check them as well.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ErrorCode
-from magi_code.protocol.limits import MAX_ARRAY_ITEMS, MAX_OBJECT_FIELDS, MAX_STRING_BYTES
+from magi_code.protocol.limits import (
+    MAX_ARRAY_ITEMS,
+    MAX_JSON_DEPTH,
+    MAX_OBJECT_FIELDS,
+    MAX_STRING_BYTES,
+)
 
 INVALID: Final = ErrorCode.INVALID_PAYLOAD
 MAX_UTF8_BYTES: Final = "x-max-utf8-bytes"
 PRINTABLE: Final = "x-printable"
-OPEN_ENUM: Final = "x-open-enum"
+MAX_JSON_BYTES: Final = "x-max-json-bytes"
+Profile = Literal["strict", "consumer"]
+# Nesting levels: a record is level 1, its payload and error object level 2.
+RECORD_LEVEL: Final = 1
+PAYLOAD_LEVEL: Final = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +65,9 @@ class Shape:
     # ``module:function.parameter`` for a parameter's ``Literal`` type); a test resolves
     # each one and compares.
     sources: Mapping[str, str] = field(default_factory=dict)
+    # What a consumer accepts here instead: where a later v1 service may send other
+    # values than this one does (advertised limits, the format of opaque IDs).
+    consumer: Shape | None = None
 
     def code(self, constraint: str) -> ErrorCode:
         return self.codes.get(constraint, INVALID)
@@ -59,8 +83,9 @@ class Str(Shape):
     non_blank: bool = False  # at least one non-whitespace character
     printable: bool = False
     max_length: int | None = None  # code points
-    # ``enum`` lists what this version sends; consumers must tolerate other values.
-    open_enum: bool = False
+    # The field's defined fallback: what another value than ``enum``'s means. Only then
+    # does a consumer accept other values (any string within ``max_bytes``).
+    fallback: str | None = None
     format: str | None = None
     # For patterns: a valid value and values the pattern rejects (tests, docs).
     example: str | None = None
@@ -86,6 +111,8 @@ class Arr(Shape):
     max_items: int | None = None  # None: the structural array bound
     # The exact items this version sends, in order (``prefixItems``-like constant lists).
     const: tuple[Any, ...] | None = None
+    # A value the array must contain.
+    contains: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,12 +144,23 @@ class Forbid:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExactlyOne:
+    """Exactly one of ``names`` is not ``null`` (all are required members)."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Obj(Shape):
     fields: tuple[Field, ...] = ()
+    # Strict profile: no other members (a placeholder ``payload`` is not closed).
     closed: bool = True
-    rules: tuple[RequireAny | Forbid, ...] = ()
-    # Raw JSON Schema keywords added as they are (cross-member rules of envelopes).
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    rules: tuple[RequireAny | Forbid | ExactlyOne, ...] = ()
+    # Consumer profile: what an unknown member must be (``None``: any JSON value within
+    # the structural bounds, see ``unknown_member``).
+    unknown: Shape | None = None
+    # The most UTF-8 bytes of its compact JSON encoding.
+    max_json_bytes: int | None = None
 
     def member(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)
@@ -139,7 +177,6 @@ class Union(Shape):
 
     tag: str
     variants: tuple[Obj, ...]
-    open_tag: bool = False  # consumers must tolerate unknown tags
 
     def tags(self) -> list[str]:
         tags = []
@@ -152,21 +189,62 @@ class Union(Shape):
 
 # -- JSON Schema -------------------------------------------------------------------------
 
+UNKNOWN_DEF: Final = "unknown"
 
-def _string(shape: Str) -> dict[str, Any]:
+
+def unknown_ref(levels: int) -> dict[str, Any]:
+    """A reference to ``$defs/unknown.<levels>``: a JSON value of at most ``levels``
+    nested arrays/objects, every string, key, array and object within the structural
+    bounds. ``unknown_definitions`` renders the definitions."""
+    return {"$ref": f"#/$defs/{UNKNOWN_DEF}.{levels}"}
+
+
+def unknown_member(level: int) -> int:
+    """How many nesting levels an unknown member of an object at ``level`` may have (the
+    record is level 1; nothing is deeper than ``MAX_JSON_DEPTH``)."""
+    return MAX_JSON_DEPTH - level
+
+
+def unknown_definitions(levels: int) -> dict[str, dict[str, Any]]:
+    """``unknown.0`` (scalars) to ``unknown.<levels>``."""
+    text = {"maxLength": MAX_STRING_BYTES, MAX_UTF8_BYTES: MAX_STRING_BYTES}
+    defs: dict[str, dict[str, Any]] = {
+        f"{UNKNOWN_DEF}.0": {"type": ["null", "boolean", "number", "string"], **text}
+    }
+    for n in range(1, levels + 1):
+        inner = unknown_ref(n - 1)
+        defs[f"{UNKNOWN_DEF}.{n}"] = {
+            "type": ["null", "boolean", "number", "string", "array", "object"],
+            **text,
+            "maxItems": MAX_ARRAY_ITEMS,
+            "items": inner,
+            "maxProperties": MAX_OBJECT_FIELDS,
+            "propertyNames": dict(text),
+            "additionalProperties": inner,
+        }
+    return defs
+
+
+def effective(shape: Shape, profile: Profile) -> Shape:
+    """``shape`` as ``profile`` reads it (its ``consumer`` replacement for consumers)."""
+    if profile == "consumer" and shape.consumer is not None:
+        return shape.consumer
+    return shape
+
+
+def _string(shape: Str, profile: Profile) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string"}
+    enum = shape.enum if profile == "strict" or shape.fallback is None else None
     if shape.const is not None:
         schema["const"] = shape.const
-    if shape.enum is not None:
-        schema["enum"] = list(shape.enum)
-        if shape.open_enum:
-            schema[OPEN_ENUM] = True
+    if enum is not None:
+        schema["enum"] = list(enum)
     if shape.min_length is not None:
         schema["minLength"] = shape.min_length
     if shape.max_length is not None:
         schema["maxLength"] = shape.max_length
     limit = MAX_STRING_BYTES if shape.max_bytes is None else shape.max_bytes
-    if shape.const is None and shape.enum is None:
+    if shape.const is None and enum is None:
         schema["maxLength"] = min(limit, schema.get("maxLength", limit))
         schema[MAX_UTF8_BYTES] = limit
     if shape.pattern is not None:
@@ -180,13 +258,23 @@ def _string(shape: Str) -> dict[str, Any]:
     return schema
 
 
-def _object(shape: Obj) -> dict[str, Any]:
+def _object(shape: Obj, profile: Profile, level: int) -> dict[str, Any]:
     schema: dict[str, Any] = {
         "type": "object",
-        "properties": {f.name: _described(to_schema(f.shape), f.doc) for f in shape.fields},
+        "properties": {
+            f.name: _described(to_schema(f.shape, profile, level + 1), f.doc) for f in shape.fields
+        },
         "required": [f.name for f in shape.fields if f.required],
     }
-    if shape.closed:
+    if profile == "consumer":
+        schema["maxProperties"] = MAX_OBJECT_FIELDS
+        schema["propertyNames"] = {"maxLength": MAX_STRING_BYTES, MAX_UTF8_BYTES: MAX_STRING_BYTES}
+        schema["additionalProperties"] = (
+            unknown_ref(unknown_member(level))
+            if shape.unknown is None
+            else to_schema(shape.unknown, profile, level + 1)
+        )
+    elif shape.closed:
         schema["additionalProperties"] = False
     else:
         schema["maxProperties"] = MAX_OBJECT_FIELDS
@@ -194,6 +282,16 @@ def _object(shape: Obj) -> dict[str, Any]:
     for rule in shape.rules:
         if isinstance(rule, RequireAny):
             schema["anyOf"] = [{"required": [name]} for name in rule.names]
+        elif isinstance(rule, ExactlyOne):
+            schema["oneOf"] = [
+                {
+                    "properties": {
+                        other: {"not": {"type": "null"}} if other == name else {"type": "null"}
+                        for other in rule.names
+                    }
+                }
+                for name in rule.names
+            ]
         else:
             conditions.append(
                 {
@@ -206,7 +304,8 @@ def _object(shape: Obj) -> dict[str, Any]:
             )
     if conditions:
         schema["allOf"] = conditions
-    schema.update(shape.extra)
+    if shape.max_json_bytes is not None:
+        schema[MAX_JSON_BYTES] = shape.max_json_bytes
     return schema
 
 
@@ -214,10 +313,13 @@ def _described(schema: dict[str, Any], doc: str) -> dict[str, Any]:
     return {"description": doc, **schema} if doc else schema
 
 
-def to_schema(shape: Shape) -> dict[str, Any]:
-    """The JSON Schema (2020-12) of ``shape``, every subschema inline."""
+def to_schema(shape: Shape, profile: Profile = "strict", level: int = 1) -> dict[str, Any]:
+    """The JSON Schema (2020-12) of ``shape`` in ``profile``, for a value at nesting
+    ``level`` (the record is level 1, a payload level 2). Every subschema is inline except
+    the consumer profile's ``unknown.<n>`` references (see ``unknown_definitions``)."""
+    shape = effective(shape, profile)
     if isinstance(shape, Str):
-        schema = _string(shape)
+        schema = _string(shape, profile)
     elif isinstance(shape, Bool):
         schema = {"type": "boolean"}
         if shape.const is not None:
@@ -231,21 +333,21 @@ def to_schema(shape: Shape) -> dict[str, Any]:
         if shape.maximum is not None:
             schema["maximum"] = shape.maximum
     elif isinstance(shape, Arr):
-        schema = {"type": "array", "items": to_schema(shape.items)}
+        schema = {"type": "array", "items": to_schema(shape.items, profile, level + 1)}
         if shape.const is not None:
             schema["const"] = list(shape.const)
+        if shape.contains is not None:
+            schema["contains"] = {"const": shape.contains}
         if shape.min_items is not None:
             schema["minItems"] = shape.min_items
         schema["maxItems"] = MAX_ARRAY_ITEMS if shape.max_items is None else shape.max_items
     elif isinstance(shape, Obj):
-        schema = _object(shape)
+        schema = _object(shape, profile, level)
     elif isinstance(shape, Nullable):
-        inner = to_schema(shape.inner)
+        inner = to_schema(shape.inner, profile, level)
         schema = {"anyOf": [inner, {"type": "null"}]}
     elif isinstance(shape, Union):
-        schema = {"oneOf": [to_schema(variant) for variant in shape.variants]}
-        if shape.open_tag:
-            schema[OPEN_ENUM] = shape.tag
+        schema = {"oneOf": [to_schema(variant, profile, level) for variant in shape.variants]}
     else:
         raise TypeError(f"unknown shape {shape!r}")
     return _described(schema, shape.doc)
