@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess, running_service
 
@@ -34,6 +36,39 @@ async def test_second_process_cannot_attach_a_held_session(home: Path, project: 
         await first.request("session.close", session_id=session_id)
         reopened = await second.request("session.open", session_id=session_id)
         assert reopened["payload"] == {"session_id": session_id, "status": "open"}
+
+
+def fill_sessions_directory(home: Path, entries: int) -> None:
+    """``entries`` more directory entries in ``$MC_HOME/sessions`` that are not sessions
+    (hard links of one file: cheap)."""
+    root = home / "sessions"
+    (root / "junk").write_bytes(b"")
+    for index in range(entries - 1):
+        os.link(root / "junk", root / f"junk{index}")
+
+
+async def test_session_list_past_the_scan_budget_is_limit_exceeded(
+    home: Path, project: Path
+) -> None:
+    """The v1 contract: past its 20,000-entry scan budget a list request fails as a
+    whole, at every position, rather than returning an arbitrary partial page."""
+    async with running_service(home, project) as service:
+        session_id = await _create(service)
+        fill_sessions_directory(home, MAX_SESSION_LIST_SCAN_ENTRIES - 1)
+        at_budget = await service.request("session.list")
+        assert at_budget["payload"]["sessions"][0]["session_id"] == session_id
+        assert at_budget["payload"]["incomplete"] is False
+        os.link(home / "sessions" / "junk", home / "sessions" / "one-more")
+        for payload in ({}, {"after": session_id, "limit": 1}):
+            over = await service.request("session.list", payload)
+            assert over["payload"] is None
+            assert over["error"] == {
+                "code": "limit_exceeded",
+                "message": "A protocol limit was exceeded.",
+            }
+        # Only the listing is refused: the session itself still works.
+        replay = await service.request("session.replay", session_id=session_id)
+        assert replay["error"] is None
 
 
 async def test_killed_holder_does_not_block_the_session(home: Path, project: Path) -> None:

@@ -71,6 +71,12 @@ class Connection:
         self.initialized = False
         self.reserved: set[str] = set()
 
+    @property
+    def speaks_stdio(self) -> bool:
+        """Whether the v1 stdio contract governs this client (embedded, or a v1 shim of
+        the daemon), not the persistent v2 protocol."""
+        return "stdio" in self.transports
+
     def reserve(self, request_id: str) -> None:
         self.reserved.add(request_id)
 

@@ -20,6 +20,7 @@ session, or under a lease of its own when none does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -255,7 +256,12 @@ class SessionService:
 
     async def _list(self, conn: Connection, request: Request, args: tuple[Any, int]) -> Reply:
         after, limit = args
-        return Reply(await asyncio.to_thread(self.store.list_sessions, after, limit))
+        # Past the scan budget the v1 stdio contract answers limit_exceeded; a persistent
+        # (v2) client pages through the examined entries, told ``incomplete``.
+        page = functools.partial(
+            self.store.list_sessions, after, limit, page_past_budget=not conn.speaks_stdio
+        )
+        return Reply(await asyncio.to_thread(page))
 
     async def _create(self, conn: Connection, request: Request, _: None) -> Reply:
         attachment = await self.create(conn, explicit=True)

@@ -1,12 +1,14 @@
 """``session.list``: bounded directory scan, ordered pages, sanitized titles.
 
 Every scan examines at most ``MAX_SESSION_LIST_SCAN_ENTRIES`` directory entries
-(session or not), in directory order. In a larger directory the pages are built from the
-sessions among the examined entries and say ``incomplete``: paging by ``next_after``
-still moves strictly forward (and, while the directory is unchanged, sees the same
-entries each time), it just cannot promise to reach sessions it never examined. Only the
-returned page's candidates are opened, each with bounded reads and never blocking on a
-FIFO or other special file planted in a session (``open_regular``).
+(session or not), in directory order. A larger directory is ``limit_exceeded`` for a v1
+client: its contract forbids an arbitrary partial page. A persistent (v2) client may ask
+for ``page_past_budget``: the pages are then built from the sessions among the examined
+entries and say ``incomplete``; paging by ``next_after`` still moves strictly forward
+(and, while the directory is unchanged, sees the same entries each time), it just cannot
+promise to reach sessions it never examined. Only the returned page's candidates are
+opened, each with bounded reads and never blocking on a FIFO or other special file
+planted in a session (``open_regular``).
 
 The index
 ---------
@@ -125,19 +127,26 @@ def check_page_limit(limit: object) -> int:
 
 
 def list_sessions(
-    root: Path, after: object, limit: object, index: SessionIndex | None = None
+    root: Path,
+    after: object,
+    limit: object,
+    index: SessionIndex | None = None,
+    *,
+    page_past_budget: bool = False,
 ) -> dict[str, object]:
     """One ``session.list`` success payload, ordered by session ID.
 
     ``next_after`` is the last examined ID of a truncated page (it may be a candidate
-    that could not be read, which then sets ``incomplete``). ``incomplete`` is also set
-    when the directory has more entries than one scan may examine: the pages then
-    come from the examined ones only. ``index`` (see ``SessionIndex``) saves rescanning
-    an unchanged directory; without one every request scans.
+    that could not be read, which then sets ``incomplete``). When the directory has more
+    entries than one scan may examine, the request fails, or with ``page_past_budget``
+    the pages come from the examined entries only and say ``incomplete``. ``index`` (see
+    ``SessionIndex``) saves rescanning an unchanged directory; without one every request
+    scans.
 
     Raises:
         ServiceError: ``INVALID_SESSION_ID`` for a bad ``after``; ``INVALID_PAYLOAD`` or
             ``LIMIT_EXCEEDED`` for a bad ``limit`` (see ``check_page_limit``);
+            ``LIMIT_EXCEEDED`` past the scan budget without ``page_past_budget``;
             ``SESSION_UNAVAILABLE`` when the directory cannot be read.
     """
     floor = None if after is None else validate_session_id(after)
@@ -153,6 +162,8 @@ def list_sessions(
             names, incomplete = (index or SessionIndex()).candidates(root_fd)
         except OSError:
             raise unavailable() from None
+        if incomplete and not page_past_budget:
+            raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
         start = 0 if floor is None else bisect.bisect_right(names, floor)
         page = names[start : start + page_limit + 1]
         truncated = len(page) > page_limit

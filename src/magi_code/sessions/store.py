@@ -893,6 +893,10 @@ class SessionStore:
         finally:
             close_all(fds)
 
-    def list_sessions(self, after: object, limit: object) -> dict[str, object]:
+    def list_sessions(
+        self, after: object, limit: object, *, page_past_budget: bool = False
+    ) -> dict[str, object]:
         """One ``session.list`` success payload; see ``listing.list_sessions``."""
-        return list_sessions(self._root, after, limit, self._index)
+        return list_sessions(
+            self._root, after, limit, self._index, page_past_budget=page_past_budget
+        )

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES
 from tests.process.daemon.support import persistent
+from tests.process.test_sessions import fill_sessions_directory
 from tests.support.fake_oauth import FakeOAuthIssuer
 from tests.support.service import running_service
 
@@ -72,3 +74,23 @@ async def test_login_over_v2_is_cancelled_only_with_its_own_connection(
             assert cancelled["payload"]["status"] == "cancellation_requested"
         finally:
             await other.close()
+
+
+async def test_past_the_scan_budget_v2_pages_with_incomplete_and_v1_fails(
+    home: Path, project: Path
+) -> None:
+    """One daemon, one directory over the list scan budget: a persistent client pages
+    through the examined entries (``incomplete``); the v1 shim gets ``limit_exceeded``."""
+    client = await persistent(home, project)
+    try:
+        created = await client.request("session.create", {})  # the directory exists
+        assert created["error"] is None, created
+        fill_sessions_directory(home, MAX_SESSION_LIST_SCAN_ENTRIES)
+        page = await client.request("session.list", {})
+        assert page["error"] is None, page
+        assert page["payload"]["incomplete"] is True
+        async with running_service(home, project) as shim:
+            over = await shim.request("session.list")
+        assert over["error"]["code"] == "limit_exceeded"
+    finally:
+        await client.close()

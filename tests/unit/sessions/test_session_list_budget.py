@@ -1,6 +1,7 @@
-"""session.list over a directory larger than the scan budget: a partial page that says
-``incomplete`` and pages forward deterministically, instead of ``limit_exceeded``; stale
-``.new-*`` staging directories never break a listing."""
+"""session.list over a directory larger than the scan budget: ``limit_exceeded`` for a v1
+client (no arbitrary partial page); for a persistent client (``page_past_budget``) pages
+that say ``incomplete`` and go forward deterministically. Stale ``.new-*`` staging
+directories never break a listing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.store import HISTORY, SessionStore
@@ -52,7 +54,7 @@ def examined_sessions(store: SessionStore) -> list[str]:
 def pages(store: SessionStore, limit: int) -> Iterator[dict[str, object]]:
     after = None
     for _ in range(10_000):
-        page = store.list_sessions(after, limit)
+        page = store.list_sessions(after, limit, page_past_budget=True)
         yield page
         if not page["truncated"]:
             return
@@ -76,7 +78,19 @@ def test_exactly_at_the_budget_is_complete(store: SessionStore) -> None:
     assert page["incomplete"] is False and page["truncated"] is False
 
 
-def test_over_the_budget_pages_with_incomplete_instead_of_failing(store: SessionStore) -> None:
+def test_one_entry_over_the_budget_is_limit_exceeded_for_v1(store: SessionStore) -> None:
+    store.create()
+    fill(store, MAX_SESSION_LIST_SCAN_ENTRIES)
+    for after in (None, "ses_0", "ses_zzzzzzzzzzzzzzzzzzzzzzzzzz"):
+        with pytest.raises(ServiceError) as raised:
+            store.list_sessions(after, 32)
+        assert raised.value.code is ErrorCode.LIMIT_EXCEEDED
+    # Still so when the scan is served from the index.
+    with pytest.raises(ServiceError):
+        store.list_sessions(None, 32)
+
+
+def test_over_the_budget_a_persistent_client_pages_with_incomplete(store: SessionStore) -> None:
     ids = sorted(store.create() for _ in range(70))
     fill(store, MAX_SESSION_LIST_SCAN_ENTRIES)  # 70 entries more than one request examines
     expected = examined_sessions(store)
@@ -96,7 +110,7 @@ def test_a_page_past_every_examined_session_ends_the_listing(store: SessionStore
     store.create()
     fill(store, MAX_SESSION_LIST_SCAN_ENTRIES + 5)
     after = "ses_zzzzzzzzzzzzzzzzzzzzzzzzzz"
-    page = store.list_sessions(after, 32)
+    page = store.list_sessions(after, 32, page_past_budget=True)
     assert page == {"sessions": [], "next_after": None, "truncated": False, "incomplete": True}
 
 

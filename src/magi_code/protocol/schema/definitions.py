@@ -684,12 +684,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
                 Field(
                     name="incomplete",
                     shape=Bool(),
-                    doc="Some entries could not be read or examined; the list may miss sessions.",
+                    doc="Some candidates could not be read or represented: the list may miss "
+                    "sessions. Not a continuation flag (that is `truncated`).",
                 ),
             )
         ),
         errors=(
             (E.INVALID_SESSION_ID, "`after` is not a valid session ID"),
+            (
+                E.LIMIT_EXCEEDED,
+                "the sessions directory holds more than 20,000 entries (the scan budget)",
+            ),
             (E.SESSION_UNAVAILABLE, "the sessions directory cannot be read"),
         ),
     ),
@@ -1561,7 +1566,7 @@ ERROR_DOCS: Final[Mapping[ErrorCode, str]] = {
     E.PAYLOAD_TOO_LARGE: "the compact `payload` is over 32,768 bytes",
     E.LIMIT_EXCEEDED: "a structural bound is broken (depth 32, 64 items, 64 members, "
     "16,384-byte strings), an ID or method is too long, or an operation bound (page size, "
-    "negotiation lists, 16 attachments)",
+    "negotiation lists, 16 attachments, the `session.list` scan budget)",
     E.UNSUPPORTED_VERSION: "`protocol_version` is an integer other than 1, or `initialize` "
     "offers no version 1",
     E.UNSUPPORTED_CAPABILITY: "`initialize` requests an operation this service does not advertise",
