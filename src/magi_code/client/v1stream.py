@@ -22,7 +22,8 @@ It rejects what a v1 consumer cannot interpret safely (``docs/protocol/``):
   statuses, sources, login states, ...), an unknown member beyond the structural
   bounds;
 - a response whose ``request_id`` the client has no request in flight for, or whose
-  ``method``/``session_id`` differ from that request's;
+  ``method``/``session_id`` differ from that request's; an ``initialize`` answer whose two
+  limit maps differ;
 - per turn: ``turn.started`` not directly after its acceptance, sequences that repeat or
   go backwards, a terminal whose skipped sequence numbers differ from its
   ``activity_dropped`` or whose text differs from the deltas, and any event of the turn
@@ -326,6 +327,12 @@ class V1StreamValidator:
                 f"{request_id!r}: method/session_id differ from the request's",
             )
         rest = candidates[:index] + candidates[index + 1 :]
+        if (
+            payload is not None
+            and method == "initialize"
+            and payload["limits"] != payload["capabilities"]["limits"]
+        ):
+            raise _fail("inconsistent_limits", "initialize advertises two different limit maps")
         start: Callable[[], None] = _nothing
         if payload is not None and method == "turn.start":
             start = self._turn_accepted(request_id, session_id, payload)

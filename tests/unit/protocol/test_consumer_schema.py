@@ -3,9 +3,10 @@ twin (``protocol.schema.consumer``), against the consumer fixtures and against e
 
 The consumer fixtures (``tests/fixtures/application_service/consumer/``) label each stream
 ``accept`` or ``reject-before-mutation``; a reject fixture's ``detected_by`` says whether
-its last record breaks the record alone (``record``: the schema must refuse it), needs the
-stream's state (``stream``: correlation, order, terminals; the schema accepts the record)
-or is not a record at all (``framing``: not JSON, over the record bound, no newline).
+its last record breaks the record alone (``record``: the schema must refuse it), needs
+what the schema cannot see (``stream``: correlation, order, terminals, members that must
+agree; the schema accepts the record) or is not a record at all (``framing``: not JSON,
+over the record bound, no newline).
 """
 
 from __future__ import annotations

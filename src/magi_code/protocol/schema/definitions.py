@@ -998,7 +998,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
                             )
                         ),
                     ),
-                    doc="Built-in then custom providers, sorted by ID.",
+                    doc="Every provider (built-in and custom) once, sorted by ID.",
                 ),
                 NEXT_OFFSET,
                 CACHE_ONLY,
