@@ -105,6 +105,10 @@ class TurnJournal:
         self._turns: OrderedDict[str, TurnLog] = OrderedDict()
         self._ordinals = 0
 
+    def retained(self) -> int:
+        """Finished turns still kept for snapshot and attach."""
+        return sum(1 for log in self._turns.values() if log.finished_at is not None)
+
     def record(self, event: TurnEvent) -> None:
         """Record one turn event and hand it to the turn's followers."""
         log = self._turns.get(event.turn_id)

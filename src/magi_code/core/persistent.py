@@ -152,6 +152,13 @@ class PersistentCoordinator:
             ),
         }
 
+    def holdings(self) -> dict[str, int]:
+        """What the daemon keeps beyond running turns (``status`` only: not on a hot path)."""
+        return {
+            "retained_turns": self.journal.retained(),
+            "sessions_held": self.sessions.held() if self.sessions is not None else 0,
+        }
+
     # -- the journal, snapshot and attach --------------------------------------------------
 
     def record(self, event: TurnEvent) -> None:

@@ -115,6 +115,10 @@ class SessionService:
 
     # -- attachment bookkeeping (also used by turns) --------------------------------------
 
+    def held(self) -> int:
+        """Sessions attached to a connection (each holds its writer lease)."""
+        return len(self._attachments)
+
     def owned(self, conn: Connection) -> list[Attachment]:
         return [a for a in self._attachments.values() if a.owner == conn.conn_id]
 

@@ -44,6 +44,7 @@ from magi_code.protocol.limits import ADVERTISED_LIMITS
 from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS, Code, refused
 
 from .connection import FRAME_DEADLINE_SECONDS, PeerConnection, Transport
+from .health import process_figures
 from .heap import HeapTrimmer
 from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES
 from .waits import bounded
@@ -127,6 +128,7 @@ class DaemonServer:
         self.outbound_limit = outbound_limit
         self.instance_id = secrets.token_hex(8)
         self.started_at = int(time.time())
+        self._started = time.monotonic()
         self.peers: set[PeerConnection] = set()
         self._endpoint = endpoint
         self.accepting = True
@@ -300,10 +302,24 @@ class DaemonServer:
             "mc_home": str(self.mc_home),
             "accepting": self.accepting,
             "started_at": self.started_at,
+            "uptime_seconds": int(time.monotonic() - self._started),
             **self.core.counts(),
+            **self.core.holdings(),
             "idle_stop_seconds": self.idle_seconds,
             "mode": self.mode,
+            **process_figures(),
+            "connections": self._connections_by_role(),
+            "max_outbound_queued_bytes": max(
+                (peer.transport.get_write_buffer_size() for peer in self.peers), default=0
+            ),
         }
+
+    def _connections_by_role(self) -> dict[str, int]:
+        """Open connections by role; ``handshake``: no hello yet."""
+        counts = dict.fromkeys((*ROLES, "handshake"), 0)
+        for peer in self.peers:
+            counts[peer.role or "handshake"] += 1
+        return counts
 
     def home_refusal(self, home: str) -> Code | None:
         """How to answer a hello (any role) naming ``home`` as its ``MC_HOME``.

@@ -244,6 +244,8 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
             f"turns: {status.get('active_turns', '?')} "
             f"({status.get('detached_turns', '?')} detached)\n"
         )
+        if "rss_bytes" in status:
+            sys.stdout.write(_health_lines(status))
         if status.get("responding") is False:
             sys.stdout.write(f"  not answering: {status.get('error')}\n")
         if status.get("upgrade_pending"):
@@ -381,6 +383,20 @@ def _not_answering(paths: RuntimePaths, exc: DaemonError, action: str = "stop") 
 async def _until_closed(client: Any) -> None:
     async for _ in client.events():
         pass
+
+
+def _health_lines(status: dict[str, Any]) -> str:
+    children = ", ".join(f"{kind} {n}" for kind, n in status["children"].items())
+    connections = ", ".join(f"{role} {n}" for role, n in status["connections"].items())
+    return (
+        f"  process: up {status['uptime_seconds']} s, {status['rss_bytes'] // 1024} KiB "
+        f"resident, {status['open_fds']} fds, {status['threads']} threads\n"
+        f"  children: {children}; zombies {status['zombies']}\n"
+        f"  connections: {connections}; "
+        f"most queued output {status['max_outbound_queued_bytes']} bytes\n"
+        f"  held:    {status['sessions_held']} sessions, "
+        f"{status['retained_turns']} finished turns retained\n"
+    )
 
 
 def _log_where(log: object) -> str:

@@ -22,7 +22,7 @@ import stat
 import sys
 import time
 from dataclasses import asdict
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import orjson
 
@@ -54,6 +54,9 @@ NETWORK_TIMEOUT_SECONDS: Final = 15.0
 # Failures without an HTTP answer: the endpoint was not reached.
 NO_ANSWER: Final = frozenset({"provider_unavailable", "provider_timeout", "provider_http_error"})
 SUPPORTED_PLATFORMS: Final = ("linux", "darwin")
+# A daemon past these is flagged: it idles near 100 MiB, and runs at most 64 turns.
+DAEMON_RSS_LIMIT_BYTES: Final = 1024 * 1024 * 1024
+DAEMON_CHILD_LIMIT: Final = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,7 @@ def main(ctx: LaunchContext, *, as_json: bool, network: bool) -> int:
 
 
 def run_checks(ctx: LaunchContext, *, network: bool) -> list[Finding]:
-    findings = [_platform(), *_home(ctx), _daemon(ctx)]
+    findings = [_platform(), *_home(ctx), *_daemon(ctx)]
     settings_findings = _settings_files(ctx)
     findings.extend(settings_findings)
     if any(f.status == "fail" for f in settings_findings):
@@ -157,12 +160,21 @@ def _home(ctx: LaunchContext) -> list[Finding]:
     return findings
 
 
-def _daemon(ctx: LaunchContext) -> Finding:
+def _daemon(ctx: LaunchContext) -> list[Finding]:
     if ctx.env.get("MC_SERVICE_MODE") == "embedded":
-        return Finding("daemon", "ok", "embedded mode (MC_SERVICE_MODE=embedded): no daemon used")
+        return [_daemon_state(None)]
     from .commands import query_daemon
 
     status = query_daemon(ctx)
+    # An answering daemon reports its process figures (one of an older build may not).
+    if "rss_bytes" not in status:
+        return [_daemon_state(status)]
+    return [_daemon_state(status), daemon_health(status)]
+
+
+def _daemon_state(status: dict[str, Any] | None) -> Finding:
+    if status is None:
+        return Finding("daemon", "ok", "embedded mode (MC_SERVICE_MODE=embedded): no daemon used")
     if not status["running"]:
         if status.get("error"):
             return Finding(
@@ -186,6 +198,29 @@ def _daemon(ctx: LaunchContext) -> Finding:
             "it is replaced once idle; `magi-code daemon restart` replaces it now",
         )
     return Finding("daemon", "ok", detail)
+
+
+def daemon_health(status: dict[str, Any]) -> Finding:
+    """Warn about a daemon over :data:`DAEMON_RSS_LIMIT_BYTES` resident memory, over
+    :data:`DAEMON_CHILD_LIMIT` live children, or with a child it has not reaped."""
+    rss, zombies = status["rss_bytes"], status["zombies"]
+    children = sum(status["children"].values())
+    detail = f"{rss // (1024 * 1024)} MiB resident, {children} child processes"
+    over = []
+    if rss > DAEMON_RSS_LIMIT_BYTES:
+        over.append(f"over {DAEMON_RSS_LIMIT_BYTES // (1024 * 1024)} MiB")
+    if children > DAEMON_CHILD_LIMIT:
+        over.append(f"over {DAEMON_CHILD_LIMIT} children")
+    if zombies:
+        over.append(f"{zombies} unreaped (zombie) children")
+    if not over:
+        return Finding("daemon_health", "ok", detail)
+    return Finding(
+        "daemon_health",
+        "warn",
+        f"{detail}: {', '.join(over)}",
+        "see `magi-code daemon status`; `magi-code daemon restart` replaces it once its turns end",
+    )
 
 
 def _settings_files(ctx: LaunchContext) -> list[Finding]:

@@ -55,6 +55,7 @@ from magi_code.tools.paths import (
     resolve_in_project,
     validate_glob,
 )
+from magi_code.tools.processes import forget_child, record_child
 
 # read_file stays under the outcome bound on whole lines and tells the model where to go on.
 READ_BUDGET_BYTES: Final = 30 * 1024
@@ -467,6 +468,7 @@ async def _run_grep_worker(request: bytes) -> ToolOutcome:
         env={},  # it needs nothing of anyone's environment
         cwd="/",
     )
+    record_child(proc.pid, "worker")
     try:
         async with asyncio.timeout(GREP_TIMEOUT_SECONDS):
             output = await _exchange(proc, request)
@@ -483,6 +485,7 @@ async def _run_grep_worker(request: bytes) -> ToolOutcome:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await shielded(proc.wait())
+        forget_child(proc.pid)
     text = _answer(output) if status == 0 else None
     if text is None:
         return ToolOutcome.error("The search failed.")

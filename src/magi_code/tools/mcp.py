@@ -63,7 +63,9 @@ from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
 from magi_code.tools.processes import (
     find_child_with_env,
+    forget_child,
     group_carries_env,
+    record_child,
     terminate_process_group,
     under_umask,
 )
@@ -235,6 +237,8 @@ class _ServerConnection:
                 ClientSession(read, write, message_handler=self._on_message) as session,
             ):
                 self._pgid = await _server_pid(self._token)
+                if self._pgid is not None:
+                    record_child(self._pgid, "mcp_server")
                 with anyio.fail_after(self._startup_timeout):
                     await session.initialize()
                     self.tools_changed = False  # the listing below is the current one
@@ -248,6 +252,8 @@ class _ServerConnection:
             # Only the type: the name is configuration, the text may be server output.
             logger.warning("an MCP server stopped or failed to start (%s)", type(exc).__name__)
         finally:
+            if self._pgid is not None:
+                forget_child(self._pgid)
             self.session = None
             self._ready.set()
 

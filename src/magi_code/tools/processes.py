@@ -1,9 +1,13 @@
-"""Process-group termination shared by the shell tool and MCP server cleanup, and the
-file-mode creation mask tool children start under.
+"""Process-group termination shared by the shell tool and MCP server cleanup, the
+file-mode creation mask tool children start under, and what kind each live child is.
 
 Children are started in their own session, so a process group holds everything they
 start (short of a grandchild calling ``setsid`` itself). Terminating is SIGTERM to the
 group, a grace period, then SIGKILL, every wait bounded.
+
+Each spawner records its child's pid and kind (:func:`record_child`) once started and
+forgets it once reaped, so the record holds live children only; ``daemon status`` reads
+it (:func:`child_kind`) for the children the operating system lists.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import contextlib
 import os
 import signal
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Literal
 
 from magi_code.storage.launch import current_umask
 
 TERM_GRACE_SECONDS: Final = 2.0
 KILL_GRACE_SECONDS: Final = 2.0
 _POLL_SECONDS: Final = 0.05
+ChildKind = Literal["tool", "hook", "mcp_server", "worker"]
+CHILD_KINDS: Final[tuple[ChildKind, ...]] = ("tool", "hook", "mcp_server", "worker")
+_children: dict[int, ChildKind] = {}
 # Sets the mask given as $1, then becomes the real command (same pid, group, environment).
 _UMASK_SCRIPT: Final = 'umask "$1" && shift && exec "$@"'
 
@@ -37,6 +44,20 @@ def under_umask(argv: Sequence[str], umask: int | None) -> list[str]:
     if umask is None or umask == current_umask():
         return list(argv)
     return ["/bin/sh", "-c", _UMASK_SCRIPT, "sh", f"{umask:04o}", *argv]
+
+
+def record_child(pid: int, kind: ChildKind) -> None:
+    """Note that child ``pid`` (started by this process, not yet reaped) is a ``kind``."""
+    _children[pid] = kind
+
+
+def forget_child(pid: int) -> None:
+    """Child ``pid`` was reaped (or never started): its pid may now be reused."""
+    _children.pop(pid, None)
+
+
+def child_kind(pid: int) -> ChildKind | None:
+    return _children.get(pid)
 
 
 async def terminate_process_group(pgid: int) -> None:

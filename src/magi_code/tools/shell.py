@@ -30,7 +30,13 @@ from magi_code.tools.base import (
 )
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
-from magi_code.tools.processes import terminate_process_group, under_umask
+from magi_code.tools.processes import (
+    ChildKind,
+    forget_child,
+    record_child,
+    terminate_process_group,
+    under_umask,
+)
 
 SHELL: Final = "/bin/sh"
 DEFAULT_TIMEOUT_SECONDS: Final = 120.0
@@ -103,10 +109,12 @@ async def run_shell(
     env: Mapping[str, str],
     timeout: float,
     umask: int | None = None,
+    kind: ChildKind = "tool",
 ) -> ShellResult:
     """Run ``command`` and return its bounded output; the process group never outlives this.
 
-    ``umask`` is the shell's file-mode creation mask (``None``: this process's own).
+    ``umask`` is the shell's file-mode creation mask (``None``: this process's own);
+    ``kind`` is what the shell is recorded as while it lives (``daemon status``).
 
     Raises:
         OSError: the shell could not be started.
@@ -132,6 +140,7 @@ async def run_shell(
     timed_out = False
     try:
         transport, protocol = await asyncio.shield(spawn)
+        record_child(transport.get_pid(), kind)
         try:
             async with asyncio.timeout(timeout):
                 await protocol.exited.wait()
@@ -158,6 +167,7 @@ async def _cleanup(
             async with asyncio.timeout(PIPE_GRACE_SECONDS):
                 await protocol.output_closed.wait()
     finally:
+        forget_child(transport.get_pid())
         transport.close()
 
 

@@ -202,6 +202,7 @@ class TurnHooks:
                 env=child_environment(self._ctx.env, secret_names=self._ctx.secret_names),
                 timeout=hook.timeout_ms / 1000,
                 umask=self._ctx.umask,
+                kind="hook",
             )
         except (OSError, ValueError):
             log.info("a %s hook could not be started", event)
