@@ -131,3 +131,13 @@ class ControlStatus(TypedDict, total=False):
     max_active_turns: int
     idle_stop_seconds: float | None
     mode: str
+    uptime_seconds: int
+    retained_turns: int
+    sessions_held: int
+    rss_bytes: int
+    open_fds: int
+    threads: int
+    children: dict[str, int]
+    zombies: int
+    connections: dict[str, int]
+    max_outbound_queued_bytes: int

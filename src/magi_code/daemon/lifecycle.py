@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import io
 import logging
 import logging.handlers
 import os
@@ -55,7 +56,7 @@ from magi_code.endpoint.paths import (
     runtime_paths,
 )
 from magi_code.protocol.v2 import SUPPORTED_VERSIONS
-from magi_code.storage.files import atomic_write
+from magi_code.storage.files import atomic_write, open_regular
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.environment import daemon_environment
 from magi_code.version import build_id, package_version
@@ -77,7 +78,9 @@ FD_LIMIT: Final = 65536
 REEXEC_ENV: Final = "MC_DAEMON_REEXEC"
 DEFAULT_ON_DEMAND_IDLE_SECONDS: Final = 60.0
 LOCK_WAIT_SECONDS: Final = 10.0
+LOG_BYTES_ENV: Final = "MC_DAEMON_LOG_BYTES"
 LOG_MAX_BYTES: Final = 1024 * 1024
+LOG_MIN_BYTES: Final = 4096
 LOG_BACKUPS: Final = 3
 # The starter's client connects and initializes within milliseconds of READY: it is
 # answered first, then the HTTP stack of turns is loaded (~30 ms, see preload.py) and the
@@ -146,7 +149,7 @@ def run_daemon(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None = No
         paths = runtime_paths(ctx)
         ensure_private_dir(paths.state_dir)
         ensure_private_dir(paths.socket_dir)
-        _setup_logging(paths.log, journal=journal)
+        _setup_logging(paths.log, journal=journal, max_bytes=log_max_bytes(ctx))
         lock = _acquire(paths.lock, LOCK_WAIT_SECONDS if on_demand else 0.0)
     except (UnsafeRuntimeDir, OSError) as exc:  # e.g. a read-only MC_HOME
         ready.fail(_describe(exc))
@@ -376,21 +379,33 @@ def _describe(exc: Exception) -> str:
     return str(exc)
 
 
-def _setup_logging(path: Path, *, journal: bool) -> None:
+def _setup_logging(path: Path, *, journal: bool, max_bytes: int) -> None:
     # Event names and codes only: never environments, request data or provider text.
     # Under systemd (stderr is the journal stream) the journal alone gets each line, once;
     # otherwise ``daemon.log``, and in the foreground the CLI's stderr handler stays too.
     if journal:
         _log_to_journal()
         return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
-    handler = logging.handlers.RotatingFileHandler(
-        path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS
-    )
+    handler = _PrivateLog(path, maxBytes=max_bytes, backupCount=LOG_BACKUPS)
     handler.setFormatter(logs.file_formatter(os.environ))
     logging.getLogger().addHandler(handler)
     _daemon_levels()
+
+
+def log_max_bytes(ctx: LaunchContext) -> int:
+    """``MC_DAEMON_LOG_BYTES``: the size at which ``daemon.log`` is rotated."""
+    raw = ctx.env.get(LOG_BYTES_ENV, "")
+    return max(LOG_MIN_BYTES, int(raw)) if raw.isdigit() else LOG_MAX_BYTES
+
+
+class _PrivateLog(logging.handlers.RotatingFileHandler):
+    """``daemon.log``, rotated by size; each file it opens (at start and after every
+    rotation) is created 0600 and opened only as a regular file: a symlink or FIFO
+    planted at the path fails the open (``storage.files.open_regular``)."""
+
+    def _open(self) -> io.TextIOWrapper:
+        fd = open_regular(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
 def _daemon_levels() -> None:

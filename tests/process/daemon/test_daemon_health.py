@@ -1,0 +1,116 @@
+"""A real daemon's health in ``status`` (control, v2 and ``daemon status``), and its log
+rotated by size."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from magi_code.client import Client
+from tests.process.daemon.support import cli, context, paths, persistent, status, wait_for
+from tests.process.turn_support import write_settings
+from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+
+CHILD_KINDS = {"tool", "hook", "mcp_server", "worker", "other"}
+ROLES = {"v1_shim", "persistent", "control", "handshake"}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviderServer]:
+    with FakeProviderServer() as server:
+        yield server
+
+
+def _check_health(doc: dict[str, Any], *, tools: int, control: int) -> None:
+    assert doc["uptime_seconds"] >= 0
+    assert doc["rss_bytes"] > 0 and doc["open_fds"] > 0 and doc["threads"] > 0
+    assert set(doc["children"]) == CHILD_KINDS
+    assert doc["children"] == {**dict.fromkeys(CHILD_KINDS, 0), "tool": tools}
+    assert doc["zombies"] == 0
+    assert set(doc["connections"]) == ROLES
+    assert doc["connections"]["persistent"] == 1
+    assert doc["connections"]["control"] == control
+    assert doc["max_outbound_queued_bytes"] >= 0
+
+
+async def _terminal(client: Client) -> dict[str, Any]:
+    async for event in client.events():
+        if event["event"] == "turn.terminal":
+            return dict(event["payload"])
+    raise AssertionError("the connection ended before the turn did")
+
+
+async def test_status_reports_health_and_counts_a_running_tool_child(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    started, release = project / "started", project / "release"
+    command = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    fake.enqueue(
+        Reply(text=[], tool_calls=[FakeToolCall("t1", "shell", json.dumps({"command": command}))]),
+        Reply(text=["done"]),
+    )
+    client = await persistent(home, project)
+    try:
+        before = await asyncio.to_thread(status, home)
+        _check_health(before, tools=0, control=1)
+        assert before["active_turns"] == 0 and before["retained_turns"] == 0
+
+        reply = await client.request("turn.start", {"prompt": "run it"})
+        assert reply["error"] is None, reply
+        await wait_for(started.exists, 60, "the tool to start")
+        # ``daemon status --json`` (its own control connection) and v2 ``status``.
+        during = await asyncio.to_thread(status, home)
+        _check_health(during, tools=1, control=1)
+        during_v2 = dict(await client.status())
+        _check_health(during_v2, tools=1, control=0)
+        for doc in (during, during_v2):
+            assert doc["active_turns"] == 1 and doc["retained_turns"] == 0
+            assert doc["sessions_held"] == 1
+            assert doc["build_id"] == before["build_id"]
+
+        release.touch()
+        terminal = await asyncio.wait_for(_terminal(client), 60)
+        assert terminal["status"] == "completed", terminal
+        after = dict(await client.status())
+        _check_health(after, tools=0, control=0)
+        assert after["active_turns"] == 0 and after["retained_turns"] == 1
+    finally:
+        await client.close()
+
+    text = await asyncio.to_thread(cli, home, "daemon", "status")
+    assert text.returncode == 0, text.stderr
+    assert "children: tool 0, hook 0, mcp_server 0, worker 0, other 0; zombies 0" in text.stdout
+    assert "1 finished turns retained" in text.stdout
+
+
+async def test_daemon_log_rotates_by_size_and_keeps_three_private_backups(
+    home: Path, project: Path
+) -> None:
+    limit = 4096
+    ctx = context(home, project, {"MC_DAEMON_LOG_BYTES": str(limit)})
+    log = paths(home).log
+    backups = [log.with_name(f"{log.name}.{i}") for i in (1, 2, 3, 4)]
+    # Each connection logs a line (~80 bytes): enough of them for several rotations.
+    for _ in range(1000):
+        client = await Client.connect(ctx, "control")
+        await client.close()
+        if backups[2].exists():
+            break
+    assert backups[2].exists(), "daemon.log was not rotated three times"
+    for _ in range(100):  # past a fourth rotation: the oldest backup goes
+        client = await Client.connect(ctx, "control")
+        await client.close()
+    assert not backups[3].exists()
+    for path in (log, *backups[:3]):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for path in backups[:3]:
+        assert 0 < path.stat().st_size <= limit
+        assert "connection role=control" in path.read_text()
+    assert log.stat().st_size <= limit
