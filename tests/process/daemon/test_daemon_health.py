@@ -88,6 +88,9 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
     assert text.returncode == 0, text.stderr
     assert "children: tool 0, hook 0, mcp_server 0, worker 0, other 0; zombies 0" in text.stdout
     assert "1 finished turns retained" in text.stdout
+    doctor = json.loads((await asyncio.to_thread(cli, home, "doctor", "--json")).stdout)
+    health = [c for c in doctor["checks"] if c["check"] == "daemon_health"]
+    assert [c["status"] for c in health] == ["ok"], doctor
 
 
 async def test_daemon_log_rotates_by_size_and_keeps_three_private_backups(
