@@ -55,7 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     actions.add_parser("start", help="start the daemon unless one answers")
     actions.add_parser("stop", help="stop it (turns are cancelled and persisted)")
     actions.add_parser("restart", help="stop it once its turns end, then start one")
-    status = actions.add_parser("status", help="is it running, and how is it")
+    status = actions.add_parser(
+        "status",
+        help="is it running, and how is it",
+        description="Is the daemon of this MC_HOME running, and how is it: pid, build, "
+        "socket, log (daemon.log, rotated at 1 MiB or MC_DAEMON_LOG_BYTES, 3 backups), "
+        "uptime, resident memory, open fds, threads, child processes by kind (tool, hook, "
+        "mcp_server, worker, other) and zombies, connections by role, turns running and "
+        "retained, the most output queued for one connection, and sessions held.",
+    )
     status.add_argument("--json", action="store_true", help="print JSON")
     run = actions.add_parser("run", help="run in the foreground (for systemd/launchd)")
     run.add_argument("--on-demand", dest="on_demand", action="store_true", help=argparse.SUPPRESS)
@@ -85,7 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser(
         "doctor",
         help="check that a turn can run here",
-        description="Check that a turn can run here: platform, MC_HOME, daemon, settings, "
+        description="Check that a turn can run here: platform, MC_HOME, daemon (and its "
+        "health: over 1024 MiB resident, over 128 child processes or a zombie child warns), "
+        "settings, "
         "selection, credentials, MCP servers, and the hooks and skills a turn here gets.",
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")

@@ -53,6 +53,8 @@ def test_version_and_per_command_help(home: Path) -> None:
     assert all(action in sessions_help for action in ("list", "show", "rm"))
     assert "is refused" in magi(home, "sessions", "rm", "--help").stdout
     assert "model list" in magi(home, "doctor", "--help").stdout
+    assert "zombie" in magi(home, "doctor", "--help").stdout
+    assert "MC_DAEMON_LOG_BYTES" in magi(home, "daemon", "status", "--help").stdout
 
 
 @pytest.mark.parametrize(
