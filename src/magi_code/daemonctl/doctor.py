@@ -28,7 +28,6 @@ import orjson
 
 from magi_code.auth.readiness import provider_status
 from magi_code.auth.store import AuthStore
-from magi_code.auth.tokens import ANTHROPIC_PROVIDER_ID, CODEX_PROVIDER_ID
 from magi_code.config.effective import resolve_effective
 from magi_code.config.settings import (
     ProviderDefinition,
@@ -44,7 +43,7 @@ from magi_code.endpoint.paths import UnsafeRuntimeDir, runtime_paths, verify_pri
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.text import one_line
 from magi_code.storage.launch import LaunchContext
-from magi_code.turns.failures import REMEDIES
+from magi_code.turns.failures import REMEDIES, credential_step, remedy
 from magi_code.turns.hooks import active_hooks
 from magi_code.turns.skills import discover_skills
 from magi_code.version import build_id, package_version
@@ -268,14 +267,6 @@ def _selection(ctx: LaunchContext, settings: Settings) -> tuple[Finding, Provide
     return Finding("selection", "ok", detail), effective.provider
 
 
-def _remedy(provider: ProviderDefinition) -> str:
-    if provider.provider_id == ANTHROPIC_PROVIDER_ID:
-        return "set ANTHROPIC_API_KEY, or run `magi-code login --provider anthropic`"
-    if provider.provider_id == CODEX_PROVIDER_ID:
-        return "run `magi-code login --provider openai-codex`"
-    return f"set {provider.api_key_env} in the frontend's environment"
-
-
 def _credentials(
     ctx: LaunchContext, settings: Settings, selected: ProviderDefinition | None
 ) -> list[Finding]:
@@ -300,7 +291,12 @@ def _credentials(
             findings.append(Finding("credentials", "ok" if entry["ready"] else "warn", detail))
         else:
             findings.append(
-                Finding("credentials", "fail" if chosen else "warn", detail, _remedy(provider))
+                Finding(
+                    "credentials",
+                    "fail" if chosen else "warn",
+                    detail,
+                    credential_step(provider.provider_id, provider.api_key_env),
+                )
             )
     return findings
 
@@ -392,9 +388,8 @@ def _model_list(ctx: LaunchContext, settings: Settings, provider: ProviderDefini
     try:
         count = asyncio.run(asyncio.wait_for(probe(), NETWORK_TIMEOUT_SECONDS))
     except CredentialsError as exc:
-        return Finding(
-            "network", "fail", f"{name}: no request made ({exc.label})", REMEDIES[exc.label]
-        )
+        why = remedy(exc.label, name, provider.api_key_env)
+        return Finding("network", "fail", f"{name}: no request made ({exc.label})", why)
     except TimeoutError:
         return Finding(
             "network",
@@ -416,7 +411,7 @@ def _network_failure(provider: ProviderDefinition, label: str, status: int | Non
             "network",
             "fail",
             f"{name}: the provider rejected the credentials (HTTP {status})",
-            f"replace them: {_remedy(provider)}",
+            f"replace them: {credential_step(provider.provider_id, provider.api_key_env)}",
         )
     if status is None and label in NO_ANSWER:
         return Finding(

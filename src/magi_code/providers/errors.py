@@ -37,6 +37,7 @@ class FailureLabel(StrEnum):
     AUTH_FAILED = "provider_auth_failed"
     RATE_LIMITED = "provider_rate_limited"
     QUOTA_EXCEEDED = "provider_quota_exceeded"
+    SERVER_ERROR = "provider_server_error"
     UNAVAILABLE = "provider_unavailable"
     TIMEOUT = "provider_timeout"
     STREAM_ERROR = "provider_stream_error"
@@ -150,8 +151,10 @@ def failure_for_status(
             FailureLabel.RATE_LIMITED, status=status, retryable=True, retry_after=retry_after
         )
     if status >= 500:
+        # The provider was reached and failed (``provider_unavailable`` is for a provider
+        # that could not be reached at all).
         return ProviderFailure(
-            FailureLabel.UNAVAILABLE, status=status, retryable=True, retry_after=retry_after
+            FailureLabel.SERVER_ERROR, status=status, retryable=True, retry_after=retry_after
         )
     if status in (408, 409):
         return ProviderFailure(

@@ -82,7 +82,7 @@ async def test_codex_listing_sends_client_version_and_maps_reasoning_levels(
     ("status", "label"),
     [
         (401, FailureLabel.AUTH_FAILED),
-        (500, FailureLabel.UNAVAILABLE),
+        (500, FailureLabel.SERVER_ERROR),
         (404, FailureLabel.HTTP_ERROR),
     ],
 )

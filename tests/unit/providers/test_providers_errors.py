@@ -72,7 +72,7 @@ def test_specific_httpx_classes_get_specific_labels() -> None:
         httpx.RemoteProtocolError: (FailureLabel.STREAM_ERROR, False),
         httpx.ReadError: (FailureLabel.STREAM_ERROR, False),
         httpx.UnsupportedProtocol: (FailureLabel.HTTP_ERROR, False),
-        httpx.HTTPStatusError: (FailureLabel.UNAVAILABLE, True),  # 503 in instantiate()
+        httpx.HTTPStatusError: (FailureLabel.SERVER_ERROR, True),  # 503 in instantiate()
     }
     for cls, (label, retryable) in expected.items():
         with pytest.raises(ProviderFailure) as info, map_httpx_errors():
@@ -93,8 +93,8 @@ def test_non_httpx_exceptions_pass_through_untouched() -> None:
         (429, "rate_limit_error", FailureLabel.RATE_LIMITED, True),
         (429, "usage_limit_reached", FailureLabel.QUOTA_EXCEEDED, False),
         (429, "insufficient_quota", FailureLabel.QUOTA_EXCEEDED, False),
-        (500, None, FailureLabel.UNAVAILABLE, True),
-        (529, "overloaded_error", FailureLabel.UNAVAILABLE, True),
+        (500, None, FailureLabel.SERVER_ERROR, True),
+        (529, "overloaded_error", FailureLabel.SERVER_ERROR, True),
         (408, None, FailureLabel.HTTP_ERROR, True),
         (400, "invalid_request_error", FailureLabel.HTTP_ERROR, False),
         (400, "context_length_exceeded", FailureLabel.CONTEXT_LENGTH_EXCEEDED, False),

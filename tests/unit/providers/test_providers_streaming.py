@@ -296,7 +296,7 @@ async def test_persistent_5xx_gives_up_after_bounded_retries(
 ) -> None:
     fake.set_default(HttpError(500))
     failure = await failure_of(client, endpoint_for(fake, "anthropic"))
-    assert failure.label is FailureLabel.UNAVAILABLE
+    assert failure.label is FailureLabel.SERVER_ERROR
     assert len(fake.requests) == 1 + FAST_RETRY.retry.max_retries
 
 

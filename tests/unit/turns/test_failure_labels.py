@@ -48,3 +48,34 @@ def test_describe_is_one_line_with_label_and_remedy() -> None:
     assert line.startswith("turn t-1 failed: auth_missing — ")
     assert "magi-code login" in line and "\n" not in line
     assert failures.describe("t-2", "nonsense").endswith(failures.REMEDIES["internal_error"])
+
+
+def test_a_credential_remedy_names_what_gives_the_turns_provider_credentials() -> None:
+    custom = failures.remedy("provider_auth_failed", "local", "LOCAL_API_KEY")
+    assert custom == "the provider refused the credentials: check the key in LOCAL_API_KEY"
+    missing = failures.remedy("auth_missing", "local", "LOCAL_API_KEY")
+    assert "set LOCAL_API_KEY" in missing and "login" not in missing
+    assert "login --provider anthropic" in failures.remedy("provider_auth_failed", "anthropic")
+    assert "login --provider openai-codex" in failures.remedy("auth_missing", "openai-codex")
+    # A custom provider without a key variable was refused: it needs one.
+    assert "`api_key_env`" in failures.remedy("provider_auth_failed", "local", None)
+    # A "variable name" that looks like a key is never repeated.
+    pasted = "sk_live_0123456789abcdef0123456789"
+    assert pasted not in failures.remedy("provider_auth_failed", "local", pasted)
+    # Other labels keep their fixed remedy whatever the provider.
+    assert failures.remedy("provider_unavailable", "local", "K") == failures.REMEDIES[
+        "provider_unavailable"
+    ]
+
+
+def test_every_remedy_is_one_bounded_line_and_names_no_protocol_operation() -> None:
+    widest = "K" * 128  # api_key_env's bound in the settings schema
+    texts = [failures.remedy(label) for label in failures.LABELS]
+    for provider in ("anthropic", "openai-codex", "local"):
+        for label in ("auth_missing", "provider_auth_failed"):
+            texts += [failures.remedy(label, provider, widest), failures.remedy(label, provider)]
+    for text in texts:
+        assert "\n" not in text and len(text.encode()) <= failures.MAX_REMEDY_BYTES, text
+        assert "config.set" not in text and "turn.start" not in text, text
+    assert all(len(label) <= failures.MAX_LABEL_BYTES for label in failures.LABELS)
+
