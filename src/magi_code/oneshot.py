@@ -47,14 +47,13 @@ class _Printer:
 
     def batch(self, batch: Batch) -> int | None:
         """Print what the batch carries; an exit code once the run is over."""
-        failures = dict(batch.failures())
         for message in batch.messages:
-            code = self._message(message, failures)
+            code = self._message(message)
             if code is not None:
                 return code
         return None
 
-    def _message(self, message: dict[str, Any], failures: dict[str, str]) -> int | None:
+    def _message(self, message: dict[str, Any]) -> int | None:
         if self.as_json and message.get("request_id") == "turn":
             # The turn.start response and its events (they carry its request ID).
             sys.stdout.write(orjson.dumps(message).decode() + "\n")
@@ -78,9 +77,10 @@ class _Printer:
             payload = message["payload"]
             if payload["status"] == "completed":
                 return 0
-            label = failures.get(payload["turn_id"])
+            label = payload.get("failure")
             if label is not None:
-                sys.stderr.write(f"magi-code: {describe(payload['turn_id'], label)}\n")
+                line = describe(payload["turn_id"], label, payload["remedy"])
+                sys.stderr.write(f"magi-code: {line}\n")
             else:
                 sys.stderr.write(f"magi-code: the turn ended {payload['status']}\n")
             return 1

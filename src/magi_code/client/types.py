@@ -94,7 +94,7 @@ class AttachResult(TypedDict):
     turn_id: str
     status: AttachStatus
     events: list[EventEnvelope]
-    failure: str | None  # a failed turn's label when known, else None
+    failure: str | None  # a failed turn's label (its terminal's failure), else None
 
 
 class GrantedTurn(TypedDict):

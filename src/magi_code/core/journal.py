@@ -55,7 +55,6 @@ class TurnLog:
     last_sequence: int = -1
     evicted_upto: int = -1  # highest sequence no longer buffered
     terminal: dict[str, Any] | None = None
-    failure: str | None = None  # the failed terminal's label (not in the v1 payload)
     finished_at: float | None = None
     followers: list[Deliver] = field(default_factory=list)
 
@@ -98,6 +97,11 @@ class TurnLog:
             "failure": self.failure,
         }
 
+    @property
+    def failure(self) -> str | None:
+        """A failed turn's label, as its terminal says (None until then, and otherwise)."""
+        return None if self.terminal is None else self.terminal.get("failure")
+
 
 class TurnJournal:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -123,7 +127,6 @@ class TurnJournal:
             log.text.append(payload["text"])
         elif event.name == "turn.terminal":
             log.terminal = payload
-            log.failure = event.failure
             log.finished_at = self._clock()
             # The terminal carries the authoritative text: drop the per-delta pieces.
             log.text.clear()

@@ -37,13 +37,19 @@ class TurnEvent:
     name: str
     sequence: int
     envelope: dict[str, Any]
-    # On a failed turn's terminal: the fixed failure label (``turns/failures.py``), which
-    # the v1 payload does not carry.
-    failure: str | None = None
 
     @property
     def turn_id(self) -> str:
         return self.info.turn_id
+
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """``(label, remedy)`` when this is a failed turn's terminal (``turns/failures.py``)."""
+        if self.name != "turn.terminal":
+            return None
+        payload = self.envelope["payload"]
+        label = payload.get("failure")
+        return None if label is None else (label, payload["remedy"])
 
 
 @dataclass(slots=True)
@@ -55,9 +61,9 @@ class Batch:
     # reads these instead of re-parsing envelopes).
     turn_events: tuple[TurnEvent, ...] = ()
 
-    def failures(self) -> list[tuple[str, str]]:
-        """``(turn_id, label)`` of each failed turn whose terminal is in this batch."""
-        return [(e.turn_id, e.failure) for e in self.turn_events if e.failure is not None]
+    def failures(self) -> list[tuple[str, str, str]]:
+        """``(turn_id, label, remedy)`` of each failed turn whose terminal is in this batch."""
+        return [(e.turn_id, *f) for e in self.turn_events if (f := e.failure) is not None]
 
     def written(self) -> None:
         """Called once by the adapter after the write attempt (successful or not)."""

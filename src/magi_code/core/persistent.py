@@ -208,15 +208,17 @@ class PersistentCoordinator:
             if outcome is None or outcome.status is None:
                 raise ServiceError(ErrorCode.UNKNOWN_TURN)
             log.info("recovered the outcome of an interrupted turn")
-        failure = None
-        if outcome.status == "failed" and outcome.sequence is None:
+        status: str = outcome.status
+        failure = outcome.failure
+        if failure not in failures.REMEDIES:
+            failure = None  # none recorded (an older version's), or one this one lacks
+        if failure is None and status == "failed" and outcome.sequence is None:
             # Only the interrupted-turn repair writes a terminal no event carried (here or
             # when a service took the session's lease).
             failure = failures.INTERRUPTED
-        status: str = outcome.status
         if status == "compaction_required":
             # A session-record status only: on the wire the turn failed, as it did live.
-            status, failure = "failed", failures.CONTEXT_LENGTH
+            status, failure = "failed", failure or failures.CONTEXT_LENGTH
         payload = {
             "turn_id": turn_id,
             "session_id": session_id,
@@ -227,8 +229,15 @@ class PersistentCoordinator:
             "activity_replay_available": False,
             "replay_required": True,
         }
+        if status != "failed":
+            failure = None
+        elif failure is not None:
+            recorded = outcome.remedy if failure == outcome.failure else None
+            payload["failure"] = failure
+            payload["remedy"] = _recorded_remedy(recorded, failure)
         event_id = self.coordinator.next_event_id()
-        return envelope.event(event_id, None, session_id, "turn.terminal", payload), failure
+        terminal = envelope.event(event_id, None, session_id, "turn.terminal", payload)
+        return terminal, failure
 
     # -- control grants --------------------------------------------------------------------
 
@@ -248,3 +257,14 @@ class PersistentCoordinator:
             if run.attachment is attachment
         ]
         return valid, turns
+
+
+def _recorded_remedy(recorded: str | None, label: str) -> str:
+    """A session record's remedy when it is one bounded line, else the table's."""
+    if (
+        recorded is not None
+        and "\n" not in recorded
+        and len(recorded.encode()) <= failures.MAX_REMEDY_BYTES
+    ):
+        return recorded
+    return failures.remedy(label)

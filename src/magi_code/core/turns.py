@@ -42,6 +42,7 @@ from typing import Any, Final
 import orjson
 
 from magi_code.auth.credentials import CredentialsError
+from magi_code.config.effective import Effective
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.deadlines import deadline_passed
 from magi_code.protocol.envelope import Request
@@ -86,7 +87,8 @@ _Queued = tuple[str, dict[str, Any], int]
 # Provider deltas are split so that one delta event always fits its record.
 MAX_DELTA_BYTES: Final = 8192
 _START_FIELDS: Final = frozenset({"prompt", "options"})
-# The terminal payload without its text, with counters at their widest, bounds the text.
+# The terminal payload without its text, with counters and failure at their widest,
+# bounds the text.
 _TERMINAL_OVERHEAD: Final = len(
     orjson.dumps(
         {
@@ -98,9 +100,16 @@ _TERMINAL_OVERHEAD: Final = len(
             "activity_dropped": 2**63,
             "activity_replay_available": False,
             "replay_required": True,
+            "failure": "f" * failures.MAX_LABEL_BYTES,
+            "remedy": "r" * failures.MAX_REMEDY_BYTES,
         }
     )
 )
+
+
+def _hashed(turn_id: str) -> str:
+    # What the log says of a turn: its ID is a correlation key of the client's.
+    return hashlib.sha256(turn_id.encode()).hexdigest()[:12]
 
 
 @dataclass(slots=True)
@@ -122,10 +131,9 @@ class TurnReport:
             self.output_tokens += int(usage.get("output", 0))
 
     def log(self, run: TurnRun, status: str) -> None:
-        prepared = run.prepared
-        effective = prepared.effective if isinstance(prepared, PreparedSettings) else None
+        effective = run.effective
         fields = {
-            "turn": hashlib.sha256(run.turn_id.encode()).hexdigest()[:12],
+            "turn": _hashed(run.turn_id),
             "provider": effective.provider_id if effective else None,
             "model": effective.model_id if effective else None,
             "status": status,
@@ -215,7 +223,14 @@ class TurnRun:
         self._settle_text: Callable[[], Awaitable[None]] | None = None
         self._cancel_requested = False
         self.failure: str | None = None  # the label, once the turn failed
+        self.remedy: str | None = None
         self.report = TurnReport()
+
+    @property
+    def effective(self) -> Effective | None:
+        """The settings the turn runs with (None until read, or when they could not be)."""
+        prepared = self.prepared
+        return prepared.effective if isinstance(prepared, PreparedSettings) else None
 
     # -- the sink the agent writes to ----------------------------------------------------
 
@@ -285,8 +300,7 @@ class TurnRun:
 
     def event(self, name: str, payload: dict[str, Any]) -> TurnEvent:
         envelope = self.conn.event(self.request_id, self.session_id, name, payload)
-        failure = self.failure if name == "turn.terminal" else None
-        return TurnEvent(self.info, name, payload["sequence"], envelope, failure)
+        return TurnEvent(self.info, name, payload["sequence"], envelope)
 
     async def _pump(self) -> None:
         """Release the queued events in order, each once the records before it are
@@ -355,11 +369,9 @@ class TurnRun:
             status = "cancelled"
         except Exception as exc:  # noqa: BLE001 - the turn's failure boundary
             status = "failed"
-            self.failure = failure_label(exc)
+            self._failed(exc)
             if isinstance(exc, CompactionRequired):
                 recorded = "compaction_required"
-            if isinstance(exc, ProviderFailure):
-                self.report.http_status, self.report.retries = exc.status, exc.retries
         self.report.log(self, status)
         self._admission_open = False
         # Nothing stamps a sequence after admission closed: the terminal's is known now.
@@ -377,6 +389,8 @@ class TurnRun:
             "activity_replay_available": False,
             "replay_required": True,
         }
+        if self.failure is not None:
+            terminal["failure"], terminal["remedy"] = self.failure, self.remedy
         event = self.event("turn.terminal", terminal)
         batch = Batch(
             [event.envelope],
@@ -388,6 +402,17 @@ class TurnRun:
         batch.after_write.append(self._settled)
         await self.conn.output.put(batch).done.wait()
         await self.service.finished(self)
+
+    def _failed(self, exc: Exception) -> None:
+        self.failure = failure_label(exc)
+        effective = self.effective
+        provider = None if effective is None else effective.provider
+        if provider is None:
+            self.remedy = failures.remedy(self.failure)
+        else:
+            self.remedy = failures.remedy(self.failure, provider.provider_id, provider.api_key_env)
+        if isinstance(exc, ProviderFailure):
+            self.report.http_status, self.report.retries = exc.status, exc.retries
 
     def _settled(self) -> None:
         self.service.active.pop(self.turn_id, None)
@@ -401,6 +426,8 @@ class TurnRun:
             "status": status,
             "assistant_text": "".join(self.text_parts),
             "sequence": sequence,
+            "failure": self.failure,
+            "remedy": self.remedy,
         }
         try:
             # Increments already written stay; the append in flight and the rest follow,

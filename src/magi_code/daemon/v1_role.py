@@ -199,8 +199,10 @@ class V1Role:
             self._answers.popleft()
             message["answers"] = True
         if failed := batch.failures():
-            # The shim prints why its turns failed (the v1 terminal carries no reason).
-            message["failures"] = [{"turn_id": t, "failure": label} for t, label in failed]
+            # The shim prints why its turns failed (it does not parse the v1 records).
+            message["failures"] = [
+                {"turn_id": t, "failure": label, "remedy": remedy} for t, label, remedy in failed
+            ]
         frame = encode_frame(message)
         self._in_flight.append((self._seq, batch, len(frame), self._loop.time()))
         self._in_flight_bytes += len(frame)

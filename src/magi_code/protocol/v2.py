@@ -615,7 +615,7 @@ def attach_result(
     more: bool,
     failure: str | None = None,
 ) -> dict[str, Any]:
-    """``failure``: a failed turn's label, when known (the v1 terminal carries none)."""
+    """``failure``: the label of a failed turn's terminal (its ``failure``), else None."""
     return {
         "t": "attach_result",
         "id": frame_id,

@@ -39,9 +39,9 @@ class TurnOutcome:
     ``status`` is the terminal record's status, or ``None`` while the turn has no terminal
     (still running, or its process died mid-turn). ``assistant_text`` is the terminal's
     ``assistant_text``, or without a terminal the concatenated ``assistant`` records
-    persisted so far. ``sequence`` is the terminal's ``sequence`` (``None`` without one or
-    when the terminal carries none); ``idempotency_key`` and ``accepted_at`` (the user
-    record's ``ts`` in Unix seconds) come from the user record.
+    persisted so far. ``sequence``, ``failure`` and ``remedy`` are the terminal's (``None``
+    without one or when the terminal carries none); ``idempotency_key`` and
+    ``accepted_at`` (the user record's ``ts`` in Unix seconds) come from the user record.
     """
 
     turn_id: str
@@ -50,6 +50,8 @@ class TurnOutcome:
     sequence: int | None
     idempotency_key: str | None
     accepted_at: float | None
+    failure: str | None = None
+    remedy: str | None = None
 
 
 def iter_lines(fd: int, end: int, max_line: int) -> Iterator[bytes]:
@@ -86,21 +88,29 @@ def iter_lines(fd: int, end: int, max_line: int) -> Iterator[bytes]:
 
 
 class _Turn:
-    __slots__ = ("accepted_at", "key", "sequence", "status", "text", "texts", "turn_id")
+    __slots__ = ("accepted_at", "key", "terminal", "texts", "turn_id")
 
     def __init__(self, user: UserRecord, ts: object) -> None:
         self.turn_id = user.turn_id
         self.key = user.idempotency_key
         self.accepted_at = parse_ts(ts)
         self.texts: list[str] = []
-        self.status: TerminalStatus | None = None
-        self.text = ""
-        self.sequence: int | None = None
+        self.terminal: TerminalRecord | None = None
 
     def outcome(self) -> TurnOutcome:
-        text = self.text if self.status is not None else "".join(self.texts)
+        end = self.terminal
+        if end is None:
+            text = "".join(self.texts)
+            return TurnOutcome(self.turn_id, None, text, None, self.key, self.accepted_at)
         return TurnOutcome(
-            self.turn_id, self.status, text, self.sequence, self.key, self.accepted_at
+            self.turn_id,
+            end.status,
+            end.assistant_text,
+            end.sequence,
+            self.key,
+            self.accepted_at,
+            end.failure,
+            end.remedy,
         )
 
 
@@ -118,12 +128,10 @@ def scan_turn(
         last_seq = record.seq
         if isinstance(record, UserRecord) and matches(record):
             current = _Turn(record, ts)
-        elif current is None or current.status is not None:
+        elif current is None or current.terminal is not None:
             continue
         elif isinstance(record, AssistantRecord) and record.turn_id == current.turn_id:
             current.texts.append(record.text)
         elif isinstance(record, TerminalRecord) and record.turn_id == current.turn_id:
-            current.status = record.status
-            current.text = record.assistant_text
-            current.sequence = record.sequence
+            current.terminal = record
     return None if current is None else current.outcome()

@@ -43,8 +43,10 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
 OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     # The client's turn.start idempotency key (see ``valid_idempotency_key``).
     "user": ("idempotency_key",),
-    # The sequence number the turn's terminal event carried (absent when no event did).
-    "terminal": ("sequence",),
+    # The sequence number the turn's terminal event carried (absent when no event did);
+    # a failed turn's ``failure`` label and ``remedy`` (``turns/failures.py``; absent on
+    # other terminals, and on those of versions that did not record them).
+    "terminal": ("sequence", "failure", "remedy"),
     # ``continued``: ``true`` on an increment of a reply still streaming: the reply's
     # message continues in the turn's next assistant record (absent on the record that
     # ends it). ``truncated``: ``true`` on the record that ends a reply the provider's
@@ -115,6 +117,8 @@ class TerminalRecord:
     status: TerminalStatus
     assistant_text: str
     sequence: int | None = None
+    failure: str | None = None
+    remedy: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +207,10 @@ def _sequence(obj: Mapping[str, object]) -> int | None:
     return _seq(obj["sequence"]) if "sequence" in obj else None
 
 
+def _optional_str(obj: Mapping[str, object], name: str) -> str | None:
+    return _str(obj, name) if name in obj else None
+
+
 def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
     match kind:
         case "header":
@@ -242,7 +250,13 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
             if status is None:
                 raise _Malformed
             return TerminalRecord(
-                seq, _str(obj, "turn_id"), status, _str(obj, "assistant_text"), _sequence(obj)
+                seq,
+                _str(obj, "turn_id"),
+                status,
+                _str(obj, "assistant_text"),
+                _sequence(obj),
+                _optional_str(obj, "failure"),
+                _optional_str(obj, "remedy"),
             )
         case "compaction":
             cutoff = _seq(obj.get("cutoff_seq"))

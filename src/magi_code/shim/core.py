@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
-from magi_code.turns.failures import describe
+from magi_code.turns.failures import MAX_LABEL_BYTES, MAX_REMEDY_BYTES, describe
 
 WINDOW_RECORDS: Final = 32
 # Record bytes in flight: half the daemon's 1 MiB inbox bound, and room for 8 records of
@@ -193,8 +193,11 @@ class ShimCore:
         for item in failures[:MAX_REPORTED_FAILURES]:
             if isinstance(item, dict):
                 turn_id, label = item.get("turn_id"), item.get("failure")
+                remedy = item.get("remedy")
                 if isinstance(turn_id, str) and isinstance(label, str):
-                    self._diagnostics.append(describe(turn_id[:128], label[:64]))
+                    remedy = remedy[:MAX_REMEDY_BYTES] if isinstance(remedy, str) else None
+                    line = describe(turn_id[:128], label[:MAX_LABEL_BYTES], remedy)
+                    self._diagnostics.append(line)
 
     def _answered(self) -> None:
         if self._in_flight:

@@ -165,8 +165,8 @@ async def write_loop(output: Output, writer: ByteWriter) -> bool:
                 return False
             _settle(sent)
             for batch in sent:
-                for turn_id, label in batch.failures():
-                    diagnostic(describe(turn_id, label))
+                for turn_id, label, remedy in batch.failures():
+                    diagnostic(describe(turn_id, label, remedy))
         if failure is not None:
             diagnostic(f"output error: {failure}; stopping")
             _settle(batches[len(encoded) :])

@@ -18,10 +18,11 @@ import pytest
 from magi_code.client import connect_channel
 from magi_code.core.persistent import RECOVERED_SEQUENCE
 from magi_code.protocol.frames import MAX_FRAME_BYTES
+from magi_code.turns.failures import REMEDIES
 from tests.process.daemon.support import context, replay_in_new_shim, status, wait_for
 from tests.process.turn_support import start_turn, write_settings
 from tests.support import wire_schema
-from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.service import ServiceProcess
 from tests.support.v2peer import Frame, Peer, sequences
 
@@ -177,6 +178,8 @@ async def test_after_kill_9_a_finished_turn_keeps_its_outcome_and_a_running_one_
         assert await _finished(peer, done_id, session_id) == terminal
         failed = await _finished(peer, running_id, session_id)
         assert failed["status"] == "failed" and failed["turn_id"] == running_id
+        assert failed["failure"] == "service_interrupted"
+        assert failed["remedy"] == REMEDIES["service_interrupted"]
         assert "half" in failed["assistant_text"] or failed["assistant_text"] == ""
         # Asked again, the recovered terminal is the same (it is durable now).
         assert await _finished(peer, running_id, session_id) == failed
@@ -244,6 +247,40 @@ async def test_after_kill_9_a_client_that_opened_the_session_gets_its_dead_turn_
         await peer.close()
     items = await replay_in_new_shim(home, project, session_id)
     assert [i["status"] for i in items if i["kind"] == "terminal"] == ["failed", "completed"]
+
+
+async def test_a_failed_turns_reason_is_the_same_in_its_terminal_snapshot_and_attach(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    from tests.process.daemon.support import cli
+
+    write_settings(home, fake)
+    fake.set_default(HttpError(401))
+    peer = await _peer(home, project)
+    try:
+        response = await peer.request("turn.start", {"prompt": "refused"})
+        turn_id, session_id = response["payload"]["turn_id"], response["payload"]["session_id"]
+        terminal = (await peer.turn_events(turn_id))[-1]["payload"]
+        assert (terminal["status"], terminal["failure"]) == ("failed", "provider_auth_failed")
+        answer, events = await peer.attach(turn_id, -1)
+        assert answer["failure"] == "provider_auth_failed"
+        assert events[-1]["payload"] == terminal
+        snapshot = await peer.call({"t": "snapshot", "turn_ids": [turn_id]}, "snapshot_result")
+        (item,) = snapshot["turns"]
+        assert item["failure"] == "provider_auth_failed"
+        assert {**item["terminal"], "assistant_text": ""} == terminal
+    finally:
+        await peer.close()
+    # A new daemon answers from the session: the reason was recorded with the terminal.
+    assert (await asyncio.to_thread(cli, home, "daemon", "stop")).returncode == 0
+    peer = await _peer(home, project)
+    try:
+        answer, events = await peer.attach(turn_id, -1, session_id=session_id)
+        assert (answer["status"], answer["failure"]) == ("finished", "provider_auth_failed")
+        durable = events[-1]["payload"]
+        assert (durable["failure"], durable["remedy"]) == (terminal["failure"], terminal["remedy"])
+    finally:
+        await peer.close()
 
 
 async def test_a_retried_start_after_a_dropped_connection_runs_the_prompt_once(

@@ -231,6 +231,8 @@ def test_sources_cover_every_enum_owned_elsewhere() -> None:
         "magi_code.sessions.records:TerminalStatus",
         "magi_code.core.service_info:ACTIVITY_CAPABILITIES",
         "magi_code.core.turns:MAX_DELTA_BYTES",
+        "magi_code.turns.failures:LABELS",
+        "magi_code.turns.failures:MAX_REMEDY_BYTES",
     ):
         assert needed in sourced, needed
 

@@ -101,6 +101,12 @@ def test_optional_fields_round_trip_and_absent_fields_encode_as_before() -> None
     # Old lines decode with the defaults.
     assert decode_line(old_user[:-1]) == UserRecord(1, "t", "hi", None)
     assert decode_line(old_terminal[:-1]) == TerminalRecord(2, "t", "failed", "p", None)
+    # A failed turn's reason round-trips; a reason that is not a string is malformed.
+    why = {"failure": "provider_auth_failed", "remedy": "check the key in K"}
+    line = encode_record({**terminal("t", "failed", "p", sequence=3), **why}, 2, TS)
+    assert decode_line(line[:-1]) == TerminalRecord(2, "t", "failed", "p", 3, **why)
+    bad = orjson.loads(line) | {"failure": 401}
+    assert decode_line(orjson.dumps(bad)) is None
 
 
 @pytest.mark.parametrize(

@@ -1439,6 +1439,30 @@ LOGIN_PROGRESS: Final = Union(
     ),
 )
 
+# Why a turn failed, in the order of the table in ``docs/turns.md``.
+FAILURE_LABELS: Final = (
+    "auth_missing",
+    "auth_refresh_failed",
+    "auth_unreadable",
+    "provider_not_configured",
+    "configuration_unavailable",
+    "provider_auth_failed",
+    "provider_http_error",
+    "provider_server_error",
+    "provider_rate_limited",
+    "provider_quota_exceeded",
+    "provider_unavailable",
+    "provider_timeout",
+    "provider_stream_error",
+    "provider_incomplete",
+    "context_length_exceeded",
+    "output_limit_exceeded",
+    "request_limit_exceeded",
+    "service_interrupted",
+    "storage_error",
+    "internal_error",
+)
+
 EVENTS: Final[tuple[Event, ...]] = (
     Event(
         name="turn.started",
@@ -1517,6 +1541,27 @@ EVENTS: Final[tuple[Event, ...]] = (
                     name="replay_required",
                     shape=Bool(const=True),
                     doc="Always `true`: `session.replay` shows the durable result.",
+                ),
+                Field(
+                    name="failure",
+                    shape=Str(
+                        enum=FAILURE_LABELS,
+                        open_enum=True,
+                        sources={"enum": "magi_code.turns.failures:LABELS"},
+                    ),
+                    required=False,
+                    doc="Only when `status` is `failed`: why, as a fixed label (the table in "
+                    "`docs/turns.md`). Absent on other terminals.",
+                ),
+                Field(
+                    name="remedy",
+                    shape=Str(
+                        max_bytes=512,
+                        sources={"max_bytes": "magi_code.turns.failures:MAX_REMEDY_BYTES"},
+                    ),
+                    required=False,
+                    doc="With `failure`, always: what to do, one line of fixed text for "
+                    "people (it may name a provider's key variable).",
                 ),
             )
         ),
