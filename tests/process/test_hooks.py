@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from magi_code.storage.stamps import RACY_WINDOW_NS
+from tests.process.daemon.support import paths
 from tests.process.turn_support import (
     TurnEvents,
     body_text,
@@ -36,7 +37,7 @@ from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service
 
 HOOK_SCRIPT = """\
-import json, os, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 mode, log = sys.argv[1], sys.argv[2]
 event = json.loads(sys.stdin.read())
 umask = os.umask(0)
@@ -56,6 +57,12 @@ if mode == "create":
     if pattern.startswith("b"):
         time.sleep(0.5)
         open(pattern.replace("*", "1"), "w").close()
+if mode == "deaf":
+    # Ignores the SIGTERM that cancellation sends: only the SIGKILL after it ends this.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(log, "a") as fh:
+        fh.write(json.dumps({"mode": "deaf", "pid": os.getpid()}) + "\\n")
+    time.sleep(60)
 if mode == "hang":
     child = subprocess.Popen(["sleep", sys.argv[3]])
     with open(log, "a") as fh:
@@ -308,6 +315,52 @@ async def test_cancelling_a_turn_during_a_hook_kills_its_process_group(
     assert _lifecycles(turn, "hook") == [("hook", "running"), ("activity", "cancelled")]
     # The hook ran before the first provider request: none was made.
     assert posted_bodies(fake) == []
+
+
+async def test_a_cancelled_turn_ends_after_its_grace_when_its_hook_ignores_sigterm(
+    home: Path,
+    project: Path,
+    fake: FakeProviderServer,
+    hook_script: Path,
+    tmp_path: Path,
+    service_mode: str,
+) -> None:
+    """The hook's cleanup lasts until the SIGKILL that follows the ignored SIGTERM; with the
+    grace far below that, the terminal does not wait for it: the worker is abandoned (and
+    logged), and its cleanup still kills the hook."""
+    log = tmp_path / "hook-log.jsonl"
+    hooks = {"user_prompt_submit": [_hook("deaf", log, hook_script, timeout_ms=600_000)]}
+    write_settings(home, fake, hooks=hooks)
+    grace = {"MC_CANCEL_GRACE_SECONDS": "0.2"}
+    async with running_service(home, project, grace) as svc:
+        rid, accepted = await start_turn(svc, "go")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not (deaf := [r["pid"] for r in _log(log) if "pid" in r]):
+            assert loop.time() < deadline, "the hook never started"
+            await asyncio.sleep(0.05)
+        hook = psutil.Process(deaf[0])
+        cancel = await svc.request("turn.cancel", {"turn_id": accepted["turn_id"]})
+        assert cancel["payload"]["status"] == "cancellation_requested"
+        turn = check_turn(
+            await svc.events_until_terminal(rid), accepted["turn_id"], accepted["session_id"]
+        )
+        assert turn.terminal["status"] == "cancelled" and "failure" not in turn.terminal
+        # The abandoned cleanup goes on: the hook is killed all the same.
+        _, alive = await asyncio.to_thread(psutil.wait_procs, [hook], 20)
+        assert alive == []
+        # The session is free again for the next turn.
+        fake.enqueue(Reply(text=["next"]))
+        write_settings(home, fake)
+        _, after = await run_turn(svc, "again", session_id=accepted["session_id"])
+        assert after.terminal["status"] == "completed"
+        await svc.close_stdin()
+        await svc.wait()
+        stderr = await svc.stderr_text()
+    logged = stderr if service_mode == "embedded" else paths(home).log.read_text()
+    (line,) = [line for line in logged.splitlines() if "did not stop within" in line]
+    assert "0.2 s" in line and accepted["turn_id"] not in line and str(project) not in line
+    assert len(posted_bodies(fake)) == 1  # only the second turn reached the provider
 
 
 async def test_tool_hooks_apply_to_subagent_tool_calls(

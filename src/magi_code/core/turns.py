@@ -24,7 +24,9 @@ Theory of operation, per turn:
   releases the start request ID; only then is the session attachment settled.
 
 Cancellation interrupts only the agent task: if the agent already finished, the turn
-still ends ``completed`` (completion won the race).
+still ends ``completed`` (completion won the race). A cancelled agent gets a bounded grace
+(:func:`cancel_grace`) to finish its cleanup; past it the terminal is written without it,
+and the worker is abandoned (logged) and refused any further text or record.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import secrets
 import time
 from collections import deque
@@ -86,6 +89,11 @@ PUMP_IN_FLIGHT: Final = 4
 _Queued = tuple[str, dict[str, Any], int]
 # Provider deltas are split so that one delta event always fits its record.
 MAX_DELTA_BYTES: Final = 8192
+# How long a cancelled turn's agent may take to stop (a shell tool's process group takes
+# up to about 8 s to be killed and reaped) before the turn's terminal is written without
+# it. ``MC_CANCEL_GRACE_SECONDS`` in the launch environment sets another.
+CANCEL_GRACE_SECONDS: Final = 10.0
+CANCEL_GRACE_ENV: Final = "MC_CANCEL_GRACE_SECONDS"
 _START_FIELDS: Final = frozenset({"prompt", "options"})
 # The terminal payload without its text, with counters and failure at their widest,
 # bounds the text.
@@ -105,6 +113,15 @@ _TERMINAL_OVERHEAD: Final = len(
         }
     )
 )
+
+
+def cancel_grace(env: Mapping[str, str]) -> float:
+    """``MC_CANCEL_GRACE_SECONDS`` (a positive number of seconds), else the default."""
+    try:
+        value = float(env.get(CANCEL_GRACE_ENV, ""))
+    except ValueError:
+        return CANCEL_GRACE_SECONDS
+    return value if 0 < value < math.inf else CANCEL_GRACE_SECONDS
 
 
 def _hashed(turn_id: str) -> str:
@@ -222,6 +239,11 @@ class TurnRun:
         self.task: asyncio.Task[None] | None = None
         self._settle_text: Callable[[], Awaitable[None]] | None = None
         self._cancel_requested = False
+        # Done when the agent ended, or when its cancellation grace ran out first.
+        self._joined: asyncio.Future[None] | None = None
+        self._grace: asyncio.TimerHandle | None = None
+        self._grace_seconds = CANCEL_GRACE_SECONDS
+        self._over = False  # the terminal record is written: the agent may write no more
         self.failure: str | None = None  # the label, once the turn failed
         self.remedy: str | None = None
         self.report = TurnReport()
@@ -235,6 +257,8 @@ class TurnRun:
     # -- the sink the agent writes to ----------------------------------------------------
 
     async def text(self, delta: str) -> None:
+        if not self._admission_open:
+            raise asyncio.CancelledError  # an abandoned agent: the terminal has the text
         for piece in utf8_parts(delta, MAX_DELTA_BYTES):
             encoded = len(orjson.dumps(piece)) - 2
             size = len(piece.encode())
@@ -264,6 +288,8 @@ class TurnRun:
             self.activity_dropped += 1
 
     async def record(self, record: Mapping[str, Any]) -> int:
+        if self._over:
+            raise asyncio.CancelledError  # an abandoned agent: nothing after the terminal
         # Queued for the group commit; the events queued after it wait for it (``_pump``).
         return await self.attachment.lease.enqueue(record)
 
@@ -278,8 +304,10 @@ class TurnRun:
         if self.task is not None:
             return  # started by its acceptance write or by connection cleanup, once
         self.agent_task = asyncio.create_task(self._agent())
+        self._joined = asyncio.get_running_loop().create_future()
+        self.agent_task.add_done_callback(self._agent_ended)
         if self._cancel_requested:
-            self.agent_task.cancel()
+            self._cancel_agent()
         self.task = asyncio.create_task(self._run())
 
     async def _agent(self) -> None:
@@ -296,7 +324,27 @@ class TurnRun:
         # Before the worker starts (acceptance not yet written) the request is remembered.
         self._cancel_requested = True
         if self.agent_task is not None:
-            self.agent_task.cancel()
+            self._cancel_agent()
+
+    def _cancel_agent(self) -> None:
+        assert self.agent_task is not None and self._joined is not None
+        self.agent_task.cancel()
+        if self._grace is None and not self._joined.done():
+            self._grace_seconds = cancel_grace(self.turn.ctx.env)
+            loop = asyncio.get_running_loop()
+            self._grace = loop.call_later(self._grace_seconds, self._grace_over)
+
+    def _grace_over(self) -> None:
+        if self._joined is not None and not self._joined.done():
+            self._joined.set_result(None)
+
+    def _agent_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved here too: an abandoned agent's is never read
+        if self._grace is not None:
+            self._grace.cancel()
+        if self._joined is not None and not self._joined.done():
+            self._joined.set_result(None)
 
     def event(self, name: str, payload: dict[str, Any]) -> TurnEvent:
         envelope = self.conn.event(self.request_id, self.session_id, name, payload)
@@ -352,31 +400,44 @@ class TurnRun:
             await batch.done.wait()
 
     async def _run(self) -> None:
-        assert self.agent_task is not None
+        agent, joined = self.agent_task, self._joined
+        assert agent is not None and joined is not None
         pump = asyncio.create_task(self._pump())
         status = "completed"
         recorded = None  # the session's terminal status when it differs from the event's
         try:
-            await asyncio.shield(self.agent_task)
-            # Completed only once everything it recorded is durable.
-            await self.attachment.lease.durable(self.attachment.lease.submitted_seq)
+            await asyncio.shield(joined)
+            if not agent.done() or agent.cancelled():
+                status = "cancelled"  # turn.cancel cancelled the agent
+            else:
+                agent.result()  # raises what failed the agent
+                # Completed only once everything it recorded is durable.
+                await self.attachment.lease.durable(self.attachment.lease.submitted_seq)
         except asyncio.CancelledError:
-            # turn.cancel cancelled the agent, or owner drop cancelled this task.
-            if not self.agent_task.done():
-                self.agent_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self.agent_task
+            # Owner drop cancelled this task: the agent gets its grace, as on turn.cancel.
+            self.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(joined)
             status = "cancelled"
         except Exception as exc:  # noqa: BLE001 - the turn's failure boundary
             status = "failed"
             self._failed(exc)
             if isinstance(exc, CompactionRequired):
                 recorded = "compaction_required"
+        if not agent.done():
+            self.service.abandon(agent)
+            log.warning(
+                "turn %s: its worker did not stop within %g s of the cancellation; "
+                "the turn ends without it",
+                _hashed(self.turn_id),
+                self._grace_seconds,
+            )
         self.report.log(self, status)
         self._admission_open = False
         # Nothing stamps a sequence after admission closed: the terminal's is known now.
         sequence = self._stamp()
         await self._persist_end(recorded or status, sequence)
+        self._over = True
         await self._queue.put(None)
         await pump
         terminal = {
@@ -446,6 +507,8 @@ class TurnService:
         self.gate = gate
         self.active: dict[str, TurnRun] = {}
         self.keys = StartKeys()
+        # Agents that outlived their cancellation grace, held until they end.
+        self._abandoned: set[asyncio.Task[None]] = set()
 
     def routes(self) -> Sequence[Route]:
         return (
@@ -577,6 +640,10 @@ class TurnService:
             raise ServiceError(ErrorCode.UNKNOWN_TURN)
         run.cancel()
         return Reply({"turn_id": turn_id, "status": "cancellation_requested"})
+
+    def abandon(self, agent: asyncio.Task[None]) -> None:
+        self._abandoned.add(agent)
+        agent.add_done_callback(self._abandoned.discard)
 
     async def finished(self, run: TurnRun) -> None:
         self.active.pop(run.turn_id, None)
