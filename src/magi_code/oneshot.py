@@ -3,8 +3,8 @@
 A terminal user's quickest provider check. It drives the coordinator in-process exactly as
 a frontend would (initialize, then ``turn.start``), prints the session ID on stderr and the
 assistant deltas on stdout as they arrive, and exits non-zero with one line (the failure
-label and its remedy) when the turn does not complete. With ``--json`` it writes every v1
-message of the turn (its ``turn.start`` response and events) as JSONL instead.
+label and its remedy) when the turn does not complete. With ``--json`` stdout has the
+turn's v1 events as JSONL instead, and nothing else (stderr is the same).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ async def _batch(conn: Connection) -> Batch:
 
 
 class _Printer:
-    """Text mode: deltas on stdout, one line per outcome on stderr. JSON mode: every v1
-    message of the turn as one JSONL line on stdout (the same bytes a frontend reads)."""
+    """Text mode: deltas on stdout, one line per outcome on stderr. JSON mode: each v1
+    event of the turn as one JSONL line on stdout (the records a frontend reads)."""
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
@@ -54,19 +54,19 @@ class _Printer:
         return None
 
     def _message(self, message: dict[str, Any]) -> int | None:
-        if self.as_json and message.get("request_id") == "turn":
-            # The turn.start response and its events (they carry its request ID).
-            sys.stdout.write(orjson.dumps(message).decode() + "\n")
-            sys.stdout.flush()
         if message["kind"] == "response":
             if message["error"] is not None:
                 sys.stderr.write(f"magi-code: {message['error']['message']}\n")
                 return 1
-            if message["request_id"] == "turn" and not self.as_json:
+            if message["request_id"] == "turn":
                 sys.stderr.write(f"magi-code: session {message['payload']['session_id']}\n")
             return None
         if message["kind"] != "event":
             return None
+        if self.as_json and message["request_id"] == "turn":
+            # The turn's events (they carry its request ID).
+            sys.stdout.write(orjson.dumps(message).decode() + "\n")
+            sys.stdout.flush()
         if message["event"] == "turn.assistant_delta" and not self.as_json:
             text = message["payload"]["text"]
             sys.stdout.write(text)

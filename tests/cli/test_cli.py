@@ -302,9 +302,12 @@ def test_prompt_json_writes_schema_valid_v1_jsonl(home: Path, fake: FakeProvider
     messages = [json.loads(line) for line in result.stdout.splitlines()]
     for message in messages:
         check_record(message)  # the shipped JSON Schemas
-    assert messages[0]["kind"] == "response" and messages[0]["request_id"] == "turn"
-    assert [m["event"] for m in messages[1:]][-1] == "turn.terminal"
+    # The turn's events and nothing else; its session is on stderr, as in text mode.
+    assert {(m["kind"], m["request_id"]) for m in messages} == {("event", "turn")}
+    assert messages[0]["event"] == "turn.started" and messages[-1]["event"] == "turn.terminal"
     assert messages[-1]["payload"]["assistant_text"] == "json mode"
+    session_id = messages[0]["session_id"]
+    assert result.stderr.splitlines() == [f"magi-code: session {session_id}"]
 
 
 def test_doctor_names_what_blocks_a_turn_and_passes_when_one_can_run(

@@ -58,3 +58,22 @@ def test_prompt_failure_exits_non_zero_with_one_reason(home: Path, project: Path
     assert result.returncode != 0
     assert "failed" in result.stderr
     assert "secret provider words" not in result.stderr + result.stdout
+
+
+def test_prompt_json_writes_only_the_turns_events_and_a_failure_on_its_terminal(
+    home: Path, project: Path
+) -> None:
+    with FakeProviderServer() as fake:
+        _settings(home, fake.base_url)
+        fake.enqueue(HttpError(401, {"error": {"message": "secret provider words"}}))
+        result = _prompt(home, project, "hi", "--json")
+    assert result.returncode == 1
+    messages = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [m["kind"] for m in messages] == ["event"] * len(messages)
+    assert messages[0]["event"] == "turn.started" and messages[-1]["event"] == "turn.terminal"
+    terminal = messages[-1]["payload"]
+    assert (terminal["status"], terminal["failure"]) == ("failed", "provider_auth_failed")
+    session, failed = result.stderr.splitlines()
+    assert session == f"magi-code: session {terminal['session_id']}"
+    assert failed.endswith(f"failed: provider_auth_failed — {terminal['remedy']}")
+    assert "secret provider words" not in result.stderr + result.stdout
