@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from magi_code.auth import credentials
@@ -79,3 +82,9 @@ def test_every_remedy_is_one_bounded_line_and_names_no_protocol_operation() -> N
         assert "config.set" not in text and "turn.start" not in text, text
     assert all(len(label) <= failures.MAX_LABEL_BYTES for label in failures.LABELS)
 
+
+def test_docs_turns_md_lists_every_label_with_its_remedy() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "turns.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", text, re.M)
+    table = [(label, remedy) for label, remedy in rows if label in failures.REMEDIES]
+    assert table == list(failures.REMEDIES.items())
