@@ -204,6 +204,7 @@ async def test_a_second_context_length_error_fails_the_turn(
         label = await _failed_turn_label(svc, turn.terminal["turn_id"])
     assert turn.terminal["status"] == "failed"
     assert label == "context_length_exceeded" and label in REMEDIES
+    assert turn.terminal["failure"] == label
     assert _compactions(turn) == [["triggered", "running", "completed"]]
     assert len(posts(fake)) == 4  # first turn, error, summary, the one retry
     terminals = [r for r in records(home, session_id) if isinstance(r, TerminalRecord)]
@@ -224,7 +225,7 @@ async def test_compaction_required_when_the_summary_itself_does_not_fit(
         label = await _failed_turn_label(svc, turn.terminal["turn_id"])
     # The v1 terminal status set is closed: the event says failed; the session says why.
     assert turn.terminal["status"] == "failed"
-    assert label == "context_length_exceeded"
+    assert label == "context_length_exceeded" == turn.terminal["failure"]
     assert _compactions(turn) == [["triggered", "running", "failed"]]
     assert len(posts(fake)) == 3  # no retry without a compaction
     terminals = [r for r in records(home, session_id) if isinstance(r, TerminalRecord)]
@@ -297,7 +298,7 @@ async def test_compaction_required_when_a_history_beyond_the_window_cannot_be_co
         turn = check_turn(events, accepted["turn_id"], session_id)
         label = await _failed_turn_label(svc, accepted["turn_id"])
     assert turn.terminal["status"] == "failed"
-    assert label == "context_length_exceeded"
+    assert label == "context_length_exceeded" == turn.terminal["failure"]
     assert _compactions(turn) == [["triggered", "running", "failed"]]
     sent = posts(fake)
     assert len(sent) == 1 and _is_summary(sent[0])  # the turn never sent the cut history

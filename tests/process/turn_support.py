@@ -178,6 +178,8 @@ def check_turn(events: Sequence[dict[str, Any]], turn_id: str, session_id: str) 
             check_activity(payload["activity"])
             activities.append(payload["activity"])
     terminal = terminal_event["payload"]
+    # A failed turn's says why (label and remedy); no other terminal has either.
+    why = {"failure", "remedy"} if terminal.get("status") == "failed" else set()
     assert set(terminal) == {
         "turn_id",
         "session_id",
@@ -187,6 +189,7 @@ def check_turn(events: Sequence[dict[str, Any]], turn_id: str, session_id: str) 
         "activity_dropped",
         "activity_replay_available",
         "replay_required",
+        *why,
     }
     assert terminal["turn_id"] == turn_id
     assert terminal["session_id"] == session_id

@@ -66,9 +66,10 @@ def test_a_credential_remedy_names_what_gives_the_turns_provider_credentials() -
     pasted = "sk_live_0123456789abcdef0123456789"
     assert pasted not in failures.remedy("provider_auth_failed", "local", pasted)
     # Other labels keep their fixed remedy whatever the provider.
-    assert failures.remedy("provider_unavailable", "local", "K") == failures.REMEDIES[
-        "provider_unavailable"
-    ]
+    assert (
+        failures.remedy("provider_unavailable", "local", "K")
+        == failures.REMEDIES["provider_unavailable"]
+    )
 
 
 def test_every_remedy_is_one_bounded_line_and_names_no_protocol_operation() -> None:
