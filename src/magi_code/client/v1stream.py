@@ -457,9 +457,6 @@ class V1StreamValidator:
             raise _fail("text_mismatch", "assistant_text is not the deltas joined")
         if payload["session_id"] != turn.session_id:
             raise _fail("mismatched_event", "turn.terminal session_id is not the turn's")
-        for member in ("failure", "remedy"):  # why it failed: optional, strings when given
-            if payload.get(member) is not None:
-                _string(payload[member], f"turn.terminal {member}", empty=False)
         state = self._state
 
         def apply() -> None:

@@ -203,7 +203,8 @@ def _output_shapes() -> Iterator[tuple[str, Shape]]:
 def test_only_fields_with_a_defined_fallback_accept_unknown_values() -> None:
     """The contract: unknown enum values are rejected unless the field defines a fallback.
     Here that is an error code (a failure of its request), an advertised operation (left
-    unused) and an advertised transport other than stdio (ignored)."""
+    unused), an advertised transport other than stdio (ignored) and a failed turn's label
+    (its remedy is shown)."""
     with_fallback = {
         where.split(":", 1)[1]
         for where, shape in _output_shapes()
@@ -211,6 +212,7 @@ def test_only_fields_with_a_defined_fallback_accept_unknown_values() -> None:
     }
     assert with_fallback == {
         "error.code",
+        "failure",
         "operations[]",
         "capabilities.operations[]",
         "transports[] (consumer)",

@@ -1546,7 +1546,7 @@ EVENTS: Final[tuple[Event, ...]] = (
                     name="failure",
                     shape=Str(
                         enum=FAILURE_LABELS,
-                        open_enum=True,
+                        fallback="a failure this version does not label: show `remedy`",
                         sources={"enum": "magi_code.turns.failures:LABELS"},
                     ),
                     required=False,
@@ -1556,6 +1556,7 @@ EVENTS: Final[tuple[Event, ...]] = (
                 Field(
                     name="remedy",
                     shape=Str(
+                        min_length=1,
                         max_bytes=512,
                         sources={"max_bytes": "magi_code.turns.failures:MAX_REMEDY_BYTES"},
                     ),
