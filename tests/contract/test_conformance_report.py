@@ -31,7 +31,7 @@ def test_the_versions_are_read_from_the_fixture_files(tmp_path: Path) -> None:
         len(scenario_files()),
     )
     consumer = sorted((FIXTURES / "consumer").glob("*.jsonl"))
-    assert declared_versions(consumer, "consumer_fixture_schema_version") == ([1], len(consumer))
+    assert declared_versions(consumer, "consumer_fixture_schema_version") == ([2], len(consumer))
     mixed = [tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"]
     for path, version in zip(mixed, (2, 1, 2), strict=True):
         path.write_text(json.dumps({"fixture_schema_version": version}) + "\n{}\n")
