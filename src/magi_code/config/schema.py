@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import orjson
 
+from magi_code.config.approvals import SCHEMA_PROPERTIES as APPROVAL_PROPERTIES
 from magi_code.config.ids import ID_PATTERN, THINKING_LEVELS
 from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
@@ -195,6 +196,7 @@ SETTINGS_SCHEMA: Final[dict[str, Any]] = {
                 "hooks, mcp_servers and network (elsewhere those entries are ignored)."
             ),
         },
+        **APPROVAL_PROPERTIES,
     },
 }
 

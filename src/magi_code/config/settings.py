@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import orjson
 
+from magi_code.config.approvals import APPROVAL_KEYS, ApprovalSettings, build_approvals
 from magi_code.config.ids import looks_secret
 from magi_code.config.schema import HOOK_EVENTS, SETTINGS_SCHEMA, is_valid, project_schema
 from magi_code.dataclass import dataclass, field
@@ -142,6 +143,8 @@ class Settings:
     trusted_projects: tuple[str, ...] = ()
     # The TRUST_GATED keys the project file sets but an untrusted project does not get.
     ignored_project_keys: tuple[str, ...] = ()
+    # Policy, rules and deadline of tool-call approvals (config.approvals).
+    approvals: ApprovalSettings = ApprovalSettings()
 
     @property
     def configured_thinking_level(self) -> str:
@@ -364,6 +367,7 @@ def build_settings(
         project_hooks=_hooks(gated),
         trusted_projects=tuple(global_doc.get("trusted_projects", ())),
         ignored_project_keys=ignored,
+        approvals=build_approvals(global_doc, project_doc, trusted=trusted),
     )
 
 
@@ -376,11 +380,10 @@ def load_settings(ctx: LaunchContext) -> Settings:
     global_doc = read_document(ctx.global_settings_path, Scope.GLOBAL)
     project = project_settings_path(ctx)
     project_doc = {} if project is None else read_document(project, Scope.PROJECT)
-    trusted = False
-    if any(key in project_doc for key in TRUST_GATED):
-        trusted = is_trusted(global_doc.get("trusted_projects", ()), ctx.project_dir)
-        if not trusted:
-            _log_untrusted(ctx.project_dir)
+    # Also without gated keys: a trusted project may be offered "allow always" answers.
+    trusted = is_trusted(global_doc.get("trusted_projects", ()), ctx.project_dir)
+    if not trusted and any(key in project_doc for key in (*TRUST_GATED, *APPROVAL_KEYS)):
+        _log_untrusted(ctx.project_dir)
     return build_settings(global_doc, project_doc, trusted=trusted)
 
 
@@ -395,7 +398,8 @@ def _log_untrusted(project_dir: Path) -> None:
     _log_once(
         _untrusted_logged,
         project_dir,
-        "the project settings' hooks, mcp_servers and network are ignored: "
+        "the project settings' hooks, mcp_servers, network and looser approval settings "
+        "are ignored: "
         "the project is not in trusted_projects",
     )
 

@@ -461,6 +461,10 @@ class McpTool:
         description = listed.description or listed.title or f"MCP tool {listed.name}"
         self.description = description[:MAX_DESCRIPTION_CHARS]
         self.parameters = parameters
+        # The server says the tool changes nothing (``readOnlyHint``): it needs no approval
+        # (turns.approvals). Not ``read_only``: that would also run its calls concurrently.
+        annotations = listed.annotations
+        self.declared_read_only = bool(annotations is not None and annotations.readOnlyHint)
         self._connection = connection
         self._call_timeout = call_timeout
 

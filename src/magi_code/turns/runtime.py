@@ -24,6 +24,7 @@ from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
 from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED
 
 from .agent import AgentEnv, AgentPlan, TurnSink
+from .approvals import ApprovalGate, Approver, NoApprover
 from .context import items_from_records
 from .hooks import TurnHooks
 from .instructions import system_prompt
@@ -158,9 +159,11 @@ class TurnRuntime:
         prepared: Prepared,
         sink: TurnSink,
         expose_settle: Callable[[Callable[[], Awaitable[None]]], None],
+        approver: Approver | None = None,
     ) -> None:
         """Run the agent with ``prepared`` (captured at admission, or reloaded by the
-        worker right before this); the turn keeps them for its whole run."""
+        worker right before this); the turn keeps them for its whole run. ``approver`` is
+        the turn's way to a person; without one, calls that need an answer are refused."""
         ctx = turn.ctx
         if isinstance(prepared, ServiceError):
             raise prepared
@@ -208,14 +211,18 @@ class TurnRuntime:
                 hooks = TurnHooks.for_turn(
                     settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
                 )
+                # Inside the hooks: a blocking pre_tool_use hook decides before anyone is asked.
+                gate = ApprovalGate(
+                    settings.approvals, approver or NoApprover(), ctx, sink, turn.turn_id
+                )
                 builtins = hooks.wrap(
-                    turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id)
+                    gate.wrap(turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id))
                 )
                 task = TaskTool(env, builtins)
 
                 def tools() -> list[Tool]:
                     # Built again when an MCP server's tool list changed (list_changed).
-                    return [*builtins, *hooks.wrap([task, *toolset.tools()])]
+                    return [*builtins, *hooks.wrap(gate.wrap([task, *toolset.tools()]))]
 
                 agent = RefreshingAgent(
                     env,
