@@ -14,6 +14,7 @@ are written) count only in a project the global ``trusted_projects`` names.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
@@ -89,6 +90,13 @@ class Rules:
         return Rules(
             self.commands + other.commands, self.tools + other.tools, self.paths + other.paths
         )
+
+    def changed(self, kind: str, value: tuple[str, ...] | str, *, add: bool) -> Rules:
+        """These rules with one rule of ``kind`` (``commands``/``tools``/``paths``) added
+        or removed."""
+        entries: tuple[Any, ...] = getattr(self, kind)
+        kept = tuple(entry for entry in entries if entry != value)
+        return dataclasses.replace(self, **{kind: (*kept, value) if add else kept})
 
     def __bool__(self) -> bool:
         return bool(self.commands or self.tools or self.paths)

@@ -67,6 +67,8 @@ class Connection:
         # A persistent (v2) client: its turn admission captures settings (RFC-0002 §6.6);
         # a v1 client's turn workers reload them instead.
         self.persistent = persistent
+        # A persistent client that negotiated approvals (RFC-0002 §6.7): its turns may ask.
+        self.approvals = False
         self.output = Output()
         self.initialized = False
         self.reserved: set[str] = set()

@@ -30,6 +30,7 @@ from magi_code.sessions.ids import validate_session_id
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns import failures
 
+from .approvals import ApprovalService
 from .coordinator import Connection, ServiceCoordinator
 from .journal import SnapshotQuery, TurnJournal
 from .output import TurnEvent
@@ -66,6 +67,8 @@ class PersistentCoordinator:
         sessions = [s for s in coordinator.services if isinstance(s, SessionService)]
         self.turns: TurnService | None = turns[0] if turns else None
         self.sessions: SessionService | None = sessions[0] if sessions else None
+        # Approval requests and grants: the turn service's, else a service without turns.
+        self.approvals = self.turns.approvals if self.turns is not None else ApprovalService()
 
     # -- connections -----------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from magi_code.turns.runtime import (
     read_settings,
 )
 
+from .approvals import ApprovalService
 from .coordinator import Connection
 from .idempotency import RETAIN_SECONDS, StartKeys, repeated
 from .output import Batch, TurnEvent, TurnInfo
@@ -314,7 +315,13 @@ class TurnRun:
         if self.prepared is None:
             # A v1 turn: the settings as they are now, right before provider execution.
             self.prepared = await asyncio.to_thread(read_settings, self.turn.ctx)
-        await self.service.runtime.run(self.turn, self.prepared, self, self._keep_settle)
+        await self.service.runtime.run(
+            self.turn,
+            self.prepared,
+            self,
+            self._keep_settle,
+            self.service.approvals.approver(self),
+        )
 
     def _keep_settle(self, settle: Callable[[], Awaitable[None]]) -> None:
         # The runtime hands back how to make the text streamed so far durable.
@@ -477,6 +484,7 @@ class TurnRun:
 
     def _settled(self) -> None:
         self.service.active.pop(self.turn_id, None)
+        self.service.approvals.turn_ended(self.turn_id)
         self.attachment.cancel_turn = None
         self.attachment.idle.set()
 
@@ -509,6 +517,8 @@ class TurnService:
         self.keys = StartKeys()
         # Agents that outlived their cancellation grace, held until they end.
         self._abandoned: set[asyncio.Task[None]] = set()
+        # Approval requests of running turns, and session grants (core.approvals).
+        self.approvals = ApprovalService()
 
     def routes(self) -> Sequence[Route]:
         return (

@@ -294,4 +294,4 @@ class PeerConnection:
         conn = self.server.core.open(hello.role, ctx, self.end_input, hello.client_version)
         if hello.role == "v1_shim":
             return V1Role(self, conn)
-        return PersistentRole(self, conn, hello.delta_interval_ms)
+        return PersistentRole(self, conn, hello)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
+from magi_code.core.approvals import UnknownApproval
 from magi_code.core.coordinator import Connection
 from magi_code.core.journal import BadCursor, SnapshotQuery
 from magi_code.core.output import TurnEvent
@@ -43,21 +44,27 @@ ATTACH_PART_BYTES: Final = 512 * 1024
 
 
 class PersistentRole:
-    def __init__(self, peer: PeerConnection, conn: Connection, delta_interval_ms: int) -> None:
+    def __init__(self, peer: PeerConnection, conn: Connection, hello: v2.Hello) -> None:
         self.peer = peer
         self.conn = conn
         self.core = peer.server.core
+        self.approvals = self.core.approvals
         self.outbound = Outbound(
             self._write_message,
             peer.send,
             peer.transport.get_write_buffer_size,
             limit=peer.server.outbound_limit,
-            interval_ms=delta_interval_ms,
+            interval_ms=hello.delta_interval_ms,
             on_cut=lambda turn_id: self.core.journal.unfollow(turn_id, self._deliver),
         )
         # Control is revoked the moment the client is gone (RFC-0002 §6.1), not only once
         # the requests it sent before have been handled.
         peer.on_lost_hook = lambda: self.core.lost(conn)
+        if hello.approvals:
+            # Approval frames are not turn events: sent directly, never cut (§6.7).
+            conn.approvals = True
+            label = f"{hello.client_name or 'client'}#{conn.conn_id}"
+            self.approvals.listen(conn.conn_id, peer.send, label)
 
     async def serve(self) -> None:
         peer, conn = self.peer, self.conn
@@ -73,10 +80,15 @@ class PersistentRole:
                     answer_control(peer, frame)
                 elif isinstance(frame, v2.Snapshot):
                     self._snapshot(frame)
+                elif isinstance(frame, v2.ApprovalAnswer):
+                    self._answer(frame)
+                elif isinstance(frame, v2.GrantsList | v2.GrantsRevoke):
+                    await self._grants(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
         finally:
+            self.approvals.unlisten(conn.conn_id)
             self.core.journal.forget(self._deliver)
             try:
                 await self.core.close(conn)
@@ -115,6 +127,7 @@ class PersistentRole:
         self.peer.send(
             {"t": "control_granted", "id": frame.id, "session_id": session_id, "turns": turns}
         )
+        self.approvals.resend_session(self.conn.conn_id, session_id)
 
     def _snapshot(self, frame: v2.Snapshot) -> None:
         query = SnapshotQuery(frame.session_id, frame.turn_ids, frame.project_dir, frame.cursor)
@@ -145,6 +158,41 @@ class PersistentRole:
                 self.peer.send(v2.attach_result(frame.id, status, part, more, failure))
             else:
                 self.peer.send(v2.attach_more(frame.id, part, more))
+        if status != "finished":
+            # The turn's pending approval requests, again, after its buffered events.
+            self.approvals.follow(self.conn.conn_id, frame.turn_id)
+
+    def _answer(self, frame: v2.ApprovalAnswer) -> None:
+        try:
+            earlier = self.approvals.answer(self.conn.conn_id, frame.approval_id, frame.decision)
+        except UnknownApproval:
+            self.peer.send(v2.frame_error("approval_error", frame.id, Code.UNKNOWN_APPROVAL))
+            return
+        if earlier is not None:
+            self.peer.send(
+                v2.approval_resolved(
+                    frame.approval_id,
+                    earlier["decision"],
+                    earlier["by"],
+                    already=True,
+                    frame_id=frame.id,
+                )
+            )
+
+    async def _grants(self, frame: v2.GrantsList | v2.GrantsRevoke) -> None:
+        ctx = self.conn.ctx
+        try:
+            if isinstance(frame, v2.GrantsRevoke):
+                if frame.scope == "session":
+                    assert frame.session_id is not None
+                    self.approvals.revoke_session(frame.session_id, frame.kind, frame.value)
+                else:
+                    await self.approvals.revoke_project(ctx, frame.kind, frame.value)
+            grants = await self.approvals.grants(ctx, frame.session_id)
+        except ServiceError:
+            self.peer.send(v2.frame_error("grants_error", frame.id, Code.GRANTS_UNAVAILABLE))
+            return
+        self.peer.send({"t": "grants_result", "id": frame.id, **grants})
 
     def _deliver(self, event: TurnEvent) -> None:
         """A followed turn's event from the journal."""

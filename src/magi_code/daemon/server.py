@@ -71,6 +71,8 @@ CAPABILITIES: Final = (
     "delta.coalesce",
     "request.deadline",
     "request.idempotency",
+    "approvals",
+    "grants",
 )
 
 

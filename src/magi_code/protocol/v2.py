@@ -61,6 +61,8 @@ class Code(StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INVALID_DEADLINE = "invalid_deadline"
     INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
+    UNKNOWN_APPROVAL = "unknown_approval"
+    GRANTS_UNAVAILABLE = "grants_unavailable"
 
 
 MESSAGES: Final[dict[Code, str]] = {
@@ -90,7 +92,18 @@ MESSAGES: Final[dict[Code, str]] = {
 # for another role is ``protocol_error``.
 ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
     "v1_shim": frozenset({"record", "oversize", "written", "output_failed", "eof"}),
-    "persistent": frozenset({"request", "take_control", "control", "snapshot", "attach"}),
+    "persistent": frozenset(
+        {
+            "request",
+            "take_control",
+            "control",
+            "snapshot",
+            "attach",
+            "approval_answer",
+            "grants_list",
+            "grants_revoke",
+        }
+    ),
     "control": frozenset({"control"}),
 }
 CLIENT_FRAMES: Final = frozenset({"hello"}).union(*ROLE_FRAMES.values())
@@ -114,8 +127,24 @@ SERVER_FRAMES: Final = frozenset(
         "control_granted",
         "grant_error",
         "request_error",
+        "approval_request",
+        "approval_resolved",
+        "approval_already_resolved",
+        "approval_error",
+        "grants_result",
+        "grants_error",
     }
 )
+# Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
+APPROVAL_DECISIONS: Final = (
+    "allow_once",
+    "allow_session",
+    "allow_project",
+    "reject",
+    "reject_and_stop",
+)
+GRANT_SCOPES: Final = ("session", "project")
+GRANT_KINDS: Final = ("commands", "tools", "paths")
 
 
 class Fatal(Exception):
@@ -211,6 +240,7 @@ class Hello(_Frozen):
         "delta_interval_ms",
         "client_version",
         "build_id",
+        "approvals",
     )
     role: Role
     version: int
@@ -220,6 +250,8 @@ class Hello(_Frozen):
     # The client's installed package version and build (``magi_code.version``), if sent.
     client_version: str | None
     build_id: str | None
+    # ``options.approvals``: this persistent client answers approval requests (§6.7).
+    approvals: bool
 
     def __init__(
         self,
@@ -230,8 +262,18 @@ class Hello(_Frozen):
         delta_interval_ms: int = 0,
         client_version: str | None = None,
         build_id: str | None = None,
+        approvals: bool = False,
     ) -> None:
-        self._set(role, version, launch, client_name, delta_interval_ms, client_version, build_id)
+        self._set(
+            role,
+            version,
+            launch,
+            client_name,
+            delta_interval_ms,
+            client_version,
+            build_id,
+            approvals,
+        )
 
 
 class Record(_Frozen):
@@ -299,6 +341,49 @@ class TakeControl(_Frozen):
         self._set(id, session_id)
 
 
+class ApprovalAnswer(_Frozen):
+    __slots__ = ("id", "approval_id", "decision")  # noqa: RUF023
+    id: object
+    approval_id: str
+    decision: str
+
+    def __init__(self, id: object, approval_id: str, decision: str) -> None:
+        self._set(id, approval_id, decision)
+
+
+class GrantsList(_Frozen):
+    """The session's grants (with ``session_id``) and the connection's project's."""
+
+    __slots__ = ("id", "session_id")
+    id: object
+    session_id: str | None
+
+    def __init__(self, id: object, session_id: str | None) -> None:
+        self._set(id, session_id)
+
+
+class GrantsRevoke(_Frozen):
+    """Remove one allow rule: ``kind`` is ``commands`` (``value`` an argv list),
+    ``tools`` or ``paths`` (``value`` a string)."""
+
+    __slots__ = ("id", "scope", "session_id", "kind", "value")  # noqa: RUF023
+    id: object
+    scope: str
+    session_id: str | None
+    kind: str
+    value: tuple[str, ...] | str
+
+    def __init__(
+        self,
+        id: object,
+        scope: str,
+        session_id: str | None,
+        kind: str,
+        value: tuple[str, ...] | str,
+    ) -> None:
+        self._set(id, scope, session_id, kind, value)
+
+
 class Snapshot(_Frozen):
     __slots__ = ("id", "session_id", "turn_ids", "project_dir", "cursor")  # noqa: RUF023
     id: object
@@ -346,6 +431,9 @@ ClientFrame = (
     | TakeControl
     | Snapshot
     | Attach
+    | ApprovalAnswer
+    | GrantsList
+    | GrantsRevoke
 )
 
 
@@ -375,13 +463,25 @@ def parse_hello(frame: Mapping[str, Any]) -> Hello:
     interval = options.get("delta_interval_ms", 0)
     if not _is_int(interval) or not 0 <= interval <= MAX_DELTA_INTERVAL_MS:
         raise Fatal(Code.INVALID_HELLO)
+    approvals = options.get("approvals", False)
+    if not isinstance(approvals, bool):
+        raise Fatal(Code.INVALID_HELLO)
     client_version = _optional_text(frame.get("client_version"), MAX_CLIENT_VERSION_CHARS)
     build_id = _optional_text(frame.get("build_id"), MAX_BUILD_ID_CHARS)
     if role == "control":
         launch = _parse_control_launch(frame.get("launch"))
     else:
         launch = _parse_launch(frame.get("launch"))
-    return Hello(cast(Role, role), max(common), launch, name, interval, client_version, build_id)
+    return Hello(
+        cast(Role, role),
+        max(common),
+        launch,
+        name,
+        interval,
+        client_version,
+        build_id,
+        approvals and role == "persistent",
+    )
 
 
 def _optional_text(value: object, limit: int) -> str | None:
@@ -455,6 +555,12 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return TakeControl(frame.get("id"), frame.get("session_id"))
         case "snapshot":
             return _snapshot(frame)
+        case "approval_answer":
+            return _approval_answer(frame)
+        case "grants_list":
+            return _grants_list(frame)
+        case "grants_revoke":
+            return _grants_revoke(frame)
         case _:
             return _attach(frame)
 
@@ -516,6 +622,45 @@ def _attach(frame: Mapping[str, Any]) -> Attach:
     if not _is_int(after) or not _optional_id(session_id):
         raise Rejected(frame_error("attach_error", fid, Code.INVALID_REQUEST))
     return Attach(fid, turn_id, after, session_id)
+
+
+def _approval_answer(frame: Mapping[str, Any]) -> ApprovalAnswer:
+    fid, approval_id, decision = frame.get("id"), frame.get("approval_id"), frame.get("decision")
+    if not (isinstance(approval_id, str) and approval_id and _optional_id(approval_id)):
+        raise Rejected(frame_error("approval_error", fid, Code.INVALID_REQUEST))
+    if decision not in APPROVAL_DECISIONS:
+        raise Rejected(frame_error("approval_error", fid, Code.INVALID_REQUEST))
+    assert isinstance(decision, str)
+    return ApprovalAnswer(fid, approval_id, decision)
+
+
+def _grants_list(frame: Mapping[str, Any]) -> GrantsList:
+    fid, session_id = frame.get("id"), frame.get("session_id")
+    if not _optional_id(session_id):
+        raise Rejected(frame_error("grants_error", fid, Code.INVALID_REQUEST))
+    return GrantsList(fid, session_id)
+
+
+def _grants_revoke(frame: Mapping[str, Any]) -> GrantsRevoke:
+    fid, scope, session_id = frame.get("id"), frame.get("scope"), frame.get("session_id")
+    kind, value = frame.get("kind"), frame.get("value")
+    ok = (
+        scope in GRANT_SCOPES
+        and kind in GRANT_KINDS
+        and _optional_id(session_id)
+        and (scope == "project" or session_id is not None)
+    )
+    if kind == "commands":
+        ok = ok and isinstance(value, list) and 0 < len(value) <= 64
+        ok = ok and all(isinstance(word, str) for word in value)  # type: ignore[union-attr]
+    else:
+        ok = ok and isinstance(value, str) and 0 < len(value) <= MAX_PATH_BYTES
+    if not ok:
+        raise Rejected(frame_error("grants_error", fid, Code.INVALID_REQUEST))
+    assert isinstance(scope, str) and isinstance(kind, str)
+    rule = tuple(value) if isinstance(value, list) else value
+    assert isinstance(rule, tuple | str)
+    return GrantsRevoke(fid, scope, session_id, kind, rule)
 
 
 def _is_int(value: object) -> bool:
@@ -630,6 +775,22 @@ def attach_more(
     frame_id: object, events: Sequence[Mapping[str, Any]], more: bool
 ) -> dict[str, Any]:
     return {"t": "attach_more", "id": frame_id, "events": list(events), "more": more}
+
+
+def approval_resolved(
+    approval_id: str, decision: str, by: str, *, already: bool = False, frame_id: object = None
+) -> dict[str, Any]:
+    """``approval_resolved`` to every attached connection, or, to a later answer,
+    ``approval_already_resolved`` (with that answer's ``id``)."""
+    frame: dict[str, Any] = {
+        "t": "approval_already_resolved" if already else "approval_resolved",
+        "approval_id": approval_id,
+        "decision": decision,
+        "by": by,
+    }
+    if already:
+        frame["id"] = frame_id
+    return frame
 
 
 def overloaded(turn_id: str, after_sequence: int) -> dict[str, Any]:

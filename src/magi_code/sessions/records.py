@@ -37,6 +37,10 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "tool_result": ("turn_id", "call_id", "name", "output", "is_error"),
     "terminal": ("turn_id", "status", "assistant_text"),
     "compaction": ("summary", "cutoff_seq"),
+    # A tool call's approval (``turns.approvals``): written when asked (``decision``
+    # ``pending``) and when settled. Kept for the durable history and decoded as an
+    # ``UnknownRecord``: the v1 replay projection, an allowlist, never shows it.
+    "approval": ("turn_id", "approval_id", "kind", "decision"),
 }
 # Fields a record of that type may carry or omit. Encoding omits one whose value is None;
 # a present field must be valid (a bad value makes the whole line malformed).
@@ -53,6 +57,8 @@ OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     # output-token limit still cut after the automatic continuations (its text may stop
     # mid-sentence); such a record may have empty text. Replay shows neither.
     "assistant": ("continued", "truncated"),
+    # ``subject``: the bounded command, path or MCP tool; ``by``: who answered.
+    "approval": ("subject", "by"),
 }
 # Every field a record of that type may be given, ``type`` included.
 _ALLOWED: Final[dict[str, frozenset[str]]] = {

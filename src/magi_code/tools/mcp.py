@@ -464,7 +464,7 @@ class McpTool:
         # The server says the tool changes nothing (``readOnlyHint``): it needs no approval
         # (turns.approvals). Not ``read_only``: that would also run its calls concurrently.
         annotations = listed.annotations
-        self.declared_read_only = bool(annotations is not None and annotations.readOnlyHint)
+        self.declared_read_only = bool(annotations is not None and annotations.read_only_hint)
         self._connection = connection
         self._call_timeout = call_timeout
 

@@ -1,0 +1,297 @@
+"""Approval requests of running turns, their answers, and the grants they leave.
+
+Transport-neutral (the daemon's persistent role drives it). A connection that negotiated
+approvals *listens* (:meth:`ApprovalService.listen`) with a callback that sends one v2
+frame. A request goes to every listening connection *attached* to its turn or session:
+the turn's starting connection, the session's controller (a control grant moves it) and
+every connection that attached to the turn; a connection that attaches or takes control
+later gets every pending request of that turn or session again (:meth:`follow`,
+:meth:`resend_session`). The first answer from an attached connection settles it and
+every attached connection gets ``approval_resolved``; a later answer gets
+``approval_already_resolved``. The deadline, and the turn's end (cancel), settle it too.
+
+Each request is recorded in the session's history when asked and when settled (record
+type ``approval``, the bounded subject only). Session grants ("allow for this session")
+live in this service for as long as it runs; project grants are the project settings'
+allow rules (``config.approvals``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from magi_code.config.approvals import Rules, remove_rule, rules
+from magi_code.config.settings import (
+    Scope,
+    is_trusted,
+    project_settings_path,
+    read_document,
+    update_settings,
+)
+from magi_code.dataclass import dataclass, field
+from magi_code.protocol.errors import ServiceError
+from magi_code.protocol.text import truncate_utf8
+from magi_code.storage.launch import LaunchContext
+from magi_code.turns.approvals import CANCELLED, TIMED_OUT, ApprovalAsk
+
+if TYPE_CHECKING:
+    from .turns import TurnRun
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[dict[str, Any]], None]
+# Settled requests remembered for ``approval_already_resolved``.
+MAX_SETTLED: Final = 1024
+MAX_SUBJECT_BYTES: Final = 1024
+DEADLINE_BY: Final = "deadline"
+CANCELLED_BY: Final = "turn_ended"
+
+
+class UnknownApproval(Exception):
+    """No pending or recently settled request of that ID this connection may answer."""
+
+
+@dataclass(eq=False, slots=True)
+class Pending:
+    approval_id: str
+    run: TurnRun
+    request: ApprovalAsk
+    deadline_ms: int
+    future: asyncio.Future[tuple[str, str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def frame(self) -> dict[str, Any]:
+        return {
+            "t": "approval_request",
+            "approval_id": self.approval_id,
+            "turn_id": self.run.turn_id,
+            "session_id": self.run.session_id,
+            "kind": self.request.kind,
+            "summary": dict(self.request.summary),
+            "options": list(self.request.options),
+            "deadline_ms": self.deadline_ms,
+        }
+
+
+@dataclass(slots=True)
+class Listener:
+    send: Send
+    label: str
+
+
+class ApprovalService:
+    def __init__(self) -> None:
+        self._pending: dict[str, Pending] = {}
+        self._settled: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._listeners: dict[int, Listener] = {}
+        self._followers: dict[str, set[int]] = {}
+        self._grants: dict[str, Rules] = {}
+
+    # -- connections -----------------------------------------------------------------------
+
+    def listen(self, conn_id: int, send: Send, label: str) -> None:
+        self._listeners[conn_id] = Listener(send, label)
+
+    def unlisten(self, conn_id: int) -> None:
+        self._listeners.pop(conn_id, None)
+        for followers in self._followers.values():
+            followers.discard(conn_id)
+
+    def follow(self, conn_id: int, turn_id: str) -> None:
+        """``conn_id`` attached to the turn: it gets the turn's pending requests (again)."""
+        self._followers.setdefault(turn_id, set()).add(conn_id)
+        for pending in list(self._pending.values()):
+            if pending.run.turn_id == turn_id:
+                self._send(conn_id, pending.frame())
+
+    def resend_session(self, conn_id: int, session_id: str) -> None:
+        """``conn_id`` took control of the session: its pending requests, again."""
+        for pending in list(self._pending.values()):
+            if pending.run.session_id == session_id:
+                self._send(conn_id, pending.frame())
+
+    def _targets(self, run: TurnRun) -> set[int]:
+        attached = {run.conn.conn_id, run.attachment.owner}
+        attached |= self._followers.get(run.turn_id, set())
+        return {conn_id for conn_id in attached if conn_id in self._listeners}
+
+    def _send(self, conn_id: int, frame: dict[str, Any]) -> None:
+        listener = self._listeners.get(conn_id)
+        if listener is not None:
+            listener.send(frame)
+
+    # -- requests and answers -----------------------------------------------------------------
+
+    def approver(self, run: TurnRun) -> TurnApprover:
+        return TurnApprover(self, run)
+
+    async def ask(self, run: TurnRun, request: ApprovalAsk, timeout: float) -> str:
+        approval_id = f"appr_{secrets.token_hex(12)}"
+        deadline_ms = int((time.time() + timeout) * 1000)
+        pending = Pending(approval_id, run, request, deadline_ms)
+        self._pending[approval_id] = pending
+        self._record(pending, "pending", None)
+        log.info("approval requested kind=%s", request.kind)
+        for conn_id in self._targets(run):
+            self._send(conn_id, pending.frame())
+        try:
+            decision, by = await asyncio.wait_for(asyncio.shield(pending.future), timeout)
+        except TimeoutError:
+            decision, by = TIMED_OUT, DEADLINE_BY
+            self._settle(pending, decision, by)
+        except asyncio.CancelledError:
+            self._settle(pending, CANCELLED, CANCELLED_BY)
+            raise
+        return decision
+
+    def answer(self, conn_id: int, approval_id: str, decision: str) -> dict[str, Any] | None:
+        """Settle a request; None when this answer won (``approval_resolved`` went out to
+        every attached connection), else the ``approval_already_resolved`` frame body.
+
+        Raises:
+            UnknownApproval: not a request this connection is attached to, or an answer
+                its options do not offer.
+        """
+        pending = self._pending.get(approval_id)
+        if pending is None:
+            settled = self._settled.get(approval_id)
+            if settled is None:
+                raise UnknownApproval
+            return {"decision": settled[0], "by": settled[1]}
+        if conn_id not in self._targets(pending.run) or decision not in pending.request.options:
+            raise UnknownApproval
+        self._settle(pending, decision, self._listeners[conn_id].label)
+        return None
+
+    def _settle(self, pending: Pending, decision: str, by: str) -> None:
+        if self._pending.pop(pending.approval_id, None) is None:
+            return
+        if not pending.future.done():
+            pending.future.set_result((decision, by))
+        self._settled[pending.approval_id] = (decision, by)
+        while len(self._settled) > MAX_SETTLED:
+            self._settled.popitem(last=False)
+        self._record(pending, decision, by)
+        log.info("approval settled decision=%s", decision)
+        frame = {
+            "t": "approval_resolved",
+            "approval_id": pending.approval_id,
+            "decision": decision,
+            "by": by,
+        }
+        for conn_id in self._targets(pending.run):
+            self._send(conn_id, frame)
+
+    def turn_ended(self, turn_id: str) -> None:
+        self._followers.pop(turn_id, None)
+
+    def _record(self, pending: Pending, decision: str, by: str | None) -> None:
+        """The request in the session's history (queued for the group commit: the
+        turn's next durable point covers it). Best effort: a failed record fails the
+        turn through its own records."""
+        record = {
+            "type": "approval",
+            "turn_id": pending.run.turn_id,
+            "approval_id": pending.approval_id,
+            "kind": pending.request.kind,
+            "decision": decision,
+            "subject": _subject(pending.request.summary),
+            "by": by,
+        }
+        try:
+            pending.run.attachment.lease.submit(record)
+        except (ServiceError, ValueError):
+            log.warning("an approval could not be recorded")
+
+    # -- grants ------------------------------------------------------------------------------
+
+    def session_rules(self, session_id: str) -> Rules:
+        return self._grants.get(session_id, Rules())
+
+    def grant_session(self, session_id: str, kind: str, value: tuple[str, ...] | str) -> None:
+        self._grants[session_id] = self.session_rules(session_id).changed(kind, value, add=True)
+
+    def revoke_session(self, session_id: str, kind: str, value: tuple[str, ...] | str) -> bool:
+        current = self.session_rules(session_id)
+        if value not in getattr(current, kind):
+            return False
+        self._grants[session_id] = current.changed(kind, value, add=False)
+        return True
+
+    async def grants(self, ctx: LaunchContext, session_id: str | None) -> dict[str, Any]:
+        """``grants_result`` fields: the session's grants (with a session) and the
+        project's allow rules, with whether the project's are honoured (trusted)."""
+        project, honoured = await asyncio.to_thread(_project_grants, ctx)
+        return {
+            "session": None if session_id is None else self.session_rules(session_id).as_document(),
+            "project": project.as_document(),
+            "project_honoured": honoured,
+        }
+
+    async def revoke_project(
+        self, ctx: LaunchContext, kind: str, value: tuple[str, ...] | str
+    ) -> bool:
+        removed = False
+
+        def mutate(_current: object, document: dict[str, Any]) -> None:
+            nonlocal removed
+            removed = remove_rule(document, "allow", kind, value)
+
+        await asyncio.to_thread(update_settings, ctx, Scope.PROJECT, mutate)
+        return removed
+
+
+class TurnApprover:
+    """One turn's :class:`~magi_code.turns.approvals.Approver`."""
+
+    def __init__(self, service: ApprovalService, run: TurnRun) -> None:
+        self._service = service
+        self._run = run
+
+    @property
+    def can_ask(self) -> bool:
+        return self._run.conn.approvals
+
+    def session_rules(self) -> Rules:
+        return self._service.session_rules(self._run.session_id)
+
+    def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
+        self._service.grant_session(self._run.session_id, kind, value)
+
+    async def ask(self, request: ApprovalAsk, timeout: float) -> str:
+        return await self._service.ask(self._run, request, timeout)
+
+    def stop_turn(self) -> None:
+        self._run.cancel()
+
+
+def _project_grants(ctx: LaunchContext) -> tuple[Rules, bool]:
+    """The project file's allow rules, and whether they count. Blocking."""
+    path = project_settings_path(ctx)
+    if path is None:
+        return Rules(), False
+    try:
+        document = read_document(path, Scope.PROJECT)
+        global_doc = read_document(ctx.global_settings_path, Scope.GLOBAL)
+    except ServiceError:
+        return Rules(), False
+    trusted = is_trusted(global_doc.get("trusted_projects", ()), ctx.project_dir)
+    return rules(document, "allow"), trusted
+
+
+def _subject(summary: Mapping[str, Any]) -> str:
+    """The request's subject in one bounded line: the command, the path, or the tool."""
+    if "command" in summary:
+        text = str(summary["command"])
+    elif "path" in summary:
+        text = str(summary["path"])
+    else:
+        text = f"{summary.get('server')}/{summary.get('tool')}"
+    return truncate_utf8(text, MAX_SUBJECT_BYTES)[0]
