@@ -22,7 +22,6 @@ import pytest
 
 from magi_code.client import connect_channel
 from tests.process.daemon.support import context
-from tests.support.service import service_env
 from tests.process.turn_support import (
     body_text,
     posted_bodies,
@@ -31,6 +30,7 @@ from tests.process.turn_support import (
     write_settings,
 )
 from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.service import service_env
 from tests.support.v2peer import Frame, Peer
 
 COMMAND = "touch approved.txt"
