@@ -34,7 +34,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Run 'magi-code COMMAND --help' for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"magi-code {package_version()}")
-    parser.add_argument("--app", choices=["service"], help="run the application service on stdio")
+    parser.add_argument(
+        "--app",
+        choices=["service", "acp"],
+        help="run the application service (v1) or the ACP agent on stdio",
+    )
     parser.add_argument("--prompt", help="run one turn with this prompt and print the answer")
     parser.add_argument("--provider", help="provider ID for --prompt")
     parser.add_argument("--model", help="model ID for --prompt")
@@ -165,14 +169,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # What a frontend runs for every session, decided without argparse: building the
         # parser imports argparse, gettext/locale and shutil, a cost every shim start pays.
         return _run_service()
+    if list(sys.argv[1:] if argv is None else argv) == ["--app", "acp"]:
+        return _run_acp()
     parser = _parser()
     args = parser.parse_args(argv)
     _configure_logging()
-    if args.app == "service":
+    if args.app is not None:
         used = [name for name in _EXCLUSIVE_WITH_APP if getattr(args, name)]
         if used or args.command or args.prompt_json:
-            return _fail("--app service cannot be combined with other arguments or commands")
-        return _run_service()
+            return _fail(f"--app {args.app} cannot be combined with other arguments or commands")
+        return _run_service() if args.app == "service" else _run_acp()
     if args.command is not None:
         given = [_flag(name) for name in _EXCLUSIVE_WITH_APP if getattr(args, name)]
         if given or args.prompt_json:
@@ -265,6 +271,18 @@ def _run_in_process() -> int:
     from magi_code.stdio.adapter import serve_stdio
 
     return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
+
+
+def _run_acp() -> int:
+    """ACP over stdio, through the daemon or in-process (``MC_SERVICE_MODE``)."""
+    import uvloop
+
+    from magi_code.storage.launch import LaunchContext
+
+    _configure_logging()
+    from magi_code.acp.agent import serve
+
+    return _finished(uvloop.run(serve(LaunchContext.from_process())))
 
 
 def _run_prompt(

@@ -37,8 +37,13 @@ FORBIDDEN: dict[str, set[str]] = {
     "client": {"core", "daemon", "shim", "stdio", "daemonctl", "sessions", "turns", "cli"},
     "daemon": {"client", "shim", "daemonctl", "cli", "stdio"},
     "shim": {"core", "daemon", "daemonctl", "cli"},
-    "daemonctl": {"shim", "cli"},
+    "daemonctl": {"shim", "cli", "acp"},
+    # The ACP adapter is a client of the core (client/, daemon/ for embedded mode).
+    "acp": {"core", "shim", "daemonctl", "cli", "sessions", "turns", "tools"},
 }
+# Nothing below the entry point uses the ACP adapter.
+for _package in ("protocol", "endpoint", "core", "client", "daemon", "shim"):
+    FORBIDDEN[_package].add("acp")
 
 
 def _imports() -> dict[str, set[str]]:
@@ -66,7 +71,7 @@ def test_no_package_imports_a_layer_it_must_not() -> None:
 
 def test_the_adapter_packages_import_each_other_without_a_cycle() -> None:
     graph = _imports()
-    nodes = {"client", "daemon", "core", "endpoint", "daemonctl", "shim", "protocol"}
+    nodes = {"client", "daemon", "core", "endpoint", "daemonctl", "shim", "protocol", "acp"}
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:

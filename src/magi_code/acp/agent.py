@@ -1,0 +1,388 @@
+"""The ACP methods (stable schema v1), each translated to v1 requests on the core.
+
+``session/new`` creates a v1 session (and releases its writer lease at once, so a v1
+frontend can run a turn on it between prompts); ``session/prompt`` is one ``turn.start``
+whose events stream back as ``session/update`` notifications; ``session/load`` streams
+``session.replay`` back; ``session/cancel`` is ``turn.cancel``. ACP session IDs are the v1
+session IDs, so every frontend sees the same sessions.
+
+Approvals: the core has no approval step yet. When it has one, a tool call that needs
+approval reaches this adapter as an event of the running turn, and :meth:`Agent.approve`
+is the one place that asks the editor (``session/request_permission``) and answers the
+core; see ``docs/acp.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Final
+
+from magi_code.client import Client, ErrorInfo, Overloaded
+from magi_code.dataclass import dataclass, field
+from magi_code.storage.launch import LaunchContext
+from magi_code.version import package_version
+
+from . import rpc, updates
+from .backend import MODE_ENV, Backend, CoreUnavailable
+from .rpc import RpcError, invalid_params
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION: Final = 1
+# ACP's code for a session (or other resource) that does not exist.
+RESOURCE_NOT_FOUND: Final = -32002
+REPLAY_PAGE: Final = 32
+
+AUTH_METHODS: Final = [
+    {
+        "id": "api-key",
+        "name": "API key",
+        "description": "A provider key in the environment (e.g. ANTHROPIC_API_KEY) or stored "
+        "with `magi-code login --provider anthropic`.",
+    },
+    {
+        "id": "codex-login",
+        "name": "ChatGPT account (Codex)",
+        "description": "Sign in with `magi-code login` (opens a browser).",
+    },
+]
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    cwd: Path
+    client: Client
+    # The running prompt's events (the pump puts them here), and its state.
+    queue: asyncio.Queue[dict[str, Any] | None] | None = None
+    turn_id: str | None = None
+    cancel_requested: bool = False
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+class Agent:
+    def __init__(self, ctx: LaunchContext, mode: str) -> None:
+        self.backend = Backend(ctx, mode, self._on_event)
+        self.sessions: dict[str, Session] = {}
+        self.client_capabilities: dict[str, Any] = {}
+        self.peer: rpc.Peer | None = None
+        self.requests: dict[str, rpc.Handler] = {
+            "initialize": self.initialize,
+            "authenticate": self.authenticate,
+            "session/new": self.new_session,
+            "session/load": self.load_session,
+            "session/list": self.list_sessions,
+            "session/prompt": self.prompt,
+        }
+        self.notifications: dict[str, rpc.Handler] = {"session/cancel": self.cancel}
+
+    # -- connection ----------------------------------------------------------------------
+
+    async def initialize(self, method: str, params: Any) -> dict[str, Any]:
+        params = _object(params)
+        if not _is_int(params.get("protocolVersion")):
+            raise invalid_params("protocolVersion must be an integer")
+        capabilities = params.get("clientCapabilities")
+        if isinstance(capabilities, dict):
+            self.client_capabilities = capabilities
+        return {
+            # Only v1 exists; a client that asked for another decides whether to go on.
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "mcpCapabilities": {"http": False, "sse": False},
+                "sessionCapabilities": {"list": {}},
+            },
+            "authMethods": AUTH_METHODS,
+            "agentInfo": {"name": "magi-code", "title": "magi-code", "version": package_version()},
+        }
+
+    async def authenticate(self, method: str, params: Any) -> dict[str, Any]:
+        method_id = _object(params).get("methodId")
+        if method_id not in ("api-key", "codex-login"):
+            raise invalid_params("unknown methodId")
+        client = await self._client(self.backend.ctx.project_dir)
+        status = await _call(client, "auth.status", {})
+        wanted = {"api-key": ("api_key", "none"), "codex-login": ("oauth",)}[method_id]
+        providers = status["providers"]
+        if any(p["ready"] and p["auth_method"] in wanted for p in providers):
+            return {}
+        remedy = (
+            "set the provider's key variable, or run `magi-code login --provider anthropic`"
+            if method_id == "api-key"
+            else "run `magi-code login` in a terminal (it opens a browser)"
+        )
+        raise RpcError(rpc.AUTH_REQUIRED, f"Authentication required: {remedy}")
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def new_session(self, method: str, params: Any) -> dict[str, Any]:
+        params = _object(params)
+        cwd = _cwd(params.get("cwd"))
+        _mcp_servers(params)
+        client = await self._client(cwd)
+        session_id: str = (await _call(client, "session.create", {}))["session_id"]
+        # Held only while a turn runs (turn.start attaches), so other frontends can too.
+        await client.request("session.close", {}, session_id=session_id)
+        self.sessions[session_id] = Session(session_id, cwd, client)
+        return {"sessionId": session_id}
+
+    async def load_session(self, method: str, params: Any) -> dict[str, Any]:
+        params = _object(params)
+        session_id = _session_id(params)
+        cwd = _cwd(params.get("cwd"))
+        _mcp_servers(params)
+        client = await self._client(cwd)
+        after: str | None = None
+        while True:
+            payload: dict[str, Any] = {"limit": REPLAY_PAGE}
+            if after is not None:
+                payload["after"] = after
+            try:
+                page = await _call(client, "session.replay", payload, session_id)
+            except RpcError as error:
+                if error.data in ({"code": "session_unavailable"}, {"code": "invalid_session_id"}):
+                    raise RpcError(
+                        RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id}
+                    ) from None
+                raise
+            for item in page["events"]:
+                for update in updates.replay_updates(item):
+                    self._update(session_id, update)
+            if not page["truncated"]:
+                break
+            after = page["next_cursor"]
+        self.sessions[session_id] = Session(session_id, cwd, client)
+        return {}
+
+    async def list_sessions(self, method: str, params: Any) -> dict[str, Any]:
+        params = _object(params)
+        cwd = _cwd(params["cwd"]) if params.get("cwd") is not None else self.backend.ctx.project_dir
+        cursor = params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise invalid_params("cursor must be a string")
+        client = await self._client(cwd)
+        try:
+            page = await _call(client, "session.list", {"after": cursor} if cursor else {})
+        except RpcError as error:
+            if error.data == {"code": "invalid_session_id"}:
+                raise invalid_params("cursor is not one this agent gave") from None
+            raise
+        # Sessions belong to MC_HOME, not to a directory: each is shown under the cwd asked.
+        sessions = [
+            {
+                "sessionId": item["session_id"],
+                "cwd": str(cwd),
+                "title": item["title"],
+                "updatedAt": item["updated_at"],
+            }
+            for item in page["sessions"]
+        ]
+        result: dict[str, Any] = {"sessions": sessions}
+        if page["truncated"] and page["next_after"] is not None:
+            result["nextCursor"] = page["next_after"]
+        return result
+
+    # -- prompts -------------------------------------------------------------------------
+
+    async def prompt(self, method: str, params: Any) -> dict[str, Any]:
+        params = _object(params)
+        session = self._session(_session_id(params))
+        text = _prompt_text(params.get("prompt"))
+        if session.queue is not None:
+            raise RpcError(rpc.INVALID_REQUEST, "A prompt is already running in this session")
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        session.queue, session.turn_id, session.cancel_requested = queue, None, False
+        try:
+            started = await _call(
+                session.client, "turn.start", {"prompt": text}, session.session_id
+            )
+            turn_id: str = started["turn_id"]
+            session.turn_id = turn_id
+            if session.cancel_requested:
+                await self._cancel_turn(session)
+            view = updates.TurnView(turn_id)
+            while True:
+                event = await queue.get()
+                if event is None:
+                    raise RpcError(rpc.INTERNAL_ERROR, "The connection to the service ended")
+                for update in view.updates(event):
+                    self._update(session.session_id, update)
+                payload = event["payload"]
+                if event["event"] == "turn.terminal" and payload["turn_id"] == turn_id:
+                    return _answer(payload, session.cancel_requested)
+        except asyncio.CancelledError:  # the editor went away: so does its turn
+            if session.turn_id is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._cancel_turn(session))
+            raise
+        finally:
+            session.queue, session.turn_id = None, None
+
+    async def cancel(self, method: str, params: Any) -> None:
+        session = self.sessions.get(str(_object(params).get("sessionId")))
+        if session is None or session.queue is None:
+            return
+        session.cancel_requested = True
+        if session.turn_id is not None:
+            await self._cancel_turn(session)
+
+    async def _cancel_turn(self, session: Session) -> None:
+        # unknown_turn: it ended meanwhile; the prompt answers from its terminal.
+        await session.client.request("turn.cancel", {"turn_id": session.turn_id})
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _update(self, session_id: str, update: dict[str, Any]) -> None:
+        assert self.peer is not None
+        self.peer.notify("session/update", {"sessionId": session_id, "update": update})
+
+    def _on_event(self, client: Client, event: Any) -> None:
+        if event is None:  # the connection ended: no running prompt will hear more
+            for ended in self.sessions.values():
+                if ended.client is client and ended.queue is not None:
+                    ended.queue.put_nowait(None)
+            return
+        if isinstance(event, Overloaded):
+            cut = next((s for s in self.sessions.values() if s.turn_id == event.turn_id), None)
+            if cut is not None:
+                task = asyncio.create_task(self._resync(cut, event))
+                cut.tasks.add(task)
+                task.add_done_callback(cut.tasks.discard)
+            return
+        session = self.sessions.get(event["session_id"] or "")
+        if session is not None and session.queue is not None and session.client is client:
+            session.queue.put_nowait(dict(event))
+
+    async def _resync(self, session: Session, notice: Overloaded) -> None:
+        """Take the turn's events again after an overload cut (the view skips repeats)."""
+        result = await session.client.attach(
+            notice.turn_id, notice.after_sequence, session_id=session.session_id
+        )
+        if session.queue is not None:
+            for event in result["events"]:
+                session.queue.put_nowait(dict(event))
+
+    def _session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise RpcError(RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id})
+        return session
+
+    async def _client(self, cwd: Path) -> Client:
+        try:
+            return await self.backend.client(cwd)
+        except CoreUnavailable as exc:
+            raise RpcError(rpc.INTERNAL_ERROR, str(exc)) from None
+
+
+async def _call(
+    client: Client, method: str, payload: dict[str, Any], session_id: str | None = None
+) -> dict[str, Any]:
+    """A v1 request's payload; its error as the JSON-RPC error it maps to."""
+    reply = await client.request(method, payload, session_id=session_id)
+    if reply["error"] is not None or reply["payload"] is None:
+        raise _v1_error(reply["error"])
+    return reply["payload"]
+
+
+def _answer(terminal: dict[str, Any], cancel_requested: bool) -> dict[str, Any]:
+    reason = updates.stop_reason(terminal, cancel_requested)
+    if reason is not None:
+        return {"stopReason": reason}
+    failure = terminal.get("failure", "internal_error")
+    remedy = terminal.get("remedy", "")
+    code = rpc.AUTH_REQUIRED if failure in updates.AUTH_FAILURES else rpc.INTERNAL_ERROR
+    raise RpcError(code, f"The turn failed: {remedy}", {"failure": failure, "remedy": remedy})
+
+
+def _v1_error(error: ErrorInfo | None) -> RpcError:
+    if error is None:
+        return RpcError(rpc.INTERNAL_ERROR, "Internal error")
+    if error["code"] in ("invalid_payload", "limit_exceeded"):
+        return invalid_params(error["message"])
+    return RpcError(rpc.INTERNAL_ERROR, error["message"], {"code": error["code"]})
+
+
+def _object(params: Any) -> dict[str, Any]:
+    if not isinstance(params, dict):
+        raise invalid_params("params must be an object")
+    return params
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _session_id(params: dict[str, Any]) -> str:
+    session_id = params.get("sessionId")
+    if not isinstance(session_id, str) or not session_id:
+        raise invalid_params("sessionId must be a string")
+    return session_id
+
+
+def _cwd(value: Any) -> Path:
+    if not isinstance(value, str) or "\0" in value or not os.path.isabs(value):
+        raise invalid_params("cwd must be an absolute path")
+    path = Path(value)
+    if not path.is_dir():
+        raise invalid_params("cwd is not a directory")
+    return path
+
+
+def _mcp_servers(params: dict[str, Any]) -> list[Any]:
+    servers = params.get("mcpServers")
+    if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
+        raise invalid_params("mcpServers must be a list of objects")
+    return servers
+
+
+def _prompt_text(blocks: Any) -> str:
+    """The prompt's blocks as the user message: text as is, resources as context."""
+    if not isinstance(blocks, list) or not blocks:
+        raise invalid_params("prompt must be a non-empty list of content blocks")
+    parts: list[str] = []
+    for block in blocks:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "resource_link" and isinstance(block.get("uri"), str):
+            name = block.get("name") if isinstance(block.get("name"), str) else block["uri"]
+            parts.append(f"[{name}]({block['uri']})")
+        elif kind == "resource" and isinstance(block.get("resource"), dict):
+            parts.append(_embedded(block["resource"]))
+        else:
+            raise invalid_params("unsupported content block (text, resource_link, resource)")
+    text = "\n\n".join(parts)
+    if not text.strip():
+        raise invalid_params("the prompt has no text")
+    return text
+
+
+def _embedded(resource: dict[str, Any]) -> str:
+    uri = resource.get("uri")
+    if not isinstance(uri, str):
+        raise invalid_params("a resource needs a uri")
+    text = resource.get("text")
+    if isinstance(text, str):
+        return f'<context uri="{uri}">\n{text}\n</context>'
+    if isinstance(resource.get("blob"), str):
+        return f'<context uri="{uri}">(binary content, not shown)</context>'
+    raise invalid_params("a resource needs text or blob")
+
+
+async def serve(ctx: LaunchContext) -> int:
+    """Serve ACP on stdin/stdout until the editor closes stdin."""
+    agent = Agent(ctx, os.environ.get(MODE_ENV) or "auto")
+    reader, write = await rpc.stdio()
+    agent.peer = rpc.Peer(reader, write, agent.requests, agent.notifications)
+    try:
+        await agent.peer.run()
+    finally:
+        await agent.backend.close()
+    return 0

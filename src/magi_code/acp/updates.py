@@ -1,0 +1,134 @@
+"""v1 turn events and ``session.replay`` items as ACP ``session/update`` payloads.
+
+Pure functions over the v1 shapes (``docs/protocol/events.md``); nothing here talks to
+the editor or the core. A turn's state (:class:`TurnView`) remembers which tool calls the
+editor has been told of, so the first report of a call is a ``tool_call`` and later ones
+are ``tool_call_update``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from magi_code.dataclass import dataclass, field
+
+# ACP ``ToolKind`` of each built-in tool (``docs/tools.md``); MCP and unknown tools: other.
+TOOL_KINDS: Final = {
+    "read_file": "read",
+    "list_files": "search",
+    "grep": "search",
+    "edit_file": "edit",
+    "write_file": "edit",
+    "shell": "execute",
+    "skill": "read",
+    "task": "think",
+}
+TOOL_TITLES: Final = {
+    "read_file": "Read file",
+    "list_files": "List files",
+    "grep": "Search files",
+    "edit_file": "Edit file",
+    "write_file": "Write file",
+    "shell": "Run command",
+    "skill": "Load skill",
+    "task": "Subagent task",
+}
+TOOL_STATUS: Final = {
+    "queued": "pending",
+    "running": "in_progress",
+    "writing": "in_progress",
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "failed",
+}
+# Failures that are a stop reason in ACP rather than an error.
+STOP_FAILURES: Final = {
+    "output_limit_exceeded": "max_tokens",
+    "request_limit_exceeded": "max_turn_requests",
+}
+AUTH_FAILURES: Final = frozenset(
+    {"auth_missing", "auth_refresh_failed", "auth_unreadable", "provider_auth_failed"}
+)
+
+
+def text_chunk(kind: str, text: str) -> dict[str, Any]:
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+@dataclass(slots=True)
+class TurnView:
+    """What the editor has been told of one turn."""
+
+    turn_id: str
+    last_sequence: int = 0
+    tools: set[str] = field(default_factory=set)
+
+    def updates(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """The session updates for one v1 turn event (none for repeats and ends)."""
+        payload = event["payload"]
+        sequence = payload.get("sequence", 0)
+        if payload.get("turn_id") != self.turn_id or sequence <= self.last_sequence:
+            return []  # another turn's, or seen already (an attach repeats events)
+        self.last_sequence = sequence
+        name = event["event"]
+        if name == "turn.assistant_delta":
+            return [text_chunk("agent_message_chunk", payload["text"])] if payload["text"] else []
+        if name == "turn.activity":
+            return self._activity(payload["activity"])
+        return []
+
+    def _activity(self, activity: dict[str, Any]) -> list[dict[str, Any]]:
+        kind = activity["kind"]
+        if kind == "reasoning_summary":
+            text = activity["text"]
+            return [text_chunk("agent_thought_chunk", text)] if text else []
+        if kind == "context":
+            return [
+                {
+                    "sessionUpdate": "usage_update",
+                    "used": activity["current_tokens"],
+                    "size": activity["max_tokens"],
+                }
+            ]
+        if kind == "tool":
+            return [self._tool(activity)]
+        return []
+
+    def _tool(self, activity: dict[str, Any]) -> dict[str, Any]:
+        call_id = activity["activity_id"]
+        status = TOOL_STATUS[activity["status"]]
+        if call_id in self.tools:
+            return {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status}
+        self.tools.add(call_id)
+        name = activity["tool_name"]
+        return {
+            "sessionUpdate": "tool_call",
+            "toolCallId": call_id,
+            "title": TOOL_TITLES.get(name, "MCP tool") if name else "MCP tool",
+            "kind": TOOL_KINDS.get(name, "other") if name else "other",
+            "status": status,
+        }
+
+
+def stop_reason(terminal: dict[str, Any], cancel_requested: bool) -> str | None:
+    """The prompt's ``stopReason``; None for a failure that is answered as an error.
+
+    After ``session/cancel`` the answer is ``cancelled`` whatever the turn's end (ACP
+    requires it), unless it failed for a reason of its own."""
+    status = terminal["status"]
+    if status == "failed":
+        return STOP_FAILURES.get(terminal.get("failure", ""))
+    if status == "cancelled" or cancel_requested:
+        return "cancelled"
+    return "end_turn"
+
+
+def replay_updates(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``session.replay`` item as the updates ``session/load`` streams back."""
+    kind = item["kind"]
+    if kind == "message":
+        chunk = "user_message_chunk" if item["role"] == "user" else "agent_message_chunk"
+        return [text_chunk(chunk, item["text"])] if item["text"] else []
+    if kind == "summary":  # what replaced the compacted history: the agent's summary
+        return [text_chunk("agent_message_chunk", item["text"])] if item["text"] else []
+    return []

@@ -1,0 +1,224 @@
+"""``magi-code --app acp`` driven by the official ACP Python SDK, in both service modes.
+
+The agent runs turns on the loopback provider fake; every message it writes is validated
+against the SDK's ACP v1 models (``acp_support.Editor``). The same sessions are seen by a
+v1 frontend, and a turn a v1 frontend ran is streamed back by ``session/load``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from acp import schema
+from acp.exceptions import RequestError
+
+from tests.process.acp_support import acp_agent, texts
+from tests.process.turn_support import (
+    replay_all,
+    run_turn,
+    tool_call,
+    tool_reply,
+    write_settings,
+)
+from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
+from tests.support.service import running_service, service_env
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "mc-home"  # the mode matrix stops the daemon of this home
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def fake():
+    with FakeProviderServer() as server:
+        yield server
+
+
+def _prompt(text: str) -> list[schema.TextContentBlock]:
+    return [schema.TextContentBlock(type="text", text=text)]
+
+
+async def test_initialize_negotiates_v1_and_states_what_is_supported(
+    home: Path, project: Path
+) -> None:
+    async with acp_agent(home, project) as (conn, _editor):
+        answer = await conn.initialize(protocol_version=1)
+        assert answer.protocol_version == 1
+        caps = answer.agent_capabilities
+        assert caps is not None and caps.load_session is True
+        assert caps.prompt_capabilities is not None
+        assert caps.prompt_capabilities.embedded_context is True
+        assert caps.prompt_capabilities.image is False
+        assert caps.session_capabilities is not None and caps.session_capabilities.list is not None
+        assert {m.id for m in answer.auth_methods or []} == {"api-key", "codex-login"}
+        # A client asking for a later version is told the one this agent speaks.
+        assert (await conn.initialize(protocol_version=7)).protocol_version == 1
+
+
+async def test_a_prompt_streams_tool_calls_and_text_and_a_v1_frontend_sees_the_session(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    fake.enqueue(
+        tool_reply(tool_call("c1", "write_file", path="notes.txt", content="hello\n")),
+        Reply(text=("Wrote ", "notes.txt."), reasoning_summary="Writing the file first."),
+    )
+    async with acp_agent(home, project) as (conn, editor):
+        await conn.initialize(protocol_version=1)
+        session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+        context = schema.EmbeddedResourceContentBlock(
+            type="resource",
+            resource=schema.TextResourceContents(
+                uri=f"file://{project}/README.md", text="Project rules: be brief."
+            ),
+        )
+        answer = await conn.prompt(
+            session_id=session_id, prompt=[*_prompt("Write notes.txt"), context]
+        )
+        assert answer.stop_reason == "end_turn"
+        assert (project / "notes.txt").read_text() == "hello\n"
+        started = [u for u in editor.updates if u["sessionUpdate"] == "tool_call"]
+        assert [(u["kind"], u["title"], u["status"]) for u in started] == [
+            ("edit", "Write file", "in_progress")
+        ]
+        ended = [u for u in editor.updates if u["sessionUpdate"] == "tool_call_update"]
+        assert [(u["toolCallId"], u["status"]) for u in ended] == [
+            (started[0]["toolCallId"], "completed")
+        ]
+        assert texts(editor.updates, "agent_message_chunk") == "Wrote notes.txt."
+        assert any(u["sessionUpdate"] == "usage_update" for u in editor.updates)
+        # The embedded resource reached the model as context.
+        assert "Project rules: be brief." in fake.requests[0].body.decode()
+
+    async with running_service(home, project) as v1:
+        listed = await v1.request("session.list", {})
+        assert session_id in [s["session_id"] for s in listed["payload"]["sessions"]]
+        items = await replay_all(v1, session_id)
+        assert items[-2]["role"] == "assistant" and items[-2]["text"] == "Wrote notes.txt."
+
+
+async def test_load_streams_back_the_history_including_a_v1_frontends_turn(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    fake.enqueue(Reply(text=("first answer",)), Reply(text=("v1 answer",)))
+    async with acp_agent(home, project) as (conn, _editor):
+        await conn.initialize(protocol_version=1)
+        session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+        await conn.prompt(session_id=session_id, prompt=_prompt("first question"))
+    async with running_service(home, project) as v1:
+        await run_turn(v1, "v1 question", session_id=session_id)
+
+    async with acp_agent(home, project) as (conn, editor):
+        await conn.initialize(protocol_version=1)
+        await conn.load_session(cwd=str(project), session_id=session_id, mcp_servers=[])
+        history = [
+            (u["sessionUpdate"], u["content"]["text"])
+            for u in editor.updates
+            if u["sessionUpdate"] in ("user_message_chunk", "agent_message_chunk")
+        ]
+        assert history == [
+            ("user_message_chunk", "first question"),
+            ("agent_message_chunk", "first answer"),
+            ("user_message_chunk", "v1 question"),
+            ("agent_message_chunk", "v1 answer"),
+        ]
+        listed = await conn.list_sessions()
+        assert session_id in [s.session_id for s in listed.sessions]
+        with pytest.raises(RequestError) as missing:
+            await conn.load_session(cwd=str(project), session_id="ses_nothere", mcp_servers=[])
+        assert missing.value.code == -32002
+
+
+async def test_cancel_ends_the_prompt_cancelled(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    fake.enqueue(Reply(text=("partial",), ending="stall"))
+    async with acp_agent(home, project) as (conn, editor):
+        await conn.initialize(protocol_version=1)
+        session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+        prompt = asyncio.create_task(conn.prompt(session_id=session_id, prompt=_prompt("go")))
+        await editor.wait_for(lambda u: u["sessionUpdate"] == "agent_message_chunk")
+        await conn.cancel(session_id=session_id)
+        answer = await asyncio.wait_for(prompt, 60)
+        assert answer.stop_reason == "cancelled"
+
+
+async def test_a_failed_turn_is_an_error_with_the_failure_label(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    fake.enqueue(HttpError(401))
+    async with acp_agent(home, project) as (conn, _editor):
+        await conn.initialize(protocol_version=1)
+        session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+        with pytest.raises(RequestError) as failed:
+            await conn.prompt(session_id=session_id, prompt=_prompt("hi"))
+        assert failed.value.code == -32000  # ACP's auth_required
+        assert isinstance(failed.value.data, dict)
+        assert failed.value.data["failure"] == "provider_auth_failed"
+
+
+async def test_bad_input_gets_json_rpc_errors_and_the_agent_goes_on(
+    home: Path, project: Path
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "magi_code",
+        "--app",
+        "acp",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=project,
+        env=service_env(home),
+        limit=1 << 20,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    lines = [
+        b"not json",
+        b"[1, 2]",
+        b'{"jsonrpc": "2.0", "id": 1, "method": "no/such"}',
+        b'{"jsonrpc": "2.0", "id": 2, "method": "initialize", "params": {"protocolVersion": "x"}}',
+        b'{"jsonrpc": "2.0", "id": 3, "method": "session/new", "params": {"cwd": "rel"}}',
+        b'{"jsonrpc": "2.0", "id": 4, "method": "session/prompt", "params": {}}',
+        b'{"jsonrpc": "2.0", "method": "no/such/notification"}',
+        b'{"jsonrpc": "2.0", "id": 5, "method": "x", "params": "' + b"a" * (9 << 20) + b'"}',
+        b'{"jsonrpc": "2.0", "id": 6, "method": "initialize", "params": {"protocolVersion": 1}}',
+    ]
+    proc.stdin.write(b"\n".join(lines) + b"\n")
+    await proc.stdin.drain()
+    answers = [orjson.loads(await asyncio.wait_for(proc.stdout.readline(), 60)) for _ in range(8)]
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 60) == 0
+    # Requests run concurrently: their answers may come in any order.
+    codes = sorted((str(a["id"]), a["error"]["code"]) for a in answers if "error" in a)
+    assert codes == sorted(
+        [
+            ("None", -32700),
+            ("None", -32600),
+            ("1", -32601),
+            ("2", -32602),
+            ("3", -32602),
+            ("4", -32602),
+            ("None", -32600),  # the oversized line
+        ]
+    )
+    (ok,) = [a for a in answers if "result" in a]
+    assert ok["id"] == 6 and ok["result"]["protocolVersion"] == 1
