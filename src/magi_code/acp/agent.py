@@ -6,10 +6,11 @@ whose events stream back as ``session/update`` notifications; ``session/load`` s
 ``session.replay`` back; ``session/cancel`` is ``turn.cancel``. ACP session IDs are the v1
 session IDs, so every frontend sees the same sessions.
 
-Approvals: the core has no approval step yet. When it has one, a tool call that needs
-approval reaches this adapter as an event of the running turn, and :meth:`Agent.approve`
-is the one place that asks the editor (``session/request_permission``) and answers the
-core; see ``docs/acp.md``.
+Approvals (not built yet): when the core has an approval step, a tool call that needs
+approval will reach this adapter as an event of the running turn. ``Agent.prompt``'s event
+loop is the one place to turn it into a ``session/request_permission`` request to the
+editor (through ``self.peer.call``) and to send the editor's choice back to the core;
+``docs/acp.md`` says the same for editor authors.
 """
 
 from __future__ import annotations
