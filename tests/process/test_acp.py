@@ -72,7 +72,7 @@ async def test_initialize_negotiates_v1_and_states_what_is_supported(
 async def test_a_prompt_streams_tool_calls_and_text_and_a_v1_frontend_sees_the_session(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
-    write_settings(home, fake)
+    write_settings(home, fake, "openai-responses")  # its summaries are verified ones
     fake.enqueue(
         tool_reply(tool_call("c1", "write_file", path="notes.txt", content="hello\n")),
         Reply(text=("Wrote ", "notes.txt."), reasoning_summary="Writing the file first."),
@@ -100,6 +100,7 @@ async def test_a_prompt_streams_tool_calls_and_text_and_a_v1_frontend_sees_the_s
             (started[0]["toolCallId"], "completed")
         ]
         assert texts(editor.updates, "agent_message_chunk") == "Wrote notes.txt."
+        assert texts(editor.updates, "agent_thought_chunk") == "Writing the file first."
         assert any(u["sessionUpdate"] == "usage_update" for u in editor.updates)
         # The embedded resource reached the model as context.
         assert "Project rules: be brief." in fake.requests[0].body.decode()

@@ -22,7 +22,13 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from magi_code.client import Client, ErrorInfo, Overloaded
+from magi_code.client import (
+    Client,
+    DaemonError,
+    DaemonUnavailable,
+    ErrorInfo,
+    Overloaded,
+)
 from magi_code.dataclass import dataclass, field
 from magi_code.storage.launch import LaunchContext
 from magi_code.version import package_version
@@ -197,6 +203,8 @@ class Agent:
         text = _prompt_text(params.get("prompt"))
         if session.queue is not None:
             raise RpcError(rpc.INVALID_REQUEST, "A prompt is already running in this session")
+        # The project's connection now: a new one if the daemon was restarted meanwhile.
+        session.client = await self._client(session.cwd)
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         session.queue, session.turn_id, session.cancel_requested = queue, None, False
         try:
@@ -286,7 +294,14 @@ async def _call(
     client: Client, method: str, payload: dict[str, Any], session_id: str | None = None
 ) -> dict[str, Any]:
     """A v1 request's payload; its error as the JSON-RPC error it maps to."""
-    reply = await client.request(method, payload, session_id=session_id)
+    try:
+        reply = await client.request(method, payload, session_id=session_id)
+    except (DaemonUnavailable, DaemonError) as exc:  # the core went away (a restart, a stop)
+        raise RpcError(
+            rpc.INTERNAL_ERROR,
+            "The connection to the service ended",
+            {"code": getattr(exc, "code", None)},
+        ) from None
     if reply["error"] is not None or reply["payload"] is None:
         raise _v1_error(reply["error"])
     return reply["payload"]
