@@ -6,9 +6,9 @@ Both adapters (embedded stdio and the daemon) call this, so v1 and v2 share one 
 imports the whole product before it is ready anyway, and ``--prompt``, which needs a turn
 at once). :func:`build_embedded_coordinator` is for the embedded stdio service, whose
 first request is ``initialize``: it builds only ``initialize``/``status``/
-``capabilities`` and puts stand-ins for the other services in their place, with the
-same routes (names, session rules, initialization gate) and events in the same order,
-so ``initialize`` advertises exactly what a full build does. The real services and the
+``capabilities`` and puts stand-ins for the other services in their place: the same
+declared operations and events (``protocol/operations``), so ``initialize`` advertises
+exactly what a full build does. The real services and the
 modules behind them are then loaded in the background, on the event loop, a module at a
 time, once the first response has been written: first what a first turn needs before
 its first provider request (``httpx``, providers, settings, sessions, tools, the turn
@@ -28,21 +28,17 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from magi_code.core.coordinator import Connection, DomainService, ServiceCoordinator
-from magi_code.core.routes import Reply, Route, SessionRule
+from magi_code.core.routes import Endpoint, Reply
 from magi_code.core.service_info import ServiceInfo
-from magi_code.dataclass import dataclass
 from magi_code.protocol.envelope import Request
+from magi_code.protocol.operations import OPERATIONS
 from magi_code.storage.launch import LaunchContext
 
 log = logging.getLogger(__name__)
-
-FORBIDDEN: Final = SessionRule.FORBIDDEN
-OPTIONAL: Final = SessionRule.OPTIONAL
-REQUIRED: Final = SessionRule.REQUIRED
 
 
 def provider_auth_ready(ctx: LaunchContext) -> bool:
@@ -104,72 +100,18 @@ async def build_coordinator(
     """A coordinator with every domain service built."""
     await _write_settings_schema(ctx)
     coordinator = ServiceCoordinator(transports)
-    coordinator.add_service(ServiceInfo(coordinator, provider_auth_ready))
-    for service in _domain_services(ctx).values():
-        coordinator.add_service(service)
+    coordinator.add_service("info", ServiceInfo(coordinator, provider_auth_ready))
+    for key, service in _domain_services(ctx).items():
+        coordinator.add_service(key, service)
     return coordinator
 
 
 # -- the embedded service's deferred build -----------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RouteSpec:
-    """What the coordinator needs of a route before its service exists."""
-
-    name: str
-    session: SessionRule = FORBIDDEN
-    gated: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class DeferredSpec:
-    key: str
-    routes: tuple[RouteSpec, ...]
-    events: tuple[str, ...] = ()
-
-
-# The services of ``_domain_services`` as the coordinator sees them, in registration order
-# (tests/unit/test_composition.py checks them against the services themselves).
-DEFERRED: Final = (
-    DeferredSpec("mcp", ()),
-    DeferredSpec(
-        "sessions",
-        (
-            RouteSpec("session.list"),
-            RouteSpec("session.create"),
-            RouteSpec("session.open", REQUIRED),
-            RouteSpec("session.replay", REQUIRED),
-            RouteSpec("session.close", REQUIRED),
-        ),
-    ),
-    DeferredSpec(
-        "turns",
-        (RouteSpec("turn.start", OPTIONAL), RouteSpec("turn.cancel", OPTIONAL)),
-        ("turn.started", "turn.assistant_delta", "turn.activity", "turn.terminal"),
-    ),
-    DeferredSpec(
-        "auth",
-        (
-            RouteSpec("auth.status"),
-            RouteSpec("auth.login.start"),
-            RouteSpec("auth.login.callback"),
-            RouteSpec("auth.login.cancel"),
-            RouteSpec("auth.logout"),
-        ),
-        ("auth.login.progress", "auth.login.terminal"),
-    ),
-    DeferredSpec(
-        "configuration",
-        (
-            RouteSpec("catalog.providers"),
-            RouteSpec("catalog.models"),
-            RouteSpec("catalog.refresh"),
-            RouteSpec("config.get"),
-            RouteSpec("config.set"),
-        ),
-    ),
-)
+# The keys of ``_domain_services``, in registration order (tests/unit/test_composition.py
+# checks them): a stand-in per key takes the operations and events declared as its own.
+DEFERRED: Final = ("mcp", "sessions", "turns", "auth", "configuration")
 
 # Imported one at a time, in this order, by the background load, the event loop running in
 # between (leaves first, so that most steps are a few milliseconds: the event loop only
@@ -354,45 +296,37 @@ class DeferredDomains:
 
 
 class _StandIn:
-    """A deferred service: its routes and events now, the service itself on first use."""
+    """A deferred service: its declared operations now, the service itself on first use."""
 
-    def __init__(self, domains: DeferredDomains, spec: DeferredSpec) -> None:
+    def __init__(self, domains: DeferredDomains, key: str) -> None:
         self._domains = domains
-        self._spec = spec
-        self._routes: dict[str, Route] | None = None
+        self._key = key
+        self._endpoints: Mapping[str, Endpoint] | None = None
 
-    def routes(self) -> Sequence[Route]:
-        return tuple(
-            Route(
-                spec.name,
-                self._validator(spec.name),
-                self._handler(spec.name),
-                spec.session,
-                spec.gated,
-            )
-            for spec in self._spec.routes
-        )
-
-    def events(self) -> Sequence[str]:
-        return self._spec.events
+    def routes(self) -> Mapping[str, Endpoint]:
+        return {
+            op.name: Endpoint(self._validator(op.name), self._handler(op.name))
+            for op in OPERATIONS
+            if op.service == self._key
+        }
 
     def _service(self) -> DomainService:
-        return self._domains.load()[self._spec.key]
+        return self._domains.load()[self._key]
 
-    def _route(self, name: str) -> Route:
-        if self._routes is None:
-            self._routes = {route.name: route for route in self._service().routes()}
-        return self._routes[name]
+    def _endpoint(self, name: str) -> Endpoint:
+        if self._endpoints is None:
+            self._endpoints = self._service().routes()
+        return self._endpoints[name]
 
     def _validator(self, name: str) -> Callable[[Request], Any]:
         def validate(request: Request) -> Any:
-            return self._route(name).validate(request)
+            return self._endpoint(name).validate(request)
 
         return validate
 
     def _handler(self, name: str) -> Callable[[Connection, Request, Any], Awaitable[Reply | None]]:
         async def handle(conn: Connection, request: Request, parsed: Any) -> Reply | None:
-            return await self._route(name).handle(conn, request, parsed)
+            return await self._endpoint(name).handle(conn, request, parsed)
 
         return handle
 
@@ -420,15 +354,17 @@ class _StartsLoad:
         self._info = info
         self._domains = domains
 
-    def routes(self) -> Sequence[Route]:
-        return tuple(
-            Route(route.name, route.validate, self._wrap(route), route.session, route.gated)
-            for route in self._info.routes()
-        )
+    def routes(self) -> Mapping[str, Endpoint]:
+        return {
+            name: Endpoint(endpoint.validate, self._wrap(endpoint))
+            for name, endpoint in self._info.routes().items()
+        }
 
-    def _wrap(self, route: Route) -> Callable[[Connection, Request, Any], Awaitable[Reply | None]]:
+    def _wrap(
+        self, endpoint: Endpoint
+    ) -> Callable[[Connection, Request, Any], Awaitable[Reply | None]]:
         async def handle(conn: Connection, request: Request, parsed: Any) -> Reply | None:
-            reply = await route.handle(conn, request, parsed)
+            reply = await endpoint.handle(conn, request, parsed)
             if reply is not None:
                 written = reply.after_write
 
@@ -441,9 +377,6 @@ class _StartsLoad:
             return reply
 
         return handle
-
-    def events(self) -> Sequence[str]:
-        return self._info.events()
 
     async def connection_closed(self, connection: Connection) -> None:
         await self._info.connection_closed(connection)
@@ -468,7 +401,7 @@ async def build_embedded_coordinator(
     domains = DeferredDomains(ctx)
     coordinator = ServiceCoordinator(transports)
     info = ServiceInfo(coordinator, _deferred_readiness(domains, asyncio.get_running_loop()))
-    coordinator.add_service(_StartsLoad(info, domains))
-    for spec in DEFERRED:
-        coordinator.add_service(_StandIn(domains, spec))
+    coordinator.add_service("info", _StartsLoad(info, domains))
+    for key in DEFERRED:
+        coordinator.add_service(key, _StandIn(domains, key))
     return coordinator

@@ -101,14 +101,9 @@ async def test_the_stand_ins_advertise_what_the_services_do(ctx: LaunchContext) 
     assert route_table(embedded) == route_table(full)
     assert embedded.operations == full.operations
     assert embedded.events == full.events
-    # Each spec matches its own service, so a route moved between services shows too.
-    services = composition._domain_services(ctx)
-    assert [spec.key for spec in DEFERRED] == list(services)
-    for spec in DEFERRED:
-        service = services[spec.key]
-        actual = [(r.name, r.session, r.gated) for r in service.routes()]
-        assert actual == [(r.name, r.session, r.gated) for r in spec.routes], spec.key
-        assert tuple(service.events()) == spec.events, spec.key
+    # A stand-in per service, in the services' order (each handles its declared
+    # operations: the coordinator refuses a service that does not).
+    assert list(DEFERRED) == list(composition._domain_services(ctx))
 
 
 async def test_nothing_loads_before_the_first_answer_is_written(
@@ -132,7 +127,7 @@ async def test_the_written_answer_starts_the_load_in_the_background(
     assert (await call(embedded, conn, "initialize", INIT))["error"] is None
     await asyncio.wait_for(domains.settled(), 30)
     assert domains.services is not None
-    assert set(domains.services) == {spec.key for spec in DEFERRED}
+    assert set(domains.services) == set(DEFERRED)
     assert gc.isenabled()  # paused during the load only
     # The settings schema is written a little later, once a first turn would have begun.
     assert not (ctx.mc_home / "settings.schema.json").exists()

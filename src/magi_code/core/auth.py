@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from magi_code.auth.login import CodexLogin
@@ -26,7 +26,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 
 from .coordinator import Connection
 from .output import Batch
-from .routes import Reply, Route, check_fields, empty_payload, payload_id
+from .routes import Endpoint, Reply, check_fields, empty_payload, payload_id
 
 _LOGIN_FIELDS: Final = frozenset({"provider_id"})
 
@@ -80,17 +80,14 @@ class AuthService:
         self._providers: dict[int, list[ProviderDefinition]] = {}
         self.login: ActiveLogin | None = None
 
-    def routes(self) -> Sequence[Route]:
-        return (
-            Route("auth.status", empty_payload, self._status),
-            Route("auth.login.start", _validate_login_start, self._login_start),
-            Route("auth.login.callback", _validate_callback, self._login_callback),
-            Route("auth.login.cancel", _validate_login_cancel, self._login_cancel),
-            Route("auth.logout", _validate_logout, self._logout),
-        )
-
-    def events(self) -> Sequence[str]:
-        return ("auth.login.progress", "auth.login.terminal")
+    def routes(self) -> Mapping[str, Endpoint]:
+        return {
+            "auth.status": Endpoint(empty_payload, self._status),
+            "auth.login.start": Endpoint(_validate_login_start, self._login_start),
+            "auth.login.callback": Endpoint(_validate_callback, self._login_callback),
+            "auth.login.cancel": Endpoint(_validate_login_cancel, self._login_cancel),
+            "auth.logout": Endpoint(_validate_logout, self._logout),
+        }
 
     async def _providers_for(self, conn: Connection) -> list[ProviderDefinition]:
         providers = self._providers.get(conn.conn_id)

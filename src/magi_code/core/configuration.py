@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from magi_code.auth.credentials import CredentialsError, resolve_headers
@@ -49,7 +49,7 @@ from magi_code.providers.http import HttpClients, transport_options
 from magi_code.storage.launch import LaunchContext
 
 from .coordinator import Connection
-from .routes import Reply, Route
+from .routes import Endpoint, Reply
 from .settings_gate import SettingsGate
 
 Work = Callable[[Connection, Any], Awaitable[dict[str, Any]]]
@@ -106,27 +106,20 @@ class ConfigurationService:
         self._unwritten: dict[int, int] = {}
         self._scopes: set[tuple[str, ...]] = set()
 
-    def routes(self) -> Sequence[Route]:
-        return (
-            Route(
-                "catalog.providers",
-                _validate(parse_provider_page),
-                self._deferred(self._providers, _reads),
+    def routes(self) -> Mapping[str, Endpoint]:
+        return {
+            "catalog.providers": Endpoint(
+                _validate(parse_provider_page), self._deferred(self._providers, _reads)
             ),
-            Route(
-                "catalog.models", _validate(parse_model_page), self._deferred(self._models, _reads)
+            "catalog.models": Endpoint(
+                _validate(parse_model_page), self._deferred(self._models, _reads)
             ),
-            Route(
-                "catalog.refresh",
-                _validate(parse_refresh),
-                self._deferred(self._refresh, _refresh_scope),
+            "catalog.refresh": Endpoint(
+                _validate(parse_refresh), self._deferred(self._refresh, _refresh_scope)
             ),
-            Route("config.get", _validate(parse_empty), self._deferred(self._get, _reads)),
-            Route("config.set", _validate_set, self._deferred(self._set, _set_scope)),
-        )
-
-    def events(self) -> Sequence[str]:
-        return ()
+            "config.get": Endpoint(_validate(parse_empty), self._deferred(self._get, _reads)),
+            "config.set": Endpoint(_validate_set, self._deferred(self._set, _set_scope)),
+        }
 
     def busy(self, conn: Connection) -> bool:
         """Whether ``conn`` has a configuration request in flight."""

@@ -18,26 +18,26 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from magi_code.protocol import envelope
 from magi_code.protocol.envelope import Identity, Rejected, Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.operations import EVENTS, OPERATIONS
 from magi_code.storage.launch import LaunchContext
 
 from .output import Batch, Output, TurnEvent
-from .routes import Reply, RequestExpired, Route, SessionRule
+from .routes import Endpoint, Reply, RequestExpired, Route, SessionRule
 
 log = logging.getLogger(__name__)
 
 
 class DomainService(Protocol):
-    """A domain's contribution: its routes, its events, and its connection cleanup."""
+    """A domain's contribution: the endpoints of the operations declared as its own (by
+    name), and its connection cleanup. Its events are declared too."""
 
-    def routes(self) -> Sequence[Route]: ...
-
-    def events(self) -> Sequence[str]: ...
+    def routes(self) -> Mapping[str, Endpoint]: ...
 
     async def connection_closed(self, connection: Connection) -> None:
         """Cancel and drain the work this connection owns; emit its terminal events."""
@@ -139,7 +139,7 @@ class ServiceCoordinator:
     def __init__(self, transports: Sequence[str]) -> None:
         self.transports = tuple(transports)
         self._routes: dict[str, Route] = {}
-        self._events: list[str] = []
+        self._keys: set[str] = set()
         # Bumped whenever the route table changes (caches of advertised names key on it).
         self.routes_version = 0
         self._services: list[DomainService] = []
@@ -149,11 +149,21 @@ class ServiceCoordinator:
 
     # -- composition -------------------------------------------------------------------
 
-    def add_service(self, service: DomainService) -> None:
+    def add_service(self, key: str, service: DomainService) -> None:
+        """Route the operations declared as ``key``'s to ``service``'s endpoints (it must
+        supply exactly those)."""
+        endpoints = service.routes()
+        declared = [op for op in OPERATIONS if op.service == key]
+        if set(endpoints) != {op.name for op in declared}:
+            raise ValueError(f"service {key!r} does not handle exactly its declared operations")
         self._services.append(service)
-        for route in service.routes():
-            self._routes[route.name] = route
-        self._events.extend(e for e in service.events() if e not in self._events)
+        self._keys.add(key)
+        for op in declared:
+            endpoint = endpoints[op.name]
+            session = SessionRule(op.session)
+            self._routes[op.name] = Route(
+                op.name, endpoint.validate, endpoint.handle, session, op.gated
+            )
         self.routes_version += 1
 
     @property
@@ -162,11 +172,13 @@ class ServiceCoordinator:
 
     @property
     def operations(self) -> list[str]:
-        return list(self._routes)
+        """The names of the routed operations, in declaration order."""
+        return [op.name for op in OPERATIONS if op.name in self._routes]
 
     @property
     def events(self) -> list[str]:
-        return list(self._events)
+        """The events of the composed services, in declaration order."""
+        return [ev.name for ev in EVENTS if ev.service in self._keys]
 
     def next_event_id(self) -> str:
         return f"evt-{next(self._event_ids)}"

@@ -53,7 +53,18 @@ Validator = Callable[[Request], Any]
 
 
 @dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What a domain service supplies for one operation: its payload validator and its
+    handler. Everything else about the operation is declared (``protocol/operations``)."""
+
+    validate: Validator
+    handle: Handler
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
+    """An operation as the coordinator applies it: its declaration and its endpoint."""
+
     name: str
     validate: Validator
     handle: Handler

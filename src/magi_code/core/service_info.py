@@ -10,7 +10,7 @@ it then does in a worker thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from magi_code.auth.readiness import ReadinessCheck, ReadinessMemo
@@ -27,7 +27,7 @@ from magi_code.protocol.limits import (
 from magi_code.version import package_version
 
 from .coordinator import Connection, ServiceCoordinator
-from .routes import Reply, Route, SessionRule, check_fields, empty_payload
+from .routes import Endpoint, Reply, check_fields, empty_payload
 
 SERVER_NAME: Final = "magi-code"
 
@@ -92,15 +92,12 @@ class ServiceInfo:
         # (transports, route table version) -> the capabilities payload (never mutated).
         self._advertised: dict[tuple[tuple[str, ...], int], dict[str, Any]] = {}
 
-    def routes(self) -> Sequence[Route]:
-        return (
-            Route("initialize", validate_initialize, self._initialize, SessionRule.OPTIONAL, False),
-            Route("status", empty_payload, self._status, SessionRule.OPTIONAL),
-            Route("capabilities", empty_payload, self._capabilities, SessionRule.OPTIONAL),
-        )
-
-    def events(self) -> Sequence[str]:
-        return ()
+    def routes(self) -> Mapping[str, Endpoint]:
+        return {
+            "initialize": Endpoint(validate_initialize, self._initialize),
+            "status": Endpoint(empty_payload, self._status),
+            "capabilities": Endpoint(empty_payload, self._capabilities),
+        }
 
     async def connection_closed(self, connection: Connection) -> None:
         return None

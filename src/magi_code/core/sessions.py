@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from magi_code.dataclass import dataclass, field
@@ -39,7 +39,7 @@ from magi_code.sessions.outcomes import TurnOutcome
 from magi_code.sessions.store import SessionStore, WriterLease
 
 from .coordinator import Connection
-from .routes import Reply, Route, SessionRule, check_fields, empty_payload
+from .routes import Endpoint, Reply, check_fields, empty_payload
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +101,14 @@ class SessionService:
         self._attachments: dict[str, Attachment] = {}
         self._releasing: dict[str, asyncio.Event] = {}
 
-    def routes(self) -> Sequence[Route]:
-        return (
-            Route("session.list", _validate_list, self._list),
-            Route("session.create", empty_payload, self._create),
-            Route("session.open", _validate_session_op, self._open, SessionRule.REQUIRED),
-            Route("session.replay", _validate_replay, self._replay, SessionRule.REQUIRED),
-            Route("session.close", _validate_session_op, self._close, SessionRule.REQUIRED),
-        )
-
-    def events(self) -> Sequence[str]:
-        return ()
+    def routes(self) -> Mapping[str, Endpoint]:
+        return {
+            "session.list": Endpoint(_validate_list, self._list),
+            "session.create": Endpoint(empty_payload, self._create),
+            "session.open": Endpoint(_validate_session_op, self._open),
+            "session.replay": Endpoint(_validate_replay, self._replay),
+            "session.close": Endpoint(_validate_session_op, self._close),
+        }
 
     # -- attachment bookkeeping (also used by turns) --------------------------------------
 

@@ -39,7 +39,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import orjson
@@ -70,7 +70,7 @@ from .approvals import ApprovalService
 from .coordinator import Connection
 from .idempotency import RETAIN_SECONDS, StartKeys, repeated
 from .output import Batch, TurnEvent, TurnInfo
-from .routes import Reply, RequestExpired, Route, SessionRule, check_fields, payload_id
+from .routes import Endpoint, Reply, RequestExpired, check_fields, payload_id
 from .sessions import Attachment, SessionService
 from .settings_gate import SettingsGate
 
@@ -520,14 +520,11 @@ class TurnService:
         # Approval requests of running turns, and session grants (core.approvals).
         self.approvals = ApprovalService()
 
-    def routes(self) -> Sequence[Route]:
-        return (
-            Route("turn.start", _validate_start, self._start, SessionRule.OPTIONAL),
-            Route("turn.cancel", _validate_cancel, self._cancel, SessionRule.OPTIONAL),
-        )
-
-    def events(self) -> Sequence[str]:
-        return ("turn.started", "turn.assistant_delta", "turn.activity", "turn.terminal")
+    def routes(self) -> Mapping[str, Endpoint]:
+        return {
+            "turn.start": Endpoint(_validate_start, self._start),
+            "turn.cancel": Endpoint(_validate_cancel, self._cancel),
+        }
 
     async def _start(self, conn: Connection, request: Request, prompt: str) -> Reply:
         key = request.idempotency_key

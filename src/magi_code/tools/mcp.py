@@ -55,7 +55,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Protocol, Self, TextIO
+from typing import TYPE_CHECKING, Final, Never, Protocol, Self, TextIO
 
 from magi_code.dataclass import dataclass, field
 from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, shielded
@@ -727,13 +727,10 @@ class McpServers:
         self._stopping: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
 
-    # -- as a domain service (routes and events: none) ------------------------------------
+    # -- as a domain service (no operations, no events) -----------------------------------
 
-    def routes(self) -> tuple[()]:
-        return ()
-
-    def events(self) -> tuple[()]:
-        return ()
+    def routes(self) -> Mapping[str, Never]:
+        return {}
 
     async def connection_closed(self, connection: _HasLaunchContext) -> None:
         """Its servers stop unless another connection or a running turn uses them."""

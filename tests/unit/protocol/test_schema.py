@@ -27,6 +27,7 @@ from magi_code.protocol.schema import (
     SHIPPED,
     encode,
     main,
+    routes,
     schema_documents,
     shipped_documents,
 )
@@ -125,6 +126,15 @@ def test_main_reports_an_unwritable_directory(tmp_path: Path) -> None:
 
 
 # -- definitions against the code -----------------------------------------------------------
+
+
+def test_the_generated_route_facts_are_current() -> None:
+    """Regenerates the block of ``protocol/operations.py``; fails when that changed it."""
+    text = routes.TARGET.read_text(encoding="utf-8")
+    fresh = routes.refreshed(text)
+    if fresh != text:
+        routes.TARGET.write_text(fresh, encoding="utf-8")
+        pytest.fail("regenerated the stale route facts of protocol/operations.py (commit them)")
 
 
 async def test_operations_and_events_are_the_route_table(tmp_path: Path) -> None:

@@ -218,7 +218,15 @@ SessionRule = Literal["forbidden", "required", "optional"]
 
 @dataclass(frozen=True, kw_only=True)
 class Operation:
+    """One v1 operation, declared once: the schemas, the reference docs, the route the
+    coordinator applies and what the embedded service advertises before its services are
+    built (``protocol/route_table.py``, generated) all come from here. Its domain
+    service supplies only the payload validator and the handler."""
+
     name: str
+    # The domain service that runs it (``composition``'s service keys; ``info``: the
+    # service-information routes).
+    service: str
     area: str
     summary: str
     request: Obj
@@ -226,6 +234,7 @@ class Operation:
     session: SessionRule = "forbidden"
     # An optional outer ``session_id`` that is present must be a valid session ID.
     checks_session: bool = False
+    # Refused with ``not_initialized`` before ``initialize`` (after payload validation).
     gated: bool = True
     # Operation-specific errors beyond the envelope checks, each with when it happens.
     errors: tuple[tuple[ErrorCode, str], ...] = ()
@@ -234,6 +243,8 @@ class Operation:
 @dataclass(frozen=True, kw_only=True)
 class Event:
     name: str
+    # The domain service that sends it.
+    service: str
     summary: str
     payload: Obj | Union
     # Whose stream it belongs to: a turn (correlated to ``turn.start``) or a login.
@@ -564,6 +575,7 @@ AUTH_ENTRY: Final = Obj(
 OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         name="initialize",
+        service="info",
         area="discovery",
         summary="Negotiate the protocol version; unlocks every other operation.",
         session="optional",
@@ -620,6 +632,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="status",
+        service="info",
         area="discovery",
         summary="Liveness and whether the selected provider could authenticate.",
         session="optional",
@@ -639,6 +652,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="capabilities",
+        service="info",
         area="discovery",
         summary="What this service implements.",
         session="optional",
@@ -647,6 +661,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="session.list",
+        service="sessions",
         area="sessions",
         summary="One page of durable sessions, ordered by session ID.",
         request=Obj(fields=(PAGE_AFTER_SESSION, SESSION_PAGE_LIMIT)),
@@ -700,6 +715,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="session.create",
+        service="sessions",
         area="sessions",
         summary="Create a durable session and attach this client to it.",
         request=EMPTY,
@@ -711,6 +727,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="session.open",
+        service="sessions",
         area="sessions",
         summary="Attach this client to an existing session (take its writer lease).",
         session="required",
@@ -725,6 +742,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="session.replay",
+        service="sessions",
         area="sessions",
         summary="One page of a session's history projected for display, from a cursor.",
         session="required",
@@ -780,6 +798,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="session.close",
+        service="sessions",
         area="sessions",
         summary="Release this client's attachment (idempotent).",
         session="required",
@@ -799,6 +818,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="turn.start",
+        service="turns",
         area="turns",
         summary="Run one agent turn on a session (a new one when `session_id` is absent).",
         session="optional",
@@ -841,6 +861,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="turn.cancel",
+        service="turns",
         area="turns",
         summary="Ask a running turn of this client to stop.",
         session="optional",
@@ -859,6 +880,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="auth.status",
+        service="auth",
         area="auth",
         summary="Credential readiness of every known provider.",
         request=EMPTY,
@@ -875,6 +897,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="auth.login.start",
+        service="auth",
         area="auth",
         summary="Start the one ChatGPT (Codex) OAuth login; progress follows as events.",
         request=Obj(
@@ -900,6 +923,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="auth.login.callback",
+        service="auth",
         area="auth",
         summary="Hand the login the final redirect URL or code pasted by the user.",
         request=Obj(
@@ -931,6 +955,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="auth.login.cancel",
+        service="auth",
         area="auth",
         summary="Ask the active login to stop.",
         request=Obj(fields=(Field(name="login_id", shape=ID_ARGUMENT, doc="The login attempt."),)),
@@ -948,6 +973,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="auth.logout",
+        service="auth",
         area="auth",
         summary="Remove one provider's stored credential.",
         request=Obj(
@@ -982,6 +1008,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="catalog.providers",
+        service="configuration",
         area="catalogs and configuration",
         summary="One page of the configured providers.",
         request=Obj(fields=(CATALOG_OFFSET, CATALOG_LIMIT)),
@@ -1011,6 +1038,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="catalog.models",
+        service="configuration",
         area="catalogs and configuration",
         summary="One page of a provider's cached models (never contacts the provider).",
         request=Obj(
@@ -1069,6 +1097,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="catalog.refresh",
+        service="configuration",
         area="catalogs and configuration",
         summary="Fetch a provider's model list and replace its cache.",
         request=Obj(fields=(Field(name="provider_id", shape=Str(), doc="The provider."),)),
@@ -1094,6 +1123,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="config.get",
+        service="configuration",
         area="catalogs and configuration",
         summary="The effective configuration.",
         request=EMPTY,
@@ -1108,6 +1138,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         name="config.set",
+        service="configuration",
         area="catalogs and configuration",
         summary="Persist a selection, reasoning level and/or fast mode in one scope.",
         request=Obj(
@@ -1466,6 +1497,7 @@ FAILURE_LABELS: Final = (
 EVENTS: Final[tuple[Event, ...]] = (
     Event(
         name="turn.started",
+        service="turns",
         stream="turn",
         summary="The turn was accepted (directly after its `turn.start` response).",
         payload=Obj(
@@ -1479,6 +1511,7 @@ EVENTS: Final[tuple[Event, ...]] = (
     ),
     Event(
         name="turn.assistant_delta",
+        service="turns",
         stream="turn",
         summary="The next piece of the assistant's text.",
         payload=Obj(
@@ -1498,6 +1531,7 @@ EVENTS: Final[tuple[Event, ...]] = (
     ),
     Event(
         name="turn.activity",
+        service="turns",
         stream="turn",
         summary="Something the agent did (tool call, context, usage, compaction, ...).",
         payload=Obj(
@@ -1510,6 +1544,7 @@ EVENTS: Final[tuple[Event, ...]] = (
     ),
     Event(
         name="turn.terminal",
+        service="turns",
         stream="turn",
         summary="The turn ended; always the turn's last event.",
         payload=Obj(
@@ -1569,12 +1604,14 @@ EVENTS: Final[tuple[Event, ...]] = (
     ),
     Event(
         name="auth.login.progress",
+        service="auth",
         stream="login",
         summary="The login reached a new step.",
         payload=LOGIN_PROGRESS,
     ),
     Event(
         name="auth.login.terminal",
+        service="auth",
         stream="login",
         summary="The login ended; always its last event.",
         payload=Obj(
