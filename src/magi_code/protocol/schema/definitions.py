@@ -1,10 +1,14 @@
-"""The v1 wire shapes, declared once: envelopes, every operation's request and response
-payload, every event payload, and the error codes.
+"""The v1 protocol, declared once: envelopes, every operation (its request and response
+payload, its errors, its session rule and gate, the service that runs it), every event,
+and the error codes.
 
-This module is the source of the shipped JSON Schema documents and of the reference
-tables in ``docs/protocol/``. It may only import the protocol layer; values that other
-layers own (reasoning levels, activity enumerations, login states, catalog states, the
-route table) are written out here and name their origin in ``sources``. Tests resolve
+This module is the source of the shipped JSON Schema documents, of the reference tables
+in ``docs/protocol/`` and of the route facts in ``protocol/operations.py`` (generated:
+the coordinator routes by them, the capabilities list them). Adding an operation is its
+declaration here and its endpoint (validator and handler) in its service. It may only
+import the protocol layer; values that other layers own (reasoning levels, activity
+enumerations, login states, catalog states) are written out here and name their origin
+in ``sources``. Tests resolve
 every source and compare, check every request shape against the real payload
 validators case by case, and validate every record the service writes in the process
 and conformance tests against the generated schemas, so a change on either side that
@@ -13,6 +17,7 @@ is not made on the other fails a test.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Final, Literal
 
@@ -281,60 +286,6 @@ LIMITS: Final = Obj(
     ),
     unknown=ADVERTISED_BOUND,
 )
-OPERATION_NAMES: Final = (
-    "initialize",
-    "status",
-    "capabilities",
-    "session.list",
-    "session.create",
-    "session.open",
-    "session.replay",
-    "session.close",
-    "turn.start",
-    "turn.cancel",
-    "auth.status",
-    "auth.login.start",
-    "auth.login.callback",
-    "auth.login.cancel",
-    "auth.logout",
-    "catalog.providers",
-    "catalog.models",
-    "catalog.refresh",
-    "config.get",
-    "config.set",
-)
-EVENT_NAMES: Final = (
-    "turn.started",
-    "turn.assistant_delta",
-    "turn.activity",
-    "turn.terminal",
-    "auth.login.progress",
-    "auth.login.terminal",
-)
-EVENT_ENVELOPE: Final = Obj(
-    doc="Something that happened in a turn or a login, after its start response.",
-    fields=(
-        Field(name="protocol_version", shape=VERSION, doc="Always 1."),
-        Field(name="kind", shape=Str(const="event"), doc="Always `event`."),
-        Field(
-            name="event_id",
-            shape=EVENT_ID,
-            doc="`evt-<n>`: unique among the events of one service process.",
-        ),
-        Field(
-            name="request_id",
-            shape=Nullable(inner=OPAQUE_ID),
-            doc="The ID of the request that started the turn or login.",
-        ),
-        Field(
-            name="session_id",
-            shape=Nullable(inner=OPAQUE_ID),
-            doc="The turn's session; `null` for login events.",
-        ),
-        Field(name="event", shape=Str(enum=EVENT_NAMES), doc="The event name."),
-        Field(name="payload", shape=PAYLOAD, doc="The event's data."),
-    ),
-)
 ACTIVITY_CAPABILITIES: Final = Obj(
     doc="What `turn.activity` reports in this version.",
     sources={"fields": "magi_code.core.service_info:ACTIVITY_CAPABILITIES"},
@@ -364,43 +315,9 @@ TRANSPORT_NAME: Final = Str(
     max_bytes=MAX_NAME_BYTES,
     fallback="a transport this client does not use (ignored)",
 )
-CAPABILITIES: Final = Obj(
-    fields=(
-        Field(
-            name="protocol_versions",
-            shape=Arr(items=Int(const=PROTOCOL_VERSION), const=(PROTOCOL_VERSION,)),
-            doc="Always `[1]`.",
-        ),
-        Field(
-            name="operations",
-            shape=Arr(
-                items=Str(
-                    enum=OPERATION_NAMES,
-                    max_bytes=MAX_NAME_BYTES,
-                    fallback="an operation this client does not know (left unused)",
-                )
-            ),
-            doc="Every operation this service answers (all 20).",
-        ),
-        Field(
-            name="events",
-            shape=Arr(items=Str(enum=EVENT_NAMES)),
-            doc="Every event this service sends (all 6); a client that cannot handle one "
-            "of them must not go on.",
-        ),
-        Field(
-            name="transports",
-            shape=Arr(
-                items=Str(enum=TRANSPORTS),
-                min_items=1,
-                consumer=Arr(items=TRANSPORT_NAME, min_items=1, contains="stdio"),
-            ),
-            doc='`["stdio"]` for `--app service`.',
-        ),
-        Field(name="limits", shape=LIMITS, doc="The same object as `initialize.limits`."),
-        Field(name="activity", shape=ACTIVITY_CAPABILITIES, doc="Activity reporting."),
-    )
-)
+# Stands for the capabilities object in the declarations, which it lists: replaced by
+# ``CAPABILITIES`` once they are all declared (the end of this module).
+_CAPABILITIES_SLOT: Final = Obj(doc="Replaced by CAPABILITIES.")
 
 PAGE_AFTER_SESSION: Final = Field(
     name="after",
@@ -572,7 +489,7 @@ AUTH_ENTRY: Final = Obj(
     )
 )
 
-OPERATIONS: Final[tuple[Operation, ...]] = (
+_DECLARED: Final[tuple[Operation, ...]] = (
     Operation(
         name="initialize",
         service="info",
@@ -622,7 +539,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
                     doc="The installed package version.",
                 ),
                 Field(name="limits", shape=LIMITS, doc="The service's bounds."),
-                Field(name="capabilities", shape=CAPABILITIES, doc="As `capabilities`."),
+                Field(name="capabilities", shape=_CAPABILITIES_SLOT, doc="As `capabilities`."),
             )
         ),
         errors=(
@@ -657,7 +574,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="What this service implements.",
         session="optional",
         request=EMPTY,
-        response=CAPABILITIES,
+        response=_CAPABILITIES_SLOT,
     ),
     Operation(
         name="session.list",
@@ -1685,6 +1602,87 @@ ERROR_DOCS: Final[Mapping[ErrorCode, str]] = {
     E.INTERNAL_ERROR: "an unexpected failure, or settings/credentials unreadable for "
     "`status`, `auth.*`",
 }
+
+
+# -- what the declarations list of themselves ----------------------------------------------
+
+OPERATION_NAMES: Final = tuple(op.name for op in _DECLARED)
+EVENT_NAMES: Final = tuple(ev.name for ev in EVENTS)
+EVENT_ENVELOPE: Final = Obj(
+    doc="Something that happened in a turn or a login, after its start response.",
+    fields=(
+        Field(name="protocol_version", shape=VERSION, doc="Always 1."),
+        Field(name="kind", shape=Str(const="event"), doc="Always `event`."),
+        Field(
+            name="event_id",
+            shape=EVENT_ID,
+            doc="`evt-<n>`: unique among the events of one service process.",
+        ),
+        Field(
+            name="request_id",
+            shape=Nullable(inner=OPAQUE_ID),
+            doc="The ID of the request that started the turn or login.",
+        ),
+        Field(
+            name="session_id",
+            shape=Nullable(inner=OPAQUE_ID),
+            doc="The turn's session; `null` for login events.",
+        ),
+        Field(name="event", shape=Str(enum=EVENT_NAMES), doc="The event name."),
+        Field(name="payload", shape=PAYLOAD, doc="The event's data."),
+    ),
+)
+CAPABILITIES: Final = Obj(
+    fields=(
+        Field(
+            name="protocol_versions",
+            shape=Arr(items=Int(const=PROTOCOL_VERSION), const=(PROTOCOL_VERSION,)),
+            doc="Always `[1]`.",
+        ),
+        Field(
+            name="operations",
+            shape=Arr(
+                items=Str(
+                    enum=OPERATION_NAMES,
+                    max_bytes=MAX_NAME_BYTES,
+                    fallback="an operation this client does not know (left unused)",
+                )
+            ),
+            doc=f"Every operation this service answers (all {len(OPERATION_NAMES)}).",
+        ),
+        Field(
+            name="events",
+            shape=Arr(items=Str(enum=EVENT_NAMES)),
+            doc=f"Every event this service sends (all {len(EVENT_NAMES)}); a client that "
+            "cannot handle one of them must not go on.",
+        ),
+        Field(
+            name="transports",
+            shape=Arr(
+                items=Str(enum=TRANSPORTS),
+                min_items=1,
+                consumer=Arr(items=TRANSPORT_NAME, min_items=1, contains="stdio"),
+            ),
+            doc='`["stdio"]` for `--app service`.',
+        ),
+        Field(name="limits", shape=LIMITS, doc="The same object as `initialize.limits`."),
+        Field(name="activity", shape=ACTIVITY_CAPABILITIES, doc="Activity reporting."),
+    )
+)
+
+
+def _advertising(op: Operation) -> Operation:
+    """``op`` with ``CAPABILITIES`` in its response where it stands."""
+    if op.response is _CAPABILITIES_SLOT:
+        return dataclasses.replace(op, response=CAPABILITIES)
+    fields = tuple(
+        dataclasses.replace(f, shape=CAPABILITIES) if f.shape is _CAPABILITIES_SLOT else f
+        for f in op.response.fields
+    )
+    return dataclasses.replace(op, response=dataclasses.replace(op.response, fields=fields))
+
+
+OPERATIONS: Final = tuple(_advertising(op) for op in _DECLARED)
 
 
 def operation(name: str) -> Operation:
