@@ -1,12 +1,13 @@
 """The ``v1_shim`` role (RFC-0002 §5): one v1 stdio service, bridged through the shim.
 
-The connection *is* a v1 service and keeps the embedded adapter's rules exactly:
+The connection *is* a v1 service and drives the embedded adapter's rules exactly
+(``core/v1.py``); this role adds only the frames:
 
 - records are handled in order, each only once the answer to the one before it is
-  written: acknowledged by the shim after its stdout write (:meth:`Connection.answered`;
-  a record answered later by a worker, ``next``, does not wait). After an output
-  failure no record the shim forwarded behind the failed answer takes effect;
-- every queued batch goes out as its own ``output`` frame, several at once (at most
+  written: acknowledged by the shim after its stdout write (a record answered later by
+  a worker, ``next``, does not wait). After an output failure no record the shim
+  forwarded behind the failed answer takes effect;
+- every take of queued batches goes out as ``output`` frames, one per batch (at most
   :data:`MAX_OUTPUTS_IN_FLIGHT` unacknowledged, and the connection's outbound limit in
   bytes, one always allowed); each batch is settled (``Batch.written()``: its request
   IDs are released) when the shim acknowledges having written it. Acknowledgements are
@@ -37,9 +38,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.core.coordinator import Connection
 from magi_code.core.output import Batch
+from magi_code.core.v1 import V1Connection, next_take
 from magi_code.protocol import v2
-from magi_code.protocol.envelope import OutboundError, encode_batch
 from magi_code.protocol.frames import encode_frame
+from magi_code.protocol.framing import TOO_LARGE, Frame
 from magi_code.protocol.v2 import MESSAGES, Code
 
 from .waits import bounded
@@ -49,8 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("magi_code.daemon")
 
-# Batches taken from the connection's output at once.
-MAX_WRITE_BATCHES: Final = 256
 # ``output`` frames sent and not yet acknowledged before the writer waits.
 MAX_OUTPUTS_IN_FLIGHT: Final = 64
 
@@ -136,25 +136,17 @@ class V1Role:
         # An output failure ends the connection's input too: its work is cancelled now,
         # not when the shim next sends something (it may be stuck writing stdout).
         writer.add_done_callback(lambda _: peer.end_input())
+        records = V1Connection(coordinator, conn, writer, self._handled)
         try:
             async for frame in peer.frames():
-                if writer.done() or conn.output.closed or isinstance(frame, v2.Eof):
+                if isinstance(frame, v2.Eof):
                     break
-                batch: Batch | None
                 if isinstance(frame, v2.Record):
-                    batch = await coordinator.handle_record(conn, frame.data)
+                    record: Frame = frame.data
                 else:
                     assert isinstance(frame, v2.Oversize)
-                    batch = coordinator.reject_oversize(conn)
-                if writer.done() or conn.output.closed:
-                    break
-                if batch is None:
-                    peer.send({"t": "next"})  # answered later, by a worker
-                    continue
-                # Its output frame says it answers the record. (Nothing ran since it was
-                # queued, so the writer has not taken it yet.)
-                self._answers.append(batch)
-                if not await conn.answered(batch, writer):
+                    record = TOO_LARGE
+                if not await records.feed(record):
                     break
         finally:
             await peer.server.core.close(conn)
@@ -163,25 +155,27 @@ class V1Role:
             peer.send({"t": "end", "status": status, "detail": detail})
             await bounded(peer.drain(), 5.0)
 
+    def _handled(self, batch: Batch | None) -> None:
+        if batch is None:
+            self.peer.send({"t": "next"})  # answered later, by a worker
+        else:
+            # Its output frame says it answers the record. (Nothing ran since it was
+            # queued, so the writer has not taken it yet.)
+            self._answers.append(batch)
+
     async def _writer(self) -> tuple[str, str | None]:
         conn, peer = self.conn, self.peer
-        while not self._failed and (batches := await conn.output.get_batches(MAX_WRITE_BATCHES)):
-            frames: list[bytes] = []
-            failure: OutboundError | None = None
-            for index, batch in enumerate(batches):
-                try:
-                    data = encode_batch(batch.messages)
-                except OutboundError as exc:
-                    failure = exc
-                    _settle(batches[index:])
-                    break
-                frames.append(self._output_frame(batch, data))
-            self._send(frames)
-            if failure is not None:
+        while not self._failed and (take := await next_take(conn.output)) is not None:
+            self._send(
+                [
+                    self._output_frame(b, data)
+                    for b, data in zip(take.batches, take.data, strict=True)
+                ]
+            )
+            if take.failure is not None:
                 log.warning("v1 output error")
-                conn.output.close()
                 await self._acknowledged(lambda: not self._in_flight)
-                return "output_error", str(failure)
+                return "output_error", str(take.failure)
             await self._acknowledged(self._has_room)
         # The output ended (the connection closed, or a failure): wait for what is sent.
         await self._acknowledged(lambda: not self._in_flight)
@@ -227,8 +221,3 @@ class V1Role:
         while not self._failed and not ready():
             self._room.clear()
             await self._room.wait()
-
-
-def _settle(batches: list[Batch]) -> None:
-    for batch in batches:
-        batch.written()

@@ -1,16 +1,13 @@
 """The v1 stdio adapter: JSONL in on stdin, JSONL out on stdout, diagnostics on stderr.
 
-The adapter owns framing and writing only. It hands each input record to the coordinator
-and handles the next one only once the answer to it is written to stdout
-(:meth:`Connection.answered`; a record answered later by a worker does not wait), so
-after an output failure no record read after the failed answer has taken effect. A write
-counts once the kernel took every byte of it (the pipe transport buffers nothing
-between writes), as the shim's blocking writes do. The writer takes every batch already
-queued (up to :data:`MAX_WRITE_BATCHES`: turn and login events are queued between
-answers as workers produce them), encodes each whole, writes them with one ``write`` and
-only then settles each batch in order, which releases its request IDs. On EOF (or
-SIGTERM) it asks the coordinator to cancel and drain the connection's work, writes the
-remaining batches while stdout is open, and returns.
+The adapter owns framing and writing only; the v1 rules are ``core/v1.py``'s. It feeds
+each input record to :class:`V1Connection` (which handles the next one only once the
+answer to it is written to stdout) and writes each take of batches (:func:`next_take`)
+with one ``write``, settling each batch in order only then. A write counts once the
+kernel took every byte of it (the pipe transport buffers nothing between writes), as the
+shim's blocking writes do. On EOF (or SIGTERM) it asks the coordinator to cancel and
+drain the connection's work, writes the remaining batches while stdout is open, and
+returns.
 
 Output failures stop the writer: a batch that cannot be encoded is never written (the
 batches before it in the same write are), and a failed write settles every batch it
@@ -38,16 +35,14 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from magi_code.core.coordinator import Connection, ServiceCoordinator
-from magi_code.core.output import Batch, Output
+from magi_code.core.output import Output
+from magi_code.core.v1 import V1Connection, next_take
 from magi_code.endpoint.paths import UnsafeRuntimeDir, ensure_private_dir
-from magi_code.protocol.envelope import OutboundError, encode_batch
-from magi_code.protocol.framing import TOO_LARGE, LineFramer
+from magi_code.protocol.framing import LineFramer
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns.failures import describe
 
 READ_CHUNK = 65536
-# Batches the writer puts into one write at most.
-MAX_WRITE_BATCHES: Final = 256
 EXIT_UNSAFE_HOME: Final = 1
 
 
@@ -138,39 +133,25 @@ def diagnostic(message: str) -> None:
         os.write(2, f"magi-code: {message}\n".encode())
 
 
-def _settle(batches: list[Batch]) -> None:
-    for batch in batches:
-        batch.written()
-
-
 async def write_loop(output: Output, writer: ByteWriter) -> bool:
     """Write batches until the channel ends. False after an output failure."""
-    while batches := await output.get_batches(MAX_WRITE_BATCHES):
-        encoded: list[bytes] = []
-        failure: OutboundError | None = None
-        for batch in batches:
+    while (take := await next_take(output)) is not None:
+        if take.batches:
             try:
-                encoded.append(encode_batch(batch.messages))
-            except OutboundError as exc:
-                failure = exc
-                break
-        sent = batches[: len(encoded)]
-        if sent:
-            try:
-                await writer.write(encoded[0] if len(encoded) == 1 else b"".join(encoded))
+                data = take.data
+                await writer.write(data[0] if len(data) == 1 else b"".join(data))
             except (OSError, ConnectionError, RuntimeError):
                 diagnostic("output error: stdout closed; stopping")
-                _settle(batches)
+                for batch in take.batches:
+                    batch.written()
                 output.close()
                 return False
-            _settle(sent)
-            for batch in sent:
+            for batch in take.batches:
+                batch.written()
                 for turn_id, label, remedy in batch.failures():
                     diagnostic(describe(turn_id, label, remedy))
-        if failure is not None:
-            diagnostic(f"output error: {failure}; stopping")
-            _settle(batches[len(encoded) :])
-            output.close()
+        if take.failure is not None:
+            diagnostic(f"output error: {take.failure}; stopping")
             return False
     return True
 
@@ -216,20 +197,12 @@ async def pump_input(
     writer_task: asyncio.Task[bool],
     stop: StopSignal,
 ) -> None:
+    records = V1Connection(coordinator, conn, writer_task)
     framer = LineFramer()
     while not stop.is_set():
         chunk = await stop.read(reader)
-        frames = framer.feed(chunk) if chunk else framer.eof()
-        for frame in frames:
-            if writer_task.done() or conn.output.closed:
-                return
-            batch: Batch | None
-            if frame is TOO_LARGE:
-                batch = coordinator.reject_oversize(conn)
-            else:
-                assert isinstance(frame, bytes)
-                batch = await coordinator.handle_record(conn, frame)
-            if batch is not None and not await conn.answered(batch, writer_task):
+        for frame in framer.feed(chunk) if chunk else framer.eof():
+            if not await records.feed(frame):
                 return
         if not chunk:
             return
