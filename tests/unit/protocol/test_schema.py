@@ -90,8 +90,7 @@ def test_documents_cover_every_operation_and_event() -> None:
         assert {f"request.{op.name}", f"response.{op.name}"} <= names
     for ev in v1.EVENTS:
         assert f"event.{ev.name}" in names
-    assert len(v1.OPERATIONS) == 20 and len(v1.EVENTS) == 6
-    assert len(names) == 4 + 2 * 20 + 6 + 1
+    assert len(names) == 4 + 2 * len(v1.OPERATIONS) + len(v1.EVENTS) + 1
 
 
 @pytest.mark.parametrize("profile", ["strict", "consumer"])
