@@ -26,6 +26,7 @@ from magi_code.auth.tokens import (
     oauth_fields,
 )
 from magi_code.protocol.errors import ServiceError
+from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.errors import ProviderFailure
 from magi_code.providers.http import ClientSource, as_source
 from magi_code.storage.launch import LaunchContext
@@ -153,7 +154,7 @@ async def resolve_headers(
       when the access token is expired or within ``REFRESH_MARGIN_S`` of expiry (or when
       ``force_refresh`` is set, e.g. after a 401), committing against the generation read
       before the refresh.
-    - custom: ``x-api-key`` for ``api == "anthropic"`` endpoints, otherwise
+    - custom: ``x-api-key`` where its API's profile says so (``anthropic``), otherwise
       ``Authorization: Bearer``, from ``api_key_env``; no headers for no-auth providers.
     """
     at = time.time() if now is None else now
@@ -174,6 +175,7 @@ async def resolve_headers(
     secret = env_value(ctx.env, provider.api_key_env)
     if secret is None:
         raise CredentialsError(AUTH_MISSING)
-    if getattr(provider, "api", None) == "anthropic":
+    api: Any = getattr(provider, "api", None)
+    if api in API_PROFILES and API_PROFILES[api].key_in_x_api_key:
         return {"x-api-key": secret}
     return {"Authorization": f"Bearer {secret}"}

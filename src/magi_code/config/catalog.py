@@ -29,11 +29,12 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from magi_code.config.ids import fallback_levels, is_safe_id, normalize_levels, sanitize_label
+from magi_code.config.ids import is_safe_id, normalize_levels, sanitize_label
 from magi_code.config.settings import ProviderDefinition, Settings, all_providers
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_CATALOG_PAGE_ITEMS
+from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.discovery import list_models
 from magi_code.providers.errors import HTTPX_EXCEPTIONS, ProviderFailure
 from magi_code.providers.http import ClientSource, as_source
@@ -250,7 +251,7 @@ def model_levels(
     """Fresh metadata decides; otherwise the provider API's fallback list applies."""
     if fresh and model is not None and model.reasoning_levels is not None:
         return list(model.reasoning_levels)
-    return fallback_levels(provider.api)
+    return list(API_PROFILES[provider.api].fallback_levels)
 
 
 def is_disabled(settings: Settings, provider_id: str, model_id: str) -> bool:

@@ -80,15 +80,3 @@ def normalize_levels(levels: Iterable[object]) -> list[str]:
     wanted = {level for level in levels if isinstance(level, str)}
     wanted.add("default")
     return [level for level in THINKING_LEVELS if level in wanted]
-
-
-# Fallback reasoning choices per provider API when no fresh model metadata exists.
-FALLBACK_LEVELS: Final[dict[str, tuple[str, ...]]] = {
-    "anthropic": ("default", "low", "medium", "high", "max"),
-    "openai-responses": ("default", "low", "medium", "high", "x_high"),
-    "openai-chat": ("default",),
-}
-
-
-def fallback_levels(api: str | None) -> list[str]:
-    return list(FALLBACK_LEVELS.get(api or "", ("default",)))

@@ -18,12 +18,12 @@ import orjson
 
 from magi_code.config.approvals import SCHEMA_PROPERTIES as APPROVAL_PROPERTIES
 from magi_code.config.ids import ID_PATTERN, THINKING_LEVELS
+from magi_code.providers.types import API_KINDS
 from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
 
 SCHEMA_FILENAME: Final = "settings.schema.json"
 BUILTIN_PROVIDER_IDS: Final = ("anthropic", "openai-codex")
-PROVIDER_APIS: Final = ("openai-chat", "anthropic", "openai-responses")
 # Keys that only the global (user) settings file may hold.
 GLOBAL_ONLY_KEYS: Final = ("fast", "providers", "trusted_projects")
 # The events a hook can be configured for (``hooks`` in settings), in the order they occur.
@@ -53,7 +53,7 @@ _PROVIDER: Final[dict[str, Any]] = {
     "type": "object",
     "required": ["api", "base_url"],
     "properties": {
-        "api": {"type": "string", "enum": list(PROVIDER_APIS)},
+        "api": {"type": "string", "enum": list(API_KINDS)},
         "base_url": {"type": "string", "pattern": r"^https?://[^\s]+$", "maxLength": 2048},
         "api_key_env": {
             "type": "string",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Final
@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from magi_code.dataclass import dataclass, field
-from magi_code.providers import anthropic, openai_chat, openai_responses
+from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.errors import (
     ProviderFailure,
     error_kind,
@@ -41,7 +41,7 @@ from magi_code.providers.errors import (
     map_httpx_errors,
 )
 from magi_code.providers.sse import SSEEvent, SSEParser
-from magi_code.providers.types import ApiKind, Endpoint, ProviderRequest, StreamEvent
+from magi_code.providers.types import Endpoint, ProviderRequest, StreamEvent
 from magi_code.providers.wire import Decoder, HttpCall
 
 MAX_ERROR_BODY_BYTES: Final = 64 * 1024
@@ -85,23 +85,10 @@ class StreamSettings:
 DEFAULT_SETTINGS: Final = StreamSettings()
 
 
-@dataclass(frozen=True, slots=True)
-class _Wire:
-    build_call: Callable[[Endpoint, ProviderRequest], HttpCall]
-    decoder: Callable[[], Decoder]
-
-
-_WIRES: Final[dict[ApiKind, _Wire]] = {
-    "anthropic": _Wire(anthropic.build_call, anthropic.Decoder),
-    "openai-chat": _Wire(openai_chat.build_call, openai_chat.Decoder),
-    "openai-responses": _Wire(openai_responses.build_call, openai_responses.Decoder),
-}
-
-
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     """The exact HTTP request ``stream_response`` sends (URL, headers, JSON body; with a
     message cache its messages are already encoded, an ``orjson.Fragment``)."""
-    return _WIRES[endpoint.api].build_call(endpoint, request)
+    return API_PROFILES[endpoint.api].build_call(endpoint, request)
 
 
 async def stream_response(
@@ -115,7 +102,7 @@ async def stream_response(
     Raises:
         ProviderFailure: any failure, labelled; never carries provider text.
     """
-    wire = _WIRES[endpoint.api]
+    wire = API_PROFILES[endpoint.api]
     call = wire.build_call(endpoint, request)
     content = orjson.dumps(call.body)
     retries = 0

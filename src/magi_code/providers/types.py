@@ -9,7 +9,7 @@ events back into the neutral ``StreamEvent`` values below. Nothing here does I/O
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias, get_args
 
 import orjson
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from magi_code.providers.wire import MessageCache
 
 ApiKind: TypeAlias = Literal["openai-chat", "anthropic", "openai-responses"]
-API_KINDS: Final[tuple[ApiKind, ...]] = ("openai-chat", "anthropic", "openai-responses")
+API_KINDS: Final[tuple[ApiKind, ...]] = get_args(ApiKind)
 
 ReasoningLevel: TypeAlias = Literal["default", "low", "medium", "high", "x_high", "max"]
 REASONING_LEVELS: Final[tuple[ReasoningLevel, ...]] = (

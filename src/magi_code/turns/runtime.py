@@ -14,6 +14,7 @@ from magi_code.config.effective import Effective, resolve_effective
 from magi_code.config.settings import Settings, load_settings, project_settings_path
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.http import HttpClients, transport_options
 from magi_code.providers.types import Endpoint, ReasoningLevel
 from magi_code.sessions.store import SessionContext
@@ -35,13 +36,6 @@ from .subagent import TASK_TOOL_NAME, TaskTool
 if TYPE_CHECKING:
     from magi_code.tools.mcp import McpServers
 
-# Windows used for estimates and compaction when neither discovery nor the provider
-# definition says otherwise.
-DEFAULT_CONTEXT_WINDOWS: Final = {
-    "anthropic": 200_000,
-    "openai-responses": 272_000,
-    "openai-chat": 128_000,
-}
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 8192
 ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME, SKILL_TOOL_NAME}
 
@@ -182,8 +176,7 @@ class TurnRuntime:
             reasoning=_reasoning(effective.thinking_level),
             fast=effective.fast,
             max_output_tokens=effective.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS,
-            context_window=effective.context_window
-            or DEFAULT_CONTEXT_WINDOWS.get(provider.api, 128_000),
+            context_window=effective.context_window or API_PROFILES[provider.api].context_window,
             system=await asyncio.to_thread(system_prompt, ctx.project_dir, skills),
             cache_key=turn.session_id,
         )
