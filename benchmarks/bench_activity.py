@@ -328,7 +328,7 @@ async def main(args: argparse.Namespace) -> None:
                         await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
                     else:
                         # The daemon gives its free heap back once turns ended (daemon.heap).
-                        await asyncio.sleep(TRIM_INTERVAL_SECONDS + 1)
+                        await asyncio.sleep(0 if args.quick else TRIM_INTERVAL_SECONDS + 1)
                         figure("daemon idle RSS before these turns", idle / 2**20, "MiB")
                         after = rss_bytes(processes[-1].pid)
                         figure("daemon idle RSS after them", after / 2**20, "MiB")

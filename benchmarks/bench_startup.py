@@ -17,7 +17,7 @@ Every sample is a new process, so the figures include interpreter start and impo
   ``python -c pass`` and ``python -c "import msgpack, orjson"`` (each blocked on stdin)
   are printed for scale.
 
-Medians of 7 samples (2 with ``--quick``). The loopback fake provider streams 50 deltas
+Medians of 7 samples (one with ``--quick``). The loopback fake provider streams 50 deltas
 per turn. Every daemon runs for a temporary MC_HOME with ``MC_DAEMON_NO_SCOPE=1`` and is
 stopped (``daemon stop`` over the control protocol, then killed) when the script ends,
 also on errors and SIGTERM.
@@ -78,7 +78,7 @@ class Samples:
 
 
 def samples_count(args: argparse.Namespace) -> int:
-    return 2 if args.quick else 7
+    return 1 if args.quick else 7
 
 
 # -- processes -------------------------------------------------------------------------------
