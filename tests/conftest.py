@@ -9,12 +9,18 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.support.modes import runs_in_this_mode
 from tests.support.service import ServiceProcess, running_service
 
 # Property tests judge behaviour, never speed: a loaded machine (the suite runs on all
 # cores beside real daemons) must not fail an example for taking long.
 settings.register_profile("magi-code", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("magi-code")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The mode matrix runs an unmarked test in the product's mode only (tests/support/modes.py).
+    items[:] = [item for item in items if runs_in_this_mode(item)]
 
 
 @pytest.fixture(autouse=True)

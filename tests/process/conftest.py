@@ -1,4 +1,4 @@
-"""Run every test here in both service modes (embedded and through the daemon)."""
+"""The service-mode matrix: the product's mode, and both for tests marked ``both_modes``."""
 
 from tests.support.modes import service_mode
 

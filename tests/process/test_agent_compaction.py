@@ -1,8 +1,8 @@
 """Compaction that keeps turns alive: mid-turn when the next request would cross the
 threshold, after a provider's context-length error (with one retry), and at admission
 when the history starts before the readable window; ``compaction_required`` when it
-cannot be done. Through the real service, in both modes, against the loopback fake
-provider (summary requests are answered through a route keyed by the summary prompt)."""
+cannot be done. Through the real service, against the loopback fake provider (summary
+requests are answered through a route keyed by the summary prompt)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A reply the provider's output-token limit cut is continued automatically (each API's
 own stop signal: Anthropic ``max_tokens``, chat ``length``, Responses ``incomplete``), at
-most three times; a tool call the limit cut is never run. Through the real service, in
-both modes, against the loopback fake provider."""
+most three times; a tool call the limit cut is never run. Through the real service,
+against the loopback fake provider."""
 
 from __future__ import annotations
 

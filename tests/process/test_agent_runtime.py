@@ -561,6 +561,9 @@ async def test_cancel_during_a_shell_command_leaves_no_process_behind(
         await svc.stop()
 
 
+# Both modes: the children's environment comes from the process (embedded) or the shim's
+# launch context.
+@pytest.mark.both_modes
 async def test_tool_and_mcp_children_do_not_inherit_credentials_or_service_variables(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:

@@ -2,7 +2,7 @@
 ``subagent_aggregate`` usage is exactly what the provider reported for every request
 (each counted once), ``final_usage`` marks only the main agent's last request, and
 parallel ``task`` calls of one reply are one ``subagent_batch`` whose tasks hang off their
-tool calls. Through the real service, in both modes, with scripted usage numbers."""
+tool calls. Through the real service, with scripted usage numbers."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from magi_code.auth.store import AuthStore
 from magi_code.auth.tokens import codex_record
@@ -51,6 +52,8 @@ async def _terminal(service: ServiceProcess, request_id: str) -> tuple[list[str]
     return states, events[-1]["payload"]
 
 
+# Both modes: secrets could reach the service's stderr (embedded) or the daemon's log and files.
+@pytest.mark.both_modes
 async def test_browser_login_then_codex_turn_then_logout(home: Path, project: Path) -> None:
     with FakeOAuthIssuer(account_id=ACCOUNT) as issuer, FakeProviderServer() as provider:
         (home / "settings.json").write_text(json.dumps({"provider": "openai-codex"}))
@@ -146,6 +149,8 @@ async def test_manual_callback_wrong_state_fails_and_is_never_echoed(
             assert late["error"]["code"] == "unknown_login"
 
 
+# Both modes: EOF is the stdio adapter's (embedded) or the shim's.
+@pytest.mark.both_modes
 async def test_login_cancel_and_busy_and_eof(home: Path, project: Path) -> None:
     with FakeOAuthIssuer() as issuer:
         async with running_service(home, project, _env(issuer)) as service:

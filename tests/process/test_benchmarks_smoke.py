@@ -1,4 +1,7 @@
-"""The benchmark scripts keep working (figures are printed, never asserted)."""
+"""The benchmark scripts keep working (figures are printed, never asserted).
+
+Not marked ``both_modes``: each script starts its own services, in the modes it measures.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.support.fake_providers import FakeModel, FakeProviderServer, Reply
 from tests.support.service import running_service
 from tests.support.settings_lock import settings_lock_held
@@ -73,6 +75,8 @@ async def test_refresh_select_and_next_turn_uses_the_selection(home: Path, proje
     assert (home / "settings.schema.json").is_file()
 
 
+# Both modes: the environment is the process's (embedded) or the shim's launch context.
+@pytest.mark.both_modes
 async def test_environment_override_masks_a_global_write(home: Path, project: Path) -> None:
     async with running_service(home, project, {"MC_MODEL": "env-model"}) as service:
         written = await service.request("config.set", {"scope": "global", "fast": True})
@@ -109,6 +113,8 @@ async def test_configuration_busy_while_a_slow_refresh_runs_and_a_turn_streams(
             assert (await service.request("config.get"))["error"] is None
 
 
+# Both modes: the v1 admission path is the stdio adapter's (embedded) or the daemon's.
+@pytest.mark.both_modes
 async def test_a_v1_turn_starts_while_a_settings_write_is_in_progress(
     home: Path, project: Path
 ) -> None:
@@ -142,6 +148,8 @@ async def test_a_v1_turn_starts_while_a_settings_write_is_in_progress(
                 assert written["payload"]["persisted"] is True, written
 
 
+# Both modes: files are read as the service process (embedded) or the daemon.
+@pytest.mark.both_modes
 async def test_unreadable_settings_and_auth_give_fixed_errors(home: Path, project: Path) -> None:
     (home / "settings.json").write_text('{"provider": 42, "secret-looking": "sk-live-XYZ"')
     async with running_service(home, project) as service:

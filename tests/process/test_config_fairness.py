@@ -29,6 +29,9 @@ from magi_code.protocol import envelope
 from tests.support.fake_providers import FakeModel, FakeProviderServer
 from tests.support.service import ServiceProcess, current_mode, running_service, service_env
 
+# Both modes: in daemon mode the frontends share one daemon, embedded they share one MC_HOME.
+pytestmark = pytest.mark.both_modes
+
 LISTING_DELAY = 4.0
 PAGES = 48
 

@@ -31,6 +31,9 @@ from tests.process.turn_support import (
 from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.service import running_service
 
+# Both modes: the embedded adapter prints the reason, in daemon mode the shim does.
+pytestmark = pytest.mark.both_modes
+
 SECRET_BODY = "sk-leaked-0000 https://internal.example/path"
 KEY_VARIABLE = "LOCAL_PROVIDER_KEY"
 KEY_VALUE = "sk-local-0123456789-value"

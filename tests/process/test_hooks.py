@@ -1,7 +1,7 @@
-"""Hooks through the real service process (embedded and daemon modes), against the
-loopback fake providers: a blocking ``pre_tool_use`` hook (the tool never runs; the model
-sees the message), the documented stdin of every event, confinement (project cwd, stripped
-environment, the frontend's umask), a timed-out hook killed with its process group,
+"""Hooks through the real service process, against the loopback fake providers: a
+blocking ``pre_tool_use`` hook (the tool never runs; the model sees the message), the
+documented stdin of every event, confinement (project cwd, stripped environment, the
+frontend's umask; in both modes), a timed-out hook killed with its process group,
 project hooks only for trusted projects, and activity that carries status only."""
 
 from __future__ import annotations
@@ -147,6 +147,8 @@ async def test_a_blocking_pre_tool_hook_stops_the_call_and_tells_the_model(
         assert needle not in stdout, needle
 
 
+# Both modes: the environment and umask are the process's (embedded) or the shim's launch context.
+@pytest.mark.both_modes
 async def test_hooks_get_the_documented_events_and_run_confined(
     home: Path, project: Path, fake: FakeProviderServer, hook_script: Path, tmp_path: Path
 ) -> None:

@@ -19,6 +19,9 @@ import pytest
 
 from tests.support.service import ServiceProcess, running_service, service_env
 
+# Both modes: each mode checks its home at start-up and has its own workers and EOF.
+pytestmark = pytest.mark.both_modes
+
 # Generous bound for "answers promptly": a wedged service never answers at all.
 PROMPT_S = 10.0
 

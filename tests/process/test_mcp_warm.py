@@ -23,6 +23,9 @@ from tests.process.turn_support import run_turn, strings_in, write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, RecordedRequest, Reply
 from tests.support.service import ServiceProcess, running_service
 
+# Both modes: warm servers end with the process (embedded) or with its connection (daemon).
+pytestmark = pytest.mark.both_modes
+
 PAGED = str(Path(__file__).parents[1] / "unit" / "tools" / "mcp_paged_server.py")
 PAGED_TOOLS = {f"mcp__srv__{n}" for n in ("pid", "grow", "sleep", "t1", "t2", "t3", "t4")}
 

@@ -15,9 +15,13 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from magi_code.protocol import envelope
 from tests.support.service import service_env
+
+# Both modes: the stdio adapter and the shim each write their own output at exit.
+pytestmark = pytest.mark.both_modes
 
 F_SETPIPE_SZ = 1031
 

@@ -11,9 +11,13 @@ import threading
 from pathlib import Path
 
 import orjson
+import pytest
 
 from magi_code.protocol import envelope
 from tests.support.service import running_service, service_env
+
+# Both modes: the stdio adapter and the shim each handle a closed stdout.
+pytestmark = pytest.mark.both_modes
 
 
 def test_a_closed_stdout_stops_the_service_with_status_1(home: Path, project: Path) -> None:

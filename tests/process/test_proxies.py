@@ -1,5 +1,5 @@
 """Provider and catalog HTTP honour the frontend's proxy settings, through the real
-service in both modes: the launch environment's HTTP(S)_PROXY/NO_PROXY (in daemon mode
+service: the launch environment's HTTP(S)_PROXY/NO_PROXY (in both modes; in daemon mode
 the daemon's own environment has none of them) and the settings' ``network.proxy``."""
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def _credentialed(proxy: ForwardingProxy) -> str:
     return f"http://magi:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}"
 
 
+# Both modes: the environment is the process's (embedded) or the shim's launch context.
+@pytest.mark.both_modes
 async def test_launch_environment_proxy_carries_turns_and_refresh(
     home: Path, project: Path, fake: FakeProviderServer, proxy: ForwardingProxy
 ) -> None:
@@ -146,6 +148,8 @@ async def test_launch_environment_proxy_carries_turns_and_refresh(
     assert not log.exists() or PROXY_PASSWORD not in log.read_text()
 
 
+# Both modes: the environment is the process's (embedded) or the shim's launch context.
+@pytest.mark.both_modes
 async def test_lower_case_variable_and_no_proxy_bypass(
     home: Path, project: Path, fake: FakeProviderServer, proxy: ForwardingProxy
 ) -> None:
@@ -202,6 +206,8 @@ async def test_settings_network_proxy_trusted_project_over_global(
     assert len(proxy.lines) == 1
 
 
+# Both modes: the environment is the process's (embedded) or the shim's launch context.
+@pytest.mark.both_modes
 async def test_an_unreachable_proxy_fails_the_turn_instead_of_going_direct(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:

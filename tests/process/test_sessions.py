@@ -6,9 +6,14 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess, running_service
+
+# Both modes: leases between processes (embedded) and between shims of one daemon.
+pytestmark = pytest.mark.both_modes
 
 
 async def _create(service: ServiceProcess) -> str:

@@ -1,8 +1,8 @@
-"""Skills through the real service process (embedded and daemon modes), against the
-loopback fake providers: listed in the system prompt (the recorded request body), loaded by
-the ``skill`` tool with a ``context_injection`` lifecycle, project over home, home skill
-files readable by ``read_file``, captured once per launch context, and hostile files
-skipped without a hang."""
+"""Skills through the real service process, against the loopback fake providers: listed
+in the system prompt (the recorded request body), loaded by the ``skill`` tool with a
+``context_injection`` lifecycle, project over home, home skill files readable by
+``read_file``, captured once per launch context, and hostile files skipped without a
+hang."""
 
 from __future__ import annotations
 

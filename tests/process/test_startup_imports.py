@@ -73,10 +73,8 @@ def _request(request_id: str, method: str, payload: dict[str, object] | None = N
 
 
 async def test_embedded_initialize_imports_no_sdk_nor_runtime_and_a_turn_never_the_sdk(
-    home: Path, project: Path, fake: FakeProviderServer, service_mode: str
+    home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
-    if service_mode != "embedded":
-        pytest.skip("embedded start-up; the daemon's imports are checked below")
     write_settings(home, fake)
     fake.enqueue(Reply(text=["Hel", "lo"]))
     proc = await asyncio.create_subprocess_exec(
@@ -155,10 +153,8 @@ async def importtime_daemon(home: Path, cwd: Path | None = None) -> asyncio.subp
 
 
 async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
-    home: Path, project: Path, fake: FakeProviderServer, service_mode: str
+    home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
-    if service_mode != "daemon":
-        pytest.skip("the daemon's imports; the embedded service's are checked above")
     write_settings(home, fake)
     fake.enqueue(Reply(text=["Hel", "lo"]))
     daemon = await importtime_daemon(home, project)
@@ -167,7 +163,7 @@ async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
     stderr = asyncio.create_task(daemon.stderr.read())
     try:
         await wait_for(lambda: "instance_id" in status(home), 60, "the daemon to answer")
-        async with running_service(home, project) as shim:
+        async with running_service(home, project, {"MC_SERVICE_MODE": "daemon"}) as shim:
             started = await shim.request("turn.start", {"prompt": "hi"})
             assert started["error"] is None, started
             events = await shim.events_until_terminal(started["request_id"])
@@ -187,11 +183,7 @@ async def test_a_daemon_turn_without_mcp_servers_never_imports_the_sdk(
     assert among(names, MCP_SDK) == []
 
 
-async def test_a_ready_daemon_loads_the_http_stack_of_turns_before_any_turn(
-    home: Path, service_mode: str
-) -> None:
-    if service_mode != "daemon":
-        pytest.skip("the daemon's imports")
+async def test_a_ready_daemon_loads_the_http_stack_of_turns_before_any_turn(home: Path) -> None:
     daemon = await importtime_daemon(home)
     assert daemon.stderr is not None
     lines: list[str] = []

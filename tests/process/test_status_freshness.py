@@ -15,6 +15,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from magi_code.auth.store import AuthStore
 from magi_code.storage.files import atomic_write
 from magi_code.storage.stamps import RACY_WINDOW_NS
@@ -84,6 +86,8 @@ async def test_repeated_status_within_one_second_follows_same_size_rewrites(
             assert await _ready(service) is expected
 
 
+# Both modes: one process per environment (embedded), one daemon for all (daemon).
+@pytest.mark.both_modes
 async def test_status_of_clients_with_different_environments(home: Path, project: Path) -> None:
     # Through the daemon both frontends share one core; each keeps its own environment.
     async with (

@@ -16,6 +16,8 @@ from magi_code.protocol.limits import MAX_ID_BYTES
 from tests.support.service import ServiceProcess, running_service, service_env
 
 
+# Both modes: framing is the stdio adapter's (embedded) or the shim's and daemon's.
+@pytest.mark.both_modes
 async def test_random_byte_records_are_each_answered_and_the_loop_continues(
     home: Path, project: Path
 ) -> None:
@@ -55,6 +57,8 @@ async def test_random_byte_records_are_each_answered_and_the_loop_continues(
         await service.stop()
 
 
+# Both modes: EOF is the stdio adapter's (embedded) or the shim's.
+@pytest.mark.both_modes
 async def test_eof_ends_the_service_cleanly_with_only_jsonl_on_stdout(
     home: Path, project: Path
 ) -> None:
@@ -66,6 +70,8 @@ async def test_eof_ends_the_service_cleanly_with_only_jsonl_on_stdout(
     assert await service.wait() == 0
 
 
+# Both modes: the bounds are enforced by the stdio adapter (embedded) or the daemon itself.
+@pytest.mark.both_modes
 async def test_every_id_field_is_held_to_the_id_bound(home: Path, project: Path) -> None:
     long_id = "t" * 200
     async with running_service(home, project) as service:
@@ -93,6 +99,8 @@ async def test_every_id_field_is_held_to_the_id_bound(home: Path, project: Path)
         assert login["error"]["code"] == "unknown_login"
 
 
+# Both modes: stdout is written by the stdio adapter (embedded) or the shim.
+@pytest.mark.both_modes
 def test_output_to_a_regular_file_works(home: Path, project: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     with out.open("wb") as fh:
@@ -141,6 +149,8 @@ def test_app_service_refuses_forbidden_combinations(
     assert b"--app service" in proc.stderr
 
 
+# Both modes: the signal is handled by the stdio adapter (embedded) or the shim.
+@pytest.mark.both_modes
 async def test_sigterm_behaves_like_eof(home: Path, project: Path) -> None:
     service = await ServiceProcess.start(home, project)
     try:

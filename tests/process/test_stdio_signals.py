@@ -11,6 +11,9 @@ import pytest
 
 from tests.support.service import running_service
 
+# Both modes: the stdio adapter and the shim each handle the signals.
+pytestmark = pytest.mark.both_modes
+
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_a_signal_while_waiting_for_input_ends_the_service(

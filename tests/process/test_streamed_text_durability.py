@@ -31,6 +31,9 @@ from tests.process.turn_support import (
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess
 
+# Both modes: the process killed is the service (embedded) or the daemon.
+pytestmark = pytest.mark.both_modes
+
 CHUNKS = [f"chunk{i:02d}:" + "ab" * 8 + " " for i in range(40)]
 # 5,160 bytes of 1-, 2- and 3-byte characters: three parts.
 WIDE_CHUNKS = [f"chunk{i:02d}:" + "aé漢" * 20 + " " for i in range(40)]

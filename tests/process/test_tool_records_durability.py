@@ -32,6 +32,9 @@ from tests.process.turn_support import start_turn, write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.service import ServiceProcess
 
+# Both modes: the process killed is the service (embedded) or the daemon.
+pytestmark = pytest.mark.both_modes
+
 HOLD_SECONDS = 0.5  # well below the 5 s an append waits for the lock
 ROUND_DELAY = 0.08
 ROUNDS = 23  # tool replies, then a final text reply: the agent's 24 provider requests

@@ -84,6 +84,8 @@ async def test_turn_events_are_ordered_and_terminal_text_is_the_deltas(
 # -- multi-turn conversations, history and replay ----------------------------------------
 
 
+# Both modes: a restart is a new process (embedded) or a new shim and daemon.
+@pytest.mark.both_modes
 @pytest.mark.parametrize("api", APIS)
 async def test_multi_turn_conversation_sends_history_and_replays_after_restart(
     home: Path, project: Path, fake: FakeProviderServer, api: str
@@ -131,6 +133,8 @@ async def test_multi_turn_conversation_sends_history_and_replays_after_restart(
         assert text in third_strings
 
 
+# Both modes: the embedded service builds its provider client while it loads in the background.
+@pytest.mark.both_modes
 @pytest.mark.parametrize("api", APIS)
 async def test_the_turns_of_a_service_share_one_provider_connection(
     home: Path, project: Path, fake: FakeProviderServer, api: str
@@ -181,6 +185,8 @@ async def test_cancel_mid_stream_reaches_the_provider_and_keeps_the_partial_text
         ]
 
 
+# Both modes: EOF is the stdio adapter's (embedded) or the shim's.
+@pytest.mark.both_modes
 async def test_eof_mid_stream_writes_a_cancelled_terminal_and_exits_zero(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
@@ -215,6 +221,9 @@ async def test_eof_mid_stream_writes_a_cancelled_terminal_and_exits_zero(
 # -- admission -----------------------------------------------------------------------------
 
 
+# Both modes: a request ID is released when its answer is written (embedded) or acknowledged
+# by the shim.
+@pytest.mark.both_modes
 async def test_duplicate_turn_request_id_is_refused_while_the_turn_runs(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
@@ -285,6 +294,8 @@ FAILURES: list[tuple[str, list[Reply | HttpError], str]] = [
 ]
 
 
+# Both modes: the failure is printed by the stdio adapter (embedded) or the shim.
+@pytest.mark.both_modes
 async def test_provider_failures_end_the_turn_failed_without_leaking(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
@@ -354,6 +365,8 @@ async def test_output_beyond_the_terminal_bound_fails_with_the_accepted_text(
         assert ("message", "assistant", accepted) in items
 
 
+# Both modes: the terminal is settled when written (embedded) or acknowledged by the shim.
+@pytest.mark.both_modes
 async def test_next_turn_can_start_as_soon_as_the_terminal_is_read(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:

@@ -24,21 +24,12 @@ from tests.process.daemon.support import paths
 from tests.process.turn_support import run_turn, write_settings
 from tests.support import service
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
-from tests.support.modes import selected_modes
+from tests.support.modes import service_mode
 from tests.support.service import ServiceProcess, service_env
 
-
-@pytest.fixture(autouse=True, params=selected_modes())
-def service_mode(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Both modes here (this directory's conftest pins daemon mode); daemons are stopped."""
-    mode: str = request.param
-    service.set_mode(mode)
-    try:
-        yield mode
-    finally:
-        service.set_mode(service.DEFAULT_MODE)
-        for home in tmp_path.glob("mc-home*"):
-            service.stop_daemon(home)
+# Both modes (this directory's conftest pins daemon mode): each applies the frontend's mask.
+pytestmark = pytest.mark.both_modes
+__all__ = ["service_mode"]
 
 
 @pytest.fixture
