@@ -10,8 +10,8 @@ Memory per connection is bounded both ways (RFC-0002 §2, §6.2):
 - **inbound**: reading pauses while the inbox holds :data:`INBOX_HIGH` frames or
   :data:`INBOX_BYTES` bytes of frames, and resumes once the role has worked it down;
   a frame must be completed within :data:`FRAME_DEADLINE_SECONDS` of its first byte and
-  the hello must arrive within :data:`HELLO_TIMEOUT_SECONDS` (``frame_timeout``,
-  ``handshake_timeout``);
+  the hello must arrive within :data:`HELLO_TIMEOUT_SECONDS` (both shortened by a shorter
+  client timeout; ``frame_timeout``, ``handshake_timeout``);
 - **outbound**: while the transport's unsent bytes exceed its high-water mark (the
   connection's outbound limit) the role takes no further frame from the inbox, so no
   answer is produced that the client has not made room for; a client that leaves the
@@ -256,7 +256,7 @@ class PeerConnection:
 
     async def _serve(self) -> None:
         try:
-            first = await asyncio.wait_for(self.next_item(), HELLO_TIMEOUT_SECONDS)
+            first = await asyncio.wait_for(self.next_item(), self.server.hello_timeout)
         except TimeoutError:
             log.info("closing a connection code=%s", Code.HANDSHAKE_TIMEOUT.value)
             self.send(v2.error(Code.HANDSHAKE_TIMEOUT))

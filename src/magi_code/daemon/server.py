@@ -43,7 +43,7 @@ from magi_code.protocol.frames import MAX_FRAME_BYTES, encode_frame
 from magi_code.protocol.limits import ADVERTISED_LIMITS
 from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS, Code, refused
 
-from .connection import FRAME_DEADLINE_SECONDS, PeerConnection, Transport
+from .connection import FRAME_DEADLINE_SECONDS, HELLO_TIMEOUT_SECONDS, PeerConnection, Transport
 from .health import process_figures
 from .heap import HeapTrimmer
 from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES
@@ -113,8 +113,10 @@ class DaemonServer:
         self.core = PersistentCoordinator(coordinator)
         self._heap = heap
         self.client_timeout = client_timeout
-        # A short client timeout (tests, tight deployments) shortens the frame deadline too.
+        # A short client timeout (tests, tight deployments) shortens the frame and hello
+        # deadlines too.
         self.frame_deadline = min(FRAME_DEADLINE_SECONDS, client_timeout)
+        self.hello_timeout = min(HELLO_TIMEOUT_SECONDS, client_timeout)
         self.max_connections = MAX_CONNECTIONS
         self.mc_home = mc_home.resolve()
         self.socket_path = socket_path

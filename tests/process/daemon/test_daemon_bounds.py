@@ -151,7 +151,7 @@ def test_partial_frames_time_out_and_free_their_memory(home: Path, project: Path
 
 
 def test_a_silent_connection_is_told_it_missed_the_handshake(home: Path, project: Path) -> None:
-    _start(home, project)
+    _start(home, project, FAST)  # the hello deadline is the client timeout when shorter
     sock = _connect(home, project)
     frames = _frames(sock, timeout=30)
     assert [(f["t"], f["code"]) for f in frames] == [("error", "handshake_timeout")]
