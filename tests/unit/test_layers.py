@@ -1,87 +1,133 @@
-"""The package layering holds: dependencies point one way, and there is no cycle.
+"""The package layering holds: every module imports only from the layers below its own.
 
-Read from the source with ``ast`` (function-level imports included), so an import added
-anywhere in a package counts.
+The layers are read from README.md ("Where things are": the numbered list under
+``src/magi_code/``, lowest first), so the README and this test cannot drift; every module
+of the package must be in exactly one of them. Imports are read from the source with
+``ast`` (function-level and relative imports included), so an import added anywhere in a
+package counts. Within a layer, modules may import each other, without a cycle.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
 import magi_code
 
 ROOT = Path(magi_code.__file__).parent
+README = Path(__file__).resolve().parents[2] / "README.md"
 
-# package -> packages it must never import (directly or in a function body).
-FORBIDDEN: dict[str, set[str]] = {
-    "protocol": {
-        "core",
-        "daemon",
-        "client",
-        "shim",
-        "stdio",
-        "daemonctl",
-        "endpoint",
-        "sessions",
-        "turns",
-        "auth",
-        "config",
-        "providers",
-        "tools",
-        "storage",
-    },
-    "endpoint": {"core", "daemon", "client", "shim", "stdio", "daemonctl"},
-    "core": {"daemon", "client", "shim", "stdio", "daemonctl", "endpoint", "cli"},
-    "client": {"core", "daemon", "shim", "stdio", "daemonctl", "sessions", "turns", "cli"},
-    "daemon": {"client", "shim", "daemonctl", "cli", "stdio"},
-    "shim": {"core", "daemon", "daemonctl", "cli"},
-    "daemonctl": {"shim", "cli", "acp"},
-    # The ACP adapter is a client of the core (client/, daemon/ for embedded mode).
-    "acp": {"core", "shim", "daemonctl", "cli", "sessions", "turns", "tools"},
+# Beyond the layer order (module -> modules it must never import): adapters do not import
+# one another, except the shim, which runs on the client; the client (the light side of
+# every frontend) imports no coordinator or session and turn code; the coordinator is
+# transport-neutral; ``daemonctl`` works through the client, not the shim.
+APART: dict[str, set[str]] = {
+    "core": {"endpoint"},
+    "client": {"core", "sessions", "turns", "stdio", "daemon", "shim", "oneshot", "acp"},
+    "shim": {"core", "daemon", "stdio", "oneshot", "acp"},
+    "daemon": {"client", "shim", "stdio", "oneshot", "acp"},
+    "stdio": {"daemon", "client", "shim", "oneshot", "acp"},
+    "oneshot": {"acp"},
+    # The ACP agent is a client of the core (client/, daemon/ for its embedded mode, and
+    # the stdio byte streams).
+    "acp": {"core", "shim", "oneshot", "sessions", "turns", "tools"},
+    "daemonctl": {"shim", "acp"},
 }
-# Nothing below the entry point uses the ACP adapter.
-for _package in ("protocol", "endpoint", "core", "client", "daemon", "shim"):
-    FORBIDDEN[_package].add("acp")
 
 
-def _imports() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = defaultdict(set)
-    for path in ROOT.rglob("*.py"):
-        package = path.relative_to(ROOT).parts[0].removesuffix(".py")
+def readme_layers() -> list[list[str]]:
+    """The README's layers, lowest first, each a list of top-level module names."""
+    text = README.read_text()
+    layers: list[list[str]] = []
+    for line in text[text.index("- `src/magi_code/`") :].splitlines()[1:]:
+        if re.match(r" {2}\d+\. ", line):
+            layers.append([])
+        elif not layers:
+            continue  # the bullet's own text, before its list
+        elif not line.startswith(" " * 5):
+            break  # the end of the list
+        layers[-1] += re.findall(r"`(\w+)(?:/|\.py)`", line)
+    return layers
+
+
+def modules() -> set[str]:
+    return {
+        path.name.removesuffix(".py")
+        for path in ROOT.iterdir()
+        if (path.suffix == ".py" and path.name != "__init__.py") or (path / "__init__.py").exists()
+    }
+
+
+def _imports() -> dict[str, dict[str, str]]:
+    """module -> {module it imports: where (the first such import)}."""
+    graph: dict[str, dict[str, str]] = defaultdict(dict)
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        package, own = parts[:-1], parts[1]
         for node in ast.walk(ast.parse(path.read_text())):
-            names: list[str] = []
+            targets: list[list[str]] = []
             if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "magi_code" and len(parts) > 1 and parts[1] != package:
-                    graph[package].add(parts[1])
+                targets = [alias.name.split(".") for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = list(package[: len(package) + 1 - node.level]) if node.level else []
+                module = base + (node.module.split(".") if node.module else [])
+                # ``from magi_code import logs``, ``from . import activity``: names modules.
+                targets = [[*module, alias.name] for alias in node.names]
+            for target in targets:
+                if target[0] == "magi_code" and len(target) > 1 and target[1] != own:
+                    where = f"{path.relative_to(ROOT.parent)}:{node.lineno}"
+                    graph[own].setdefault(target[1], where)
     return graph
 
 
-def test_no_package_imports_a_layer_it_must_not() -> None:
-    graph = _imports()
-    wrong = {pkg: sorted(graph[pkg] & banned) for pkg, banned in FORBIDDEN.items()}
-    assert {pkg: bad for pkg, bad in wrong.items() if bad} == {}
+def test_the_readme_puts_every_module_in_one_layer() -> None:
+    layers = readme_layers()
+    assert len(layers) > 1, "README.md: no numbered list of layers under `src/magi_code/`"
+    named = [name for layer in layers for name in layer]
+    assert sorted(set(named)) == sorted(named), f"README.md names a module twice: {named}"
+    assert sorted(modules() - set(named)) == [], "modules missing from the README's layers"
+    assert sorted(set(named) - modules()) == [], "the README's layers name missing modules"
 
 
-def test_the_adapter_packages_import_each_other_without_a_cycle() -> None:
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    layer_of = {name: index for index, layer in enumerate(readme_layers()) for name in layer}
     graph = _imports()
-    nodes = {"client", "daemon", "core", "endpoint", "daemonctl", "shim", "protocol", "acp"}
+    upward = [
+        f"{module} (layer {layer_of[module] + 1}) imports {target} "
+        f"(layer {layer_of[target] + 1}) at {where}"
+        for module, targets in sorted(graph.items())
+        for target, where in sorted(targets.items())
+        if target in layer_of and layer_of[target] > layer_of.get(module, len(layer_of))
+    ]
+    assert upward == [], "imports upward, against the layer order in README.md:\n" + "\n".join(
+        upward
+    )
+
+
+def test_modules_kept_apart_do_not_import_each_other() -> None:
+    graph = _imports()
+    wrong = [
+        f"{module} imports {target} at {graph[module][target]}"
+        for module, banned in sorted(APART.items())
+        for target in sorted(banned & graph[module].keys())
+    ]
+    assert wrong == []
+
+
+def test_no_modules_import_each_other_in_a_cycle() -> None:
+    graph = _imports()
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:
         state[node] = 1
-        for nxt in sorted(graph[node] & nodes):
+        for nxt in sorted(graph[node]):
             assert state.get(nxt) != 1, f"import cycle: {' -> '.join([*trail, node, nxt])}"
             if nxt not in state:
                 visit(nxt, [*trail, node])
         state[node] = 2
 
-    for node in sorted(nodes):
+    for node in sorted(modules()):
         if node not in state:
             visit(node, [])
