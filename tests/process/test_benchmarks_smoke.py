@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,8 +28,10 @@ def run_script(name: str, *args: str) -> str:
     return result.stdout
 
 
-def test_every_benchmark_runs_in_quick_mode() -> None:
-    run_script("run_all.py", "--quick")
+# One test per script, so that the scripts' smoke runs spread over the test workers.
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "benchmarks").glob("bench_*.py")))
+def test_every_benchmark_runs_in_quick_mode(name: str) -> None:
+    run_script("run_all.py", "--quick", name)
 
 
 def test_the_paired_comparison_runs_both_modes_of_this_build() -> None:
