@@ -7,7 +7,8 @@ framing, start-up, lifetime and crashes, permissions and the launch environment,
 failure, signals, stdin EOF, and anything the embedded adapter implements apart from the
 daemon's v1 role. Behaviour of the shared core (turns, tools, agent) runs once.
 
-``MC_TEST_SERVICE_MODE=embedded`` (or ``daemon``) runs every test in that one mode. In
+``MC_TEST_SERVICE_MODE=embedded`` (or ``daemon``) runs every test in that one mode (the
+way to run an unmarked test embedded: its embedded copy is not collected otherwise). In
 daemon mode the test's daemons are stopped at teardown (and killed if they do not stop),
 so no daemon outlives its test.
 """
