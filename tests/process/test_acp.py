@@ -27,6 +27,9 @@ from tests.process.turn_support import (
 from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.service import running_service, service_env
 
+# Both modes: the ACP agent reaches the core through the daemon or in-process.
+pytestmark = pytest.mark.both_modes
+
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:

@@ -15,6 +15,9 @@ from tests.process.turn_support import body_text, posted_bodies, run_turn, write
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service
 
+# Both modes: project files are read by the service process (embedded) or the daemon.
+pytestmark = pytest.mark.both_modes
+
 MARKERS = ("OUTSIDE-INSTRUCTIONS", "OUTSIDE-AGENTS", "outside-skill")
 
 

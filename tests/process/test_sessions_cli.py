@@ -15,6 +15,9 @@ from tests.support.cli import magi
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.service import running_service
 
+# Both modes: a session is held by the embedded service or by the daemon.
+pytestmark = pytest.mark.both_modes
+
 
 def _session_line(stderr: str) -> str:
     (line,) = [x for x in stderr.splitlines() if x.startswith("magi-code: session ")]

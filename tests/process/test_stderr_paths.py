@@ -18,6 +18,9 @@ import pytest
 
 from tests.support.service import ServiceProcess, running_service, service_env
 
+# Both modes: stderr is written by the embedded service or by the shim.
+pytestmark = pytest.mark.both_modes
+
 # Generous bound for an answer; a wedged service never answers at all.
 WAIT_S = 60.0
 

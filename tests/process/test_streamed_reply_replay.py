@@ -25,6 +25,9 @@ from tests.process.turn_support import (
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess, running_service
 
+# Both modes: streamed text is settled by the embedded service or by the daemon.
+pytestmark = pytest.mark.both_modes
+
 # Characters of 1, 2 and 3 UTF-8 bytes, so part ends fall inside characters' reach.
 SLOW_CHUNKS = [f"{i:02d}" + "aé漢" * 139 + " " for i in range(7)]  # 837 bytes each
 TICKS = [f"tick{i:02d} " for i in range(10)]
