@@ -29,6 +29,9 @@ GLOBAL_ONLY_KEYS: Final = ("fast", "providers", "trusted_projects")
 # The events a hook can be configured for (``hooks`` in settings), in the order they occur.
 HOOK_EVENTS: Final = ("user_prompt_submit", "pre_tool_use", "post_tool_use", "stop")
 MAX_HOOK_TIMEOUT_MS: Final = 600_000
+# Where shell and hook commands run (``tools.sandbox``), from the least to the most
+# confined: a project's setting can only move a level right.
+SANDBOX_LEVELS: Final = ("none", "workspace_write")
 
 _ID: Final[dict[str, Any]] = {"type": "string", "pattern": ID_PATTERN}
 _POSITIVE_TOKENS: Final[dict[str, Any]] = {
@@ -187,6 +190,23 @@ SETTINGS_SCHEMA: Final[dict[str, Any]] = {
         },
         "network": _NETWORK,
         "hooks": _HOOKS,
+        "sandbox": {
+            "type": "string",
+            "enum": list(SANDBOX_LEVELS),
+            "description": (
+                "Where shell and hook commands run: 'none' (as the user) or "
+                "'workspace_write' (Linux: bubblewrap, the filesystem read-only but the project "
+                "and a private /tmp, no network). The stricter of the global and project "
+                "values applies."
+            ),
+        },
+        "sandbox_network": {
+            "type": "boolean",
+            "description": (
+                "Whether the workspace_write sandbox shares the host network (default false). "
+                "A project file can only turn it off."
+            ),
+        },
         "trusted_projects": {
             "type": "array",
             "maxItems": 1000,

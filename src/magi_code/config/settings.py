@@ -29,7 +29,13 @@ import orjson
 
 from magi_code.config.approvals import APPROVAL_KEYS, ApprovalSettings, build_approvals
 from magi_code.config.ids import looks_secret
-from magi_code.config.schema import HOOK_EVENTS, SETTINGS_SCHEMA, is_valid, project_schema
+from magi_code.config.schema import (
+    HOOK_EVENTS,
+    SANDBOX_LEVELS,
+    SETTINGS_SCHEMA,
+    is_valid,
+    project_schema,
+)
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.http import NetworkSettings
@@ -145,6 +151,10 @@ class Settings:
     ignored_project_keys: tuple[str, ...] = ()
     # Policy, rules and deadline of tool-call approvals (config.approvals).
     approvals: ApprovalSettings = ApprovalSettings()
+    # Where shell and hook commands run (tools.sandbox): the stricter of both files' level,
+    # and the host network only when neither file turns it off.
+    sandbox: str = SANDBOX_LEVELS[0]
+    sandbox_network: bool = False
 
     @property
     def configured_thinking_level(self) -> str:
@@ -368,6 +378,15 @@ def build_settings(
         trusted_projects=tuple(global_doc.get("trusted_projects", ())),
         ignored_project_keys=ignored,
         approvals=build_approvals(global_doc, project_doc, trusted=trusted),
+        # A project, trusted or not, can confine its commands more, never less.
+        sandbox=max(
+            global_doc.get("sandbox", SANDBOX_LEVELS[0]),
+            project_doc.get("sandbox", SANDBOX_LEVELS[0]),
+            key=SANDBOX_LEVELS.index,
+        ),
+        sandbox_network=bool(
+            global_doc.get("sandbox_network", False) and project_doc.get("sandbox_network", True)
+        ),
     )
 
 

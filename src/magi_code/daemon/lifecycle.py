@@ -264,6 +264,7 @@ def _serve(
 
         from .heap import HeapTrimmer
         from .preload import import_product_modules
+        from .reaper import OrphanReaper, become_subreaper, stop_descendants
         from .supervised import SupervisedServer
 
         import_product_modules()
@@ -277,6 +278,9 @@ def _serve(
         gc.enable()
 
     async def main() -> str | None:
+        # Every orphaned descendant (a detached tool process) stays ours: the tool barrier
+        # refuses it, and the stop below ends it.
+        reaper = OrphanReaper() if become_subreaper() else None
         coordinator = await build_coordinator(ctx, ("unix",))
         sock = keeper.bind()
         server = SupervisedServer(
@@ -291,6 +295,7 @@ def _serve(
             outbound_limit=outbound_limit(ctx),
             client_timeout=client_timeout(ctx),
             heap=HeapTrimmer.for_this_process(),
+            reaper=reaper,
         )
         server.notifier = notifier
         server.log_target = "journal" if journal else None
@@ -309,6 +314,10 @@ def _serve(
             loop.call_later(WARM_AFTER_READY_SECONDS, warm)
 
         await server.serve(sock, on_ready)
+        # Turns are drained; what their commands left running (detached) ends with us.
+        left = await asyncio.to_thread(stop_descendants)
+        if left:
+            log.info("stopped processes left by tools count=%d", left)
         return server.stop_reason
 
     reason = uvloop.run(main())

@@ -16,6 +16,8 @@ Theory of operation:
   running turns and open connections alone; a path some other live process now listens on
   is never unlinked (the daemon stops accepting, serves its open connections, and re-binds
   when the path is free again); a replaced lifetime-lock file stops the daemon.
+- Where the daemon is its descendants' subreaper (``reaper.py``), every tick collects the
+  orphans it adopted (one ``waitid`` when there are none).
 - Once quiet after a connection or turn ended, the heap the C allocator keeps free is
   given back to the system (``heap.py``).
 - Owner drop (``stop``, SIGTERM, idle) stops accepting, drains the coordinator (every
@@ -47,6 +49,7 @@ from .connection import FRAME_DEADLINE_SECONDS, HELLO_TIMEOUT_SECONDS, PeerConne
 from .health import process_figures
 from .heap import HeapTrimmer
 from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES
+from .reaper import OrphanReaper
 from .waits import bounded
 
 log = logging.getLogger("magi_code.daemon")
@@ -109,9 +112,12 @@ class DaemonServer:
         outbound_limit: int = DEFAULT_LIMIT_BYTES,
         client_timeout: float = CLIENT_TIMEOUT_SECONDS,
         heap: HeapTrimmer | None = None,
+        reaper: OrphanReaper | None = None,
     ) -> None:
         self.core = PersistentCoordinator(coordinator)
         self._heap = heap
+        # Set where the daemon is its descendants' subreaper: collects adopted orphans.
+        self._reaper = reaper
         self.client_timeout = client_timeout
         # A short client timeout (tests, tight deployments) shortens the frame and hello
         # deadlines too.
@@ -174,6 +180,8 @@ class DaemonServer:
         while not self._stop.is_set():
             await asyncio.sleep(tick)
             now = loop.time()
+            if self._reaper is not None:
+                self._reaper.sweep()
             if self._endpoint is not None and now - last_check >= ENDPOINT_CHECK_SECONDS:
                 last_check = now
                 await self._check_endpoint(self._endpoint)

@@ -27,6 +27,7 @@ from magi_code.dataclass import dataclass, field
 
 if TYPE_CHECKING:
     from magi_code.tools.inline import ProjectFiles
+    from magi_code.tools.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +80,15 @@ class ToolContext:
     ``child_environment(env, secret_names=secret_names)``, never ``env`` itself.
     ``secret_names`` are extra credential variable names (custom providers' ``api_key_env``).
     ``umask`` is the client's file-mode creation mask, for the processes tools start and the
-    files and directories they create; ``None`` means this process's own.
+    files and directories they create; ``None`` means this process's own. ``sandbox`` is
+    where shell and hook commands run (``tools.sandbox``); ``None``: unconfined.
     """
 
     project_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     secret_names: frozenset[str] = frozenset()
     umask: int | None = None
+    sandbox: Sandbox | None = None
     # What the file tools learnt of a project directory (tools.inline), once per turn;
     # held while a scan runs, so the calls of one batch that all need it share one.
     file_scans: dict[Path, ProjectFiles] = field(default_factory=dict, compare=False, repr=False)

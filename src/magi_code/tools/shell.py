@@ -5,7 +5,8 @@ starts shares one process group. When the command finishes, times out or the cal
 cancelled, that group is terminated (SIGTERM, then SIGKILL after a short grace) and the
 shell is reaped, so a tool call never leaves processes behind. Background jobs therefore
 end with the command; a process that starts its own session (``setsid``) escapes the
-group and is not tracked.
+group and is not tracked (but see ``tools.sandbox``: in the sandbox it dies with the
+command, and the daemon, a subreaper, kills what is left when it stops).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from magi_code.tools.processes import (
     terminate_process_group,
     under_umask,
 )
+from magi_code.tools.sandbox import Sandbox
 
 SHELL: Final = "/bin/sh"
 DEFAULT_TIMEOUT_SECONDS: Final = 120.0
@@ -110,11 +112,15 @@ async def run_shell(
     timeout: float,
     umask: int | None = None,
     kind: ChildKind = "tool",
+    sandbox: Sandbox | None = None,
+    stdin: int | None = None,
 ) -> ShellResult:
     """Run ``command`` and return its bounded output; the process group never outlives this.
 
     ``umask`` is the shell's file-mode creation mask (``None``: this process's own);
     ``kind`` is what the shell is recorded as while it lives (``daemon status``).
+    ``sandbox`` confines it with ``cwd`` (resolved) as the writable project
+    (``tools.sandbox``); ``stdin`` is a file descriptor to read from (default: none).
 
     Raises:
         OSError: the shell could not be started.
@@ -123,13 +129,16 @@ async def run_shell(
     """
     loop = asyncio.get_running_loop()
     capture = _Capture()
+    argv = [SHELL, "-c", command]
+    if sandbox is not None:
+        argv = sandbox.wrap(argv, str(cwd))
     # The spawn is shielded so a cancellation landing mid-spawn still finds the
     # transport below and kills the group, instead of asyncio killing only the shell.
     spawn = asyncio.ensure_future(
         loop.subprocess_exec(
             lambda: _ShellProtocol(capture),
-            *under_umask([SHELL, "-c", command], umask),
-            stdin=subprocess.DEVNULL,
+            *under_umask(argv, umask),
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=cwd,
@@ -223,7 +232,9 @@ class Shell(BuiltinTool):
         cwd = await asyncio.to_thread(project_root, ctx.project_dir)
         env = child_environment(ctx.env, secret_names=ctx.secret_names)
         try:
-            result = await run_shell(command, cwd=cwd, env=env, timeout=timeout, umask=ctx.umask)
+            result = await run_shell(
+                command, cwd=cwd, env=env, timeout=timeout, umask=ctx.umask, sandbox=ctx.sandbox
+            )
         except ValueError:
             raise ToolInputError("The command must not contain NUL bytes.") from None
         except OSError as exc:

@@ -30,6 +30,7 @@ AUTH_FAILED: Final = "provider_auth_failed"
 # budget read these; a unit test holds every remedy to them).
 MAX_LABEL_BYTES: Final = 64
 MAX_REMEDY_BYTES: Final = 512
+SANDBOX_UNAVAILABLE: Final = "sandbox_unavailable"
 
 REMEDIES: Final[dict[str, str]] = {
     AUTH_MISSING: (
@@ -67,6 +68,11 @@ REMEDIES: Final[dict[str, str]] = {
     CONTEXT_LENGTH: (
         "the conversation no longer fits the model's context window: start a new session "
         "or choose a model with a larger window"
+    ),
+    SANDBOX_UNAVAILABLE: (
+        "the settings ask for the workspace_write sandbox, which cannot start here (it needs "
+        "Linux with user namespaces and bubblewrap): run `magi-code daemon status` to see "
+        "why, or set `sandbox` to `none`"
     ),
     OUTPUT_LIMIT: "the reply outgrew one turn's output bound: ask for a shorter answer",
     REQUEST_LIMIT: ("the agent used up one turn's provider requests: continue in a new turn"),

@@ -17,10 +17,10 @@ The events:
 Each hook runs like the shell tool, through its helpers (``tools.shell.run_shell``): in
 the project directory, with the stripped child environment, under the frontend's umask,
 in a process group of its own that is killed on timeout, on cancellation and when the
-hook exits. The event's JSON arrives on stdin (from a private temporary file, so any size
-works and the hook reads at its own pace); stderr is discarded. Every run is one
-``lifecycle`` activity with category ``hook`` and its end state; the projection never sees
-the command, the event or the output.
+hook exits, in the turn's sandbox when it has one. The event's JSON arrives on stdin (an
+open private temporary file, so any size works and the hook reads at its own pace);
+stderr is discarded. Every run is one ``lifecycle`` activity with category ``hook`` and
+its end state; the projection never sees the command, the event or the output.
 """
 
 from __future__ import annotations
@@ -191,25 +191,26 @@ class TurnHooks:
         }
         try:
             cwd = await asyncio.to_thread(project_root, self._ctx.project_dir)
-            path = await asyncio.to_thread(_event_file, document)
+            stdin = await asyncio.to_thread(_event_file, document)
         except (ToolInputError, OSError):
             log.info("a %s hook could not be started (project or temporary file)", event)
             return HookRun(ok=False)
         try:
             result = await run_shell(
-                f"{_quoted(hook.command)} <{_quoted([path])} 2>/dev/null",
+                f"{_quoted(hook.command)} 2>/dev/null",
                 cwd=cwd,
                 env=child_environment(self._ctx.env, secret_names=self._ctx.secret_names),
                 timeout=hook.timeout_ms / 1000,
                 umask=self._ctx.umask,
                 kind="hook",
+                sandbox=self._ctx.sandbox,
+                stdin=stdin,
             )
         except (OSError, ValueError):
             log.info("a %s hook could not be started", event)
             return HookRun(ok=False)
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            os.close(stdin)
         if result.timed_out:
             log.info(
                 "a %s hook timed out after %d ms; its processes were killed", event, hook.timeout_ms
@@ -230,8 +231,10 @@ def _quoted(words: Iterable[str]) -> str:
     return " ".join("'" + word.replace("'", "'\"'\"'") + "'" for word in words)
 
 
-def _event_file(document: Mapping[str, Any]) -> str:
-    """Write the event's JSON to a new private (0600) temporary file; return its path.
+def _event_file(document: Mapping[str, Any]) -> int:
+    """The event's JSON in a new private (0600) temporary file, already unlinked: a file
+    descriptor open for reading it from the start. Handed over open, a sandboxed hook
+    reads it without seeing the host's temporary directory.
 
     ASCII JSON (``json.dumps``' escapes): tool arguments may hold integers beyond 64 bits
     and lone surrogates, which the model's JSON allowed.
@@ -241,11 +244,10 @@ def _event_file(document: Mapping[str, Any]) -> str:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-    except BaseException:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
-        raise
-    return path
 
 
 class HookedTool:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 from magi_code.auth.credentials import resolve_headers
 from magi_code.auth.store import AuthStore
 from magi_code.config.effective import Effective, resolve_effective
+from magi_code.config.schema import SANDBOX_LEVELS
 from magi_code.config.settings import Settings, load_settings, project_settings_path
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
@@ -22,7 +24,8 @@ from magi_code.storage.files import locked
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.base import Tool, ToolContext
 from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
-from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED
+from magi_code.tools.sandbox import Sandbox, bubblewrap, service_directories
+from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED, SANDBOX_UNAVAILABLE
 
 from .agent import AgentEnv, AgentPlan, TurnSink
 from .approvals import ApprovalGate, Approver, NoApprover
@@ -185,6 +188,7 @@ class TurnRuntime:
             env=ctx.env,
             secret_names=_secret_names(settings),
             umask=ctx.tool_umask,
+            sandbox=await asyncio.to_thread(turn_sandbox, ctx, settings),
         )
         # The agent compacts it first when it needs to (turns/agent.py).
         history = items_from_records(turn.history.records)
@@ -234,6 +238,23 @@ class TurnRuntime:
         finally:
             # What the file tools read of the project (directory listings) ends with the turn.
             tool_ctx.file_scans.clear()
+
+
+def turn_sandbox(ctx: LaunchContext, settings: Settings) -> Sandbox | None:
+    """Where the turn's shell and hook commands run: ``None`` (unconfined) for ``sandbox:
+    none``; for ``workspace_write`` the sandbox hiding this home's and this process's
+    service directories. Blocking (the first call probes ``bwrap``).
+
+    Raises:
+        TurnSetupError: ``sandbox_unavailable``: asked for, and it cannot start here.
+    """
+    if settings.sandbox == SANDBOX_LEVELS[0]:
+        return None
+    bwrap = bubblewrap()
+    if bwrap.path is None:
+        raise TurnSetupError(SANDBOX_UNAVAILABLE)
+    hidden = service_directories(str(ctx.mc_home), (ctx.env, os.environ))
+    return Sandbox(bwrap.path, network=settings.sandbox_network, hidden=hidden)
 
 
 def _reasoning(level: str) -> ReasoningLevel:

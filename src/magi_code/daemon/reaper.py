@@ -1,0 +1,127 @@
+"""The daemon as the subreaper of everything it starts (Linux), so the tool barrier holds.
+
+The tool barrier (``endpoint/ancestry.py``) refuses a peer that descends from the daemon.
+A tool command that detaches (``setsid -f``, a double fork) would be re-parented to PID 1
+and pass it. As a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) the daemon adopts
+every orphaned descendant instead: it stays a descendant, and is refused.
+
+Adopted orphans are the daemon's children, so their exit statuses are the daemon's to
+collect, and nothing else waits for them. Everything the daemon starts itself goes
+through the event loop (uvloop: libuv waits for each child it spawned by its pid, on
+SIGCHLD); reaping one of those first would hide its exit from libuv. So
+:class:`OrphanReaper` reaps only a child that has been a zombie since a sweep at least
+:data:`REAP_AFTER_SECONDS` ago: the loop has handled SIGCHLD many times since, so libuv
+would have collected it if it were its own. A sweep that finds no zombie child costs one
+``waitid(WNOHANG | WNOWAIT)``.
+
+When the daemon stops, :func:`stop_descendants` ends what is left (a detached tool
+process, anything an MCP server left behind): SIGTERM, a grace period, SIGKILL, reaped.
+A daemon killed by SIGKILL cannot do that; sandboxed commands die with it regardless
+(``tools.sandbox``: ``--die-with-parent``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Final
+
+import psutil
+
+log = logging.getLogger("magi_code.daemon")
+
+PR_SET_CHILD_SUBREAPER: Final = 36
+REAP_AFTER_SECONDS: Final = 1.0
+STOP_GRACE_SECONDS: Final = 2.0
+
+
+def become_subreaper() -> bool:
+    """Make this process its descendants' subreaper; False where it cannot (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class OrphanReaper:
+    """Collects adopted orphans once they have been zombies for a while (module docstring)."""
+
+    def __init__(self) -> None:
+        # (pid, start time) of each zombie child -> when a sweep first saw it.
+        self._zombies: dict[tuple[int, float], float] = {}
+
+    def sweep(self) -> int:
+        """Reap the children that have been zombies long enough; how many were reaped."""
+        if not _has_zombie_child():
+            self._zombies.clear()
+            return 0
+        now = time.monotonic()
+        seen: dict[tuple[int, float], float] = {}
+        reaped = 0
+        for key in _zombie_children():
+            first = self._zombies.get(key, now)
+            if now - first < REAP_AFTER_SECONDS:
+                seen[key] = first
+            elif _reap(key[0]):
+                reaped += 1
+        self._zombies = seen
+        return reaped
+
+
+def _has_zombie_child() -> bool:
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
+
+
+def _zombie_children() -> list[tuple[int, float]]:
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.append((child.pid, child.create_time()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _reap(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False
+
+
+def stop_descendants() -> int:
+    """SIGTERM every descendant, SIGKILL those alive after a grace period, reap the
+    children; the number of processes that were signalled. Blocking; for the daemon's
+    last moments (it takes exit statuses the event loop may still wait for)."""
+    try:
+        descendants = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    signalled = len(descendants)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in descendants:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+        _, descendants = psutil.wait_procs(descendants, timeout=STOP_GRACE_SECONDS)
+        if not descendants:
+            break
+    while True:  # the zombies of our own children
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    return signalled
