@@ -1,4 +1,5 @@
-"""The daemon refuses its own tool processes (issue #13 item 5, ``docs/unix-daemon.md``).
+"""The daemon refuses its own tool processes (issue #13 item 5, issue #33 item 5,
+``docs/unix-daemon.md``, ``docs/safety.md``).
 
 The model's shell tool runs, as the user, scripts that find the daemon's socket the way
 an attacker would (``daemon.json`` names it; the test hands the path over explicitly) and
@@ -9,12 +10,17 @@ daemon mode and in the default mode, which does not fall back to serving in-proc
 refusal). Each is refused with ``tool_process`` before the daemon reads a byte; the daemon keeps
 serving, the turn completes, and the same script run by a process that is not the
 daemon's descendant is admitted.
+
+A tool process that detaches (``setsid -f``) stays the daemon's descendant (the daemon is
+its subreaper) and is refused too; in the ``workspace_write`` sandbox it cannot even see
+the socket. What detached processes leave is reaped, and they end with the daemon.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -25,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 
+from magi_code.tools.sandbox import bubblewrap
 from tests.process.daemon.support import status
 from tests.process.turn_support import run_turn, write_settings
 from tests.support import service
@@ -65,7 +73,11 @@ if sys.argv[4:] == ["burst"]:
     os._exit(0)
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
     sock.settimeout(20)
-    sock.connect(path)
+    try:
+        sock.connect(path)
+    except OSError as exc:  # no socket to be seen (the sandbox)
+        print("FRAMES " + json.dumps([{"connect_error": type(exc).__name__}]), flush=True)
+        sys.exit(0)
     try:
         sock.sendall(
             encode_frame(hello("control", Launch(home, "", {}), "barrier-test", "0"))
@@ -93,6 +105,20 @@ print("FRAMES " + json.dumps(frames, sort_keys=True), flush=True)
 def fake() -> Iterator[FakeProviderServer]:
     with FakeProviderServer() as server:
         yield server
+
+
+REFUSAL = {
+    "t": "refused",
+    "code": "tool_process",
+    "message": "connections from the agent's tool processes are refused",
+}
+SANDBOX_LEVELS = [
+    "none",
+    pytest.param(
+        "workspace_write",
+        marks=pytest.mark.skipif(bubblewrap().path is None, reason="needs a usable bubblewrap"),
+    ),
+]
 
 
 def _shell(call_id: str, command: str) -> FakeToolCall:
@@ -184,11 +210,7 @@ async def test_tool_processes_are_refused_and_the_daemon_keeps_serving(
         assert again.terminal["status"] == "completed", again.terminal
 
     outputs = _tool_outputs(fake.requests[1])
-    refusal = {
-        "t": "refused",
-        "code": "tool_process",
-        "message": "connections from the agent's tool processes are refused",
-    }
+    refusal = REFUSAL
     # Exactly the refusal, and no send error: the daemon keeps the socket open until the
     # client has written its hello and read the answer.
     for call_id in ("raw-stop", "raw-status"):
@@ -240,6 +262,87 @@ async def test_tool_children_see_no_daemon_variable_or_socket_path(
     assert not {name for name in names if name.startswith("MC_")}, names
     for needle in (sock, str(runtime_dir), str(home), ".sock"):
         assert needle not in dumped, needle
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_a_detached_tool_process_cannot_stop_the_daemon(
+    home: Path, project: Path, fake: FakeProviderServer, level: str
+) -> None:
+    write_settings(home, fake, sandbox=level)
+    # In the project: the sandbox's private /tmp hides the test's temporary files.
+    script = project / "client.py"
+    script.write_text(CLIENT)
+    out = project / "detached.out"
+    async with running_service(home, project) as svc:
+        daemon = await asyncio.to_thread(status, home)
+        client = " ".join(
+            shlex.quote(word)
+            for word in (sys.executable, str(script), _recorded_socket(home), str(home), "stop")
+        )
+        # The detached client outlives the shell's process group; the shell waits for its
+        # answer (a sandbox ends with its shell).
+        wait = f"grep -q FRAMES {shlex.quote(str(out))} 2>/dev/null && break; sleep 0.1"
+        command = (
+            f"setsid -f sh -c {shlex.quote(f'{client} > {shlex.quote(str(out))} 2>&1')}; "
+            f"for i in $(seq 300); do {wait}; done"
+        )
+        fake.enqueue(
+            Reply(text=[], tool_calls=[_shell("detached", command)]), Reply(text=["tried"])
+        )
+        _, turn = await run_turn(svc, "detach and stop the daemon")
+        assert turn.terminal["status"] == "completed", turn.terminal
+
+        after = await asyncio.to_thread(status, home)
+        assert after["running"] is True and after.get("responding") is not False, after
+        assert (after["pid"], after["instance_id"]) == (daemon["pid"], daemon["instance_id"])
+        fake.enqueue(Reply(text=["still here"]))
+        _, again = await run_turn(svc, "and now?")
+        assert again.terminal["status"] == "completed", again.terminal
+
+    expected = [REFUSAL] if level == "none" else [{"connect_error": "FileNotFoundError"}]
+    assert _frames(out.read_text()) == expected, out.read_text()
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_detached_tool_processes_are_reaped_and_end_with_the_daemon(
+    home: Path, project: Path, fake: FakeProviderServer, level: str
+) -> None:
+    write_settings(home, fake, sandbox=level)
+    marker = f"mc-detached-{secrets.token_hex(6)}"
+    sleeper = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(600)' {marker}"
+    fake.enqueue(
+        Reply(
+            text=[],
+            tool_calls=[_shell("detach", f"setsid -f {sleeper}; setsid -f true; sleep 0.5")],
+        ),
+        Reply(text=["detached"]),
+    )
+    async with running_service(home, project) as svc:
+        _, turn = await run_turn(svc, "leave something running")
+        assert turn.terminal["status"] == "completed", turn.terminal
+        daemon = psutil.Process((await asyncio.to_thread(status, home))["pid"])
+        left = [
+            proc
+            for proc in psutil.process_iter(["cmdline"])
+            if marker in (proc.info["cmdline"] or [])
+        ]
+        if level == "none":
+            # Adopted by the daemon, not by init: still its descendant.
+            assert [proc.ppid() for proc in left] == [daemon.pid], left
+        else:
+            assert left == []  # it died with its sandbox when the command ended
+        # The detached `true` exited at once; its zombie is collected.
+        for _ in range(600):
+            zombies = [
+                child for child in daemon.children() if child.status() == psutil.STATUS_ZOMBIE
+            ]
+            if not zombies:
+                break
+            await asyncio.sleep(0.05)
+        assert zombies == [], zombies
+    await asyncio.to_thread(service.stop_daemon, home)
+    _, alive = await asyncio.to_thread(psutil.wait_procs, left, 30)
+    assert alive == [], alive
 
 
 @pytest.fixture
