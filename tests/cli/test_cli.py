@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from magi_code.protocol.schema import schema_documents
+from magi_code.turns.failures import REMEDIES
 from magi_code.version import package_version
 from tests.process.turn_support import APIS, builtin_env, write_settings
 from tests.support.cli import magi
@@ -370,6 +371,26 @@ def test_doctor_lists_the_hooks_and_skills_a_turn_here_gets(
     assert checks["trust"]["status"] == "warn" and "hooks" in checks["trust"]["detail"]
     text = magi(home, "doctor", cwd=project).stdout
     assert "guard (pre_tool_use shell), notify (stop)" in text and "release (project)" in text
+
+
+def test_doctor_says_which_sandbox_a_turn_here_gets_and_why_it_cannot(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    checks = {c["check"]: c for c in json.loads(magi(home, "doctor", "--json").stdout)["checks"]}
+    assert checks["sandbox"]["status"] == "ok" and checks["sandbox"]["detail"].startswith("none")
+    # The project asks for the sandbox; this bwrap cannot start one.
+    (project / ".magi-code").mkdir()
+    (project / ".magi-code" / "settings.json").write_text('{"sandbox": "workspace_write"}')
+    broken = magi(home, "doctor", "--json", cwd=project, extra={"MC_BWRAP": "/bin/false"})
+    report = json.loads(broken.stdout)
+    (fail,) = [c for c in report["checks"] if c["status"] == "fail"]
+    assert fail["check"] == "sandbox" and report["turn_ready"] is False, report
+    assert fail["detail"] == (
+        "workspace_write is asked for, but bwrap cannot start a sandbox here "
+        "(user namespaces unavailable?)"
+    )
+    assert fail["remedy"] == REMEDIES["sandbox_unavailable"]
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -260,6 +260,7 @@ def _serve(
 
         from magi_code.composition import build_coordinator
         from magi_code.providers.http import warm_bundled_roots
+        from magi_code.tools.sandbox import bubblewrap
         from magi_code.turns.runtime import warm_turn_modules
 
         from .heap import HeapTrimmer
@@ -305,6 +306,8 @@ def _serve(
 
         def warm() -> None:
             warm_turn_modules()
+            # Whether a workspace_write turn can run here (`status` reports it).
+            loop.run_in_executor(None, bubblewrap)
             # The CA roots a first provider client needs (~20 ms, mostly outside the GIL).
             loop.run_in_executor(None, warm_bundled_roots)
 

@@ -44,6 +44,7 @@ from magi_code.endpoint.peer import check_peer, peer_pid
 from magi_code.protocol.frames import MAX_FRAME_BYTES, encode_frame
 from magi_code.protocol.limits import ADVERTISED_LIMITS
 from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS, Code, refused
+from magi_code.tools.sandbox import probed
 
 from .connection import FRAME_DEADLINE_SECONDS, HELLO_TIMEOUT_SECONDS, PeerConnection, Transport
 from .health import process_figures
@@ -324,6 +325,7 @@ class DaemonServer:
             "max_outbound_queued_bytes": max(
                 (peer.transport.get_write_buffer_size() for peer in self.peers), default=0
             ),
+            "sandbox": _sandbox_status(),
         }
 
     def _connections_by_role(self) -> dict[str, int]:
@@ -399,6 +401,16 @@ class SocketProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.peer is not None:
             self.peer.writable.set()
+
+
+def _sandbox_status() -> dict[str, Any]:
+    """Whether this daemon can run a ``workspace_write`` turn's commands in the sandbox
+    (probed once, right after start; ``null`` until then), and why not."""
+    found = probed()
+    return {
+        "workspace_write": None if found is None else found.path is not None,
+        "problem": None if found is None else found.problem,
+    }
 
 
 def _refuse(transport: asyncio.Transport, code: Code) -> None:

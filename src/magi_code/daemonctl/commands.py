@@ -246,6 +246,11 @@ async def _status(ctx: LaunchContext, as_json: bool) -> int:
         )
         if "rss_bytes" in status:
             sys.stdout.write(_health_lines(status))
+        sandbox = status.get("sandbox") or {}
+        if sandbox.get("workspace_write") is not None:
+            usable = "can run" if sandbox["workspace_write"] else "cannot run"
+            why = f" ({sandbox['problem']})" if sandbox.get("problem") else ""
+            sys.stdout.write(f"  sandbox: {usable} workspace_write turns{why}\n")
         if status.get("responding") is False:
             sys.stdout.write(f"  not answering: {status.get('error')}\n")
         if status.get("upgrade_pending"):

@@ -43,7 +43,8 @@ from magi_code.endpoint.paths import UnsafeRuntimeDir, runtime_paths, verify_pri
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.text import one_line
 from magi_code.storage.launch import LaunchContext
-from magi_code.turns.failures import REMEDIES, credential_step, remedy
+from magi_code.tools.sandbox import bubblewrap
+from magi_code.turns.failures import REMEDIES, SANDBOX_UNAVAILABLE, credential_step, remedy
 from magi_code.turns.hooks import active_hooks
 from magi_code.turns.skills import discover_skills
 from magi_code.version import build_id, package_version
@@ -93,6 +94,7 @@ def run_checks(ctx: LaunchContext, *, network: bool) -> list[Finding]:
     findings.extend(_credentials(ctx, settings, provider))
     findings.extend(_mcp_servers(ctx, settings))
     findings.append(_hooks(settings))
+    findings.append(_sandbox(settings))
     findings.append(_skills(ctx))
     if settings.ignored_project_keys:
         findings.append(_untrusted(settings.ignored_project_keys))
@@ -314,6 +316,19 @@ def _hooks(settings: Settings) -> Finding:
         for hook in hooks
     ]
     return Finding("hooks", "ok", f"a turn here runs {len(shown)}: {', '.join(shown)}")
+
+
+def _sandbox(settings: Settings) -> Finding:
+    # What this process finds; a daemon started with another MC_BWRAP may differ
+    # (`magi-code daemon status` shows the daemon's own answer).
+    if settings.sandbox == "none":
+        return Finding("sandbox", "ok", "none: shell and hook commands run unconfined")
+    network = "with" if settings.sandbox_network else "without"
+    found = bubblewrap()
+    if found.path is None:
+        detail = f"{settings.sandbox} is asked for, but {found.problem}"
+        return Finding("sandbox", "fail", detail, REMEDIES[SANDBOX_UNAVAILABLE])
+    return Finding("sandbox", "ok", f"{settings.sandbox} (bubblewrap), {network} network")
 
 
 def _skills(ctx: LaunchContext) -> Finding:

@@ -68,6 +68,11 @@ def bubblewrap() -> Bubblewrap:
     return known
 
 
+def probed() -> Bubblewrap | None:
+    """What :func:`bubblewrap` found, without probing (``None``: not probed yet)."""
+    return _found.get(os.environ.get(BWRAP_ENV) or None)
+
+
 def _find(override: str | None) -> Bubblewrap:
     if not sys.platform.startswith("linux"):
         return Bubblewrap(None, "the sandbox needs Linux")

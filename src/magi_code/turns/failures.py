@@ -71,8 +71,8 @@ REMEDIES: Final[dict[str, str]] = {
     ),
     SANDBOX_UNAVAILABLE: (
         "the settings ask for the workspace_write sandbox, which cannot start here (it needs "
-        "Linux with user namespaces and bubblewrap): run `magi-code daemon status` to see "
-        "why, or set `sandbox` to `none`"
+        "Linux with user namespaces and bubblewrap): run `magi-code doctor` to see why, or "
+        "set `sandbox` to `none`"
     ),
     OUTPUT_LIMIT: "the reply outgrew one turn's output bound: ask for a shorter answer",
     REQUEST_LIMIT: ("the agent used up one turn's provider requests: continue in a new turn"),

@@ -33,6 +33,7 @@ def test_every_provider_and_auth_label_has_a_remedy() -> None:
         (ProviderFailure(FailureLabel.RATE_LIMITED, status=429), "provider_rate_limited"),
         (CredentialsError(credentials.AUTH_MISSING), "auth_missing"),
         (TurnSetupError(failures.PROVIDER_NOT_CONFIGURED), "provider_not_configured"),
+        (TurnSetupError(failures.SANDBOX_UNAVAILABLE), "sandbox_unavailable"),
         (ServiceError(ErrorCode.CONFIGURATION_UNAVAILABLE), "configuration_unavailable"),
         (OutputLimitExceeded(), "output_limit_exceeded"),
         (IterationLimitExceeded(), "request_limit_exceeded"),
