@@ -1,6 +1,6 @@
 """The ``workspace_write`` sandbox (issue #33 item 4, ``docs/safety.md``), both modes.
 
-Under ``sandbox: workspace_write`` the model's shell commands and the hooks run under
+Under ``sandbox: workspace_write`` the model's shell commands and hooks run under
 bubblewrap: they write in the project and a private ``/tmp`` only, reach no listener on
 the host's loopback, and see neither ``MC_HOME`` nor the daemon's socket directory. The
 same commands under ``sandbox: none`` do all of it (so the test can fail). Where the
@@ -108,7 +108,10 @@ async def test_workspace_write_confines_shell_commands(
 ) -> None:
     runtime_dir = outside / "run"
     runtime_dir.mkdir(mode=0o700)
-    write_settings(home, fake, sandbox=level)
+    hook_escape = outside / "hook.txt"
+    hook = f"cat > hook-event.json; echo out > {shlex.quote(str(hook_escape))}; exit 0"
+    hooks = {"pre_tool_use": [{"command": ["/bin/sh", "-c", hook], "matcher": "shell"}]}
+    write_settings(home, fake, sandbox=level, hooks=hooks)
     # A project file cannot loosen the global level, trusted or not.
     (project / ".magi-code").mkdir()
     (project / ".magi-code" / "settings.json").write_text(json.dumps({"sandbox": "none"}))
@@ -151,6 +154,10 @@ async def test_workspace_write_confines_shell_commands(
     assert "private" in out["tmp"], out["tmp"]
 
     assert escaped.exists() is not confined, out["outside"]
+    # Hooks run in the same sandbox, their event on stdin.
+    event = json.loads((project / "hook-event.json").read_text())
+    assert event["event"] == "pre_tool_use" and event["tool_name"] == "shell", event
+    assert hook_escape.exists() is not confined
     assert ("exit=0" in out["outside"]) is not confined, out["outside"]
     assert ("exit=0" in out["settings"]) is not confined, out["settings"]
 
