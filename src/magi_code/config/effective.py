@@ -140,7 +140,21 @@ def effective_config(
     ctx: LaunchContext, settings: Settings, now: Clock = time.time
 ) -> dict[str, Any]:
     """The ``config.get`` success payload (no fresh catalog needed)."""
-    return project_config(resolve_effective(ctx, settings, now))
+    return {**project_config(resolve_effective(ctx, settings, now)), "sandbox": sandbox(settings)}
+
+
+def sandbox(settings: Settings) -> dict[str, Any]:
+    """``sandbox`` of ``config.get``: the level a turn here asks for, whether it shares the
+    host network, and whether this service can start the ``workspace_write`` sandbox (a
+    turn that asks for it where it cannot fails with ``sandbox_unavailable``). Blocking:
+    the first call in a process probes ``bwrap``."""
+    from magi_code.tools.sandbox import bubblewrap
+
+    return {
+        "level": settings.sandbox,
+        "network": settings.sandbox_network,
+        "workspace_write_available": bubblewrap().path is not None,
+    }
 
 
 def _validate_target(

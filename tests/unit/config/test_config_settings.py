@@ -28,6 +28,7 @@ from magi_code.config.settings import (
 )
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.launch import LaunchContext
+from magi_code.tools.sandbox import bubblewrap
 
 
 def config_get(ctx: LaunchContext, now: float = NOW) -> dict[str, Any]:
@@ -44,6 +45,11 @@ def test_missing_files_give_documented_defaults(ctx: LaunchContext) -> None:
         "precedence": ["environment", "project", "global"],
         "writable_scopes": ["global", "project"],
         "global_only": ["fast"],
+        "sandbox": {
+            "level": "none",
+            "network": False,
+            "workspace_write_available": bubblewrap().path is not None,
+        },
     }
 
 

@@ -91,6 +91,8 @@ _LEVEL_SOURCE: Final = {"enum": "magi_code.config.ids:THINKING_LEVELS"}
 THINKING_LEVEL: Final = Str(enum=THINKING_LEVELS, sources=_LEVEL_SOURCE)
 LEVEL_LIST: Final = Arr(items=THINKING_LEVEL, min_items=1, max_items=len(THINKING_LEVELS))
 SCOPES: Final = ("global", "project")
+# The settings' ``sandbox`` levels (``config.schema.SANDBOX_LEVELS``; a test keeps them equal).
+SANDBOX_LEVELS: Final = ("none", "workspace_write")
 CATALOG_STATES: Final = ("fresh_cache", "stale", "unavailable")
 CATALOG_STATE: Final = Str(
     enum=CATALOG_STATES,
@@ -410,6 +412,34 @@ CONFIG: Final = Obj(
             name="global_only",
             shape=Arr(items=Str(), const=("fast",)),
             doc='Always `["fast"]`: settings `config.set` accepts only with `global`.',
+        ),
+        Field(
+            name="sandbox",
+            required=False,
+            shape=Obj(
+                fields=(
+                    Field(
+                        name="level",
+                        shape=Str(enum=SANDBOX_LEVELS),
+                        doc="Where a turn's shell and hook commands run (the stricter of the "
+                        "global and project `sandbox` settings).",
+                    ),
+                    Field(
+                        name="network",
+                        shape=Bool(),
+                        doc="Whether the `workspace_write` sandbox shares the host network.",
+                    ),
+                    Field(
+                        name="workspace_write_available",
+                        shape=Bool(),
+                        doc="Whether this service can start the `workspace_write` sandbox; "
+                        "a turn that asks for it where it cannot fails "
+                        "(`sandbox_unavailable`).",
+                    ),
+                )
+            ),
+            doc="The sandbox a turn here gets (`docs/safety.md`). Always sent by this "
+            "service; absent from older ones.",
         ),
     ),
 )
