@@ -11,8 +11,8 @@ through the event loop (uvloop: libuv waits for each child it spawned by its pid
 SIGCHLD); reaping one of those first would hide its exit from libuv. So
 :class:`OrphanReaper` reaps only a child that has been a zombie since a sweep at least
 :data:`REAP_AFTER_SECONDS` ago: the loop has handled SIGCHLD many times since, so libuv
-would have collected it if it were its own. A sweep that finds no zombie child costs one
-``waitid(WNOHANG | WNOWAIT)``.
+would have collected it if it were its own. Finding no zombie child costs one
+``waitid(WNOHANG | WNOWAIT)``; only then is ``/proc`` read, in a worker thread.
 
 When the daemon stops, :func:`stop_descendants` ends what is left (a detached tool
 process, anything an MCP server left behind): SIGTERM, a grace period, SIGKILL, reaped.
@@ -58,11 +58,17 @@ class OrphanReaper:
         # (pid, start time) of each zombie child -> when a sweep first saw it.
         self._zombies: dict[tuple[int, float], float] = {}
 
+    @staticmethod
+    def due() -> bool:
+        """Whether any child is a zombie (one ``waitid``: cheap enough for the event loop)."""
+        try:
+            return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return False
+
     def sweep(self) -> int:
-        """Reap the children that have been zombies long enough; how many were reaped."""
-        if not _has_zombie_child():
-            self._zombies.clear()
-            return 0
+        """Reap the children that have been zombies long enough; how many were reaped.
+        Blocking (reads ``/proc``); call it when :meth:`due`."""
         now = time.monotonic()
         seen: dict[tuple[int, float], float] = {}
         reaped = 0
@@ -74,13 +80,6 @@ class OrphanReaper:
                 reaped += 1
         self._zombies = seen
         return reaped
-
-
-def _has_zombie_child() -> bool:
-    try:
-        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return False
 
 
 def _zombie_children() -> list[tuple[int, float]]:

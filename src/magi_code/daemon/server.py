@@ -17,7 +17,7 @@ Theory of operation:
   is never unlinked (the daemon stops accepting, serves its open connections, and re-binds
   when the path is free again); a replaced lifetime-lock file stops the daemon.
 - Where the daemon is its descendants' subreaper (``reaper.py``), every tick collects the
-  orphans it adopted (one ``waitid`` when there are none).
+  orphans it adopted (one ``waitid`` when there are none; a worker thread otherwise).
 - Once quiet after a connection or turn ended, the heap the C allocator keeps free is
   given back to the system (``heap.py``).
 - Owner drop (``stop``, SIGTERM, idle) stops accepting, drains the coordinator (every
@@ -181,8 +181,6 @@ class DaemonServer:
         while not self._stop.is_set():
             await asyncio.sleep(tick)
             now = loop.time()
-            if self._reaper is not None:
-                self._reaper.sweep()
             if self._endpoint is not None and now - last_check >= ENDPOINT_CHECK_SECONDS:
                 last_check = now
                 await self._check_endpoint(self._endpoint)
@@ -203,6 +201,8 @@ class DaemonServer:
                 return
             if self._heap is not None:  # after the decisions: this may await a thread
                 await self._heap.tick(len(self.peers), self.core.counts()["active_turns"])
+            if self._reaper is not None and self._reaper.due():  # a thread: reads /proc
+                await asyncio.to_thread(self._reaper.sweep)
 
     async def _check_endpoint(self, endpoint: Endpoint) -> None:
         try:
