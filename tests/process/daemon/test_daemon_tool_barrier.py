@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -343,6 +345,35 @@ async def test_detached_tool_processes_are_reaped_and_end_with_the_daemon(
     await asyncio.to_thread(service.stop_daemon, home)
     _, alive = await asyncio.to_thread(psutil.wait_procs, left, 30)
     assert alive == [], alive
+
+
+@pytest.mark.skipif(bubblewrap().path is None, reason="needs a usable bubblewrap")
+async def test_sandboxed_commands_die_with_a_killed_daemon(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake, sandbox="workspace_write")
+    marker = f"mc-sandboxed-{secrets.token_hex(6)}"
+    sleeper = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(600)' {marker}"
+    fake.enqueue(Reply(text=[], tool_calls=[_shell("long", sleeper)]), Reply(text=["never"]))
+    async with running_service(home, project) as svc:
+        response = await svc.request("turn.start", {"prompt": "run for long"})
+        assert response["error"] is None, response
+        left: list[psutil.Process] = []
+        for _ in range(1200):
+            left = [
+                proc
+                for proc in psutil.process_iter(["cmdline"])
+                if marker in (proc.info["cmdline"] or [])
+            ]
+            if left:
+                break
+            await asyncio.sleep(0.05)
+        assert len(left) == 1, "the sandboxed command did not start"
+        daemon = (await asyncio.to_thread(status, home))["pid"]
+        # No chance to stop anything: the sandbox must end on its own.
+        os.kill(daemon, signal.SIGKILL)
+        _, alive = await asyncio.to_thread(psutil.wait_procs, left, 30)
+        assert alive == [], alive
 
 
 @pytest.fixture
