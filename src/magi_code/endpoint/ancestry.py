@@ -27,10 +27,13 @@ A PID the kernel reuses between the connect and the check is judged by the new p
 a tool could only steer that with processes outside the daemon's tree, i.e. with the
 escapes below.
 
-This is a barrier against a tool driving the daemon directly, not a sandbox: a process
-re-parented away from the daemon (a double fork, ``setsid`` plus the shell exiting,
-``systemd-run``, ``at`` or cron, a file the user runs later) is no longer its
-descendant, and same-user processes can read ``MC_HOME`` or ptrace the daemon anyway.
+This is a barrier against a tool driving the daemon directly, not a sandbox. On Linux
+the daemon is its descendants' subreaper (``daemon/reaper.py``), so a double fork or
+``setsid`` plus the shell exiting re-parents to the daemon and stays refused; on macOS
+such a process is re-parented away and admitted. Work handed elsewhere (``systemd-run``,
+``at`` or cron, a file the user runs later) is never the daemon's descendant, and
+same-user processes can read ``MC_HOME`` or ptrace the daemon anyway (the
+``workspace_write`` sandbox, ``tools/sandbox.py``, closes these for shell commands).
 """
 
 from __future__ import annotations
