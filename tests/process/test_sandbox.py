@@ -3,7 +3,8 @@
 Under ``sandbox: workspace_write`` the model's shell commands and hooks run under
 bubblewrap: they write in the project and a private ``/tmp`` only, reach no listener on
 the host's loopback, and see neither ``MC_HOME`` nor the daemon's socket directory. The
-same commands under ``sandbox: none`` do all of it (so the test can fail). Where the
+same commands under ``sandbox: none`` do all of it (so the test can fail), and
+``sandbox_network: true`` gives back the network alone. Where the
 sandbox cannot start, a turn that asks for it fails with ``sandbox_unavailable`` before
 any command runs.
 """
@@ -97,7 +98,9 @@ def _tool_outputs(request: RecordedRequest) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("level", ["none", "workspace_write"])
+@pytest.mark.parametrize(
+    ("level", "network"), [("none", False), ("workspace_write", False), ("workspace_write", True)]
+)
 async def test_workspace_write_confines_shell_commands(
     home: Path,
     project: Path,
@@ -105,13 +108,14 @@ async def test_workspace_write_confines_shell_commands(
     listener: Listener,
     fake: FakeProviderServer,
     level: str,
+    network: bool,
 ) -> None:
     runtime_dir = outside / "run"
     runtime_dir.mkdir(mode=0o700)
     hook_escape = outside / "hook.txt"
     hook = f"cat > hook-event.json; echo out > {shlex.quote(str(hook_escape))}; exit 0"
     hooks = {"pre_tool_use": [{"command": ["/bin/sh", "-c", hook], "matcher": "shell"}]}
-    write_settings(home, fake, sandbox=level, hooks=hooks)
+    write_settings(home, fake, sandbox=level, sandbox_network=network, hooks=hooks)
     # A project file cannot loosen the global level, trusted or not.
     (project / ".magi-code").mkdir()
     (project / ".magi-code" / "settings.json").write_text(json.dumps({"sandbox": "none"}))
@@ -161,8 +165,9 @@ async def test_workspace_write_confines_shell_commands(
     assert ("exit=0" in out["outside"]) is not confined, out["outside"]
     assert ("exit=0" in out["settings"]) is not confined, out["settings"]
 
-    assert listener.accepted == (0 if confined else 1), out["network"]
-    assert ("CONNECTED" in out["network"]) is not confined, out["network"]
+    offline = confined and not network
+    assert listener.accepted == (0 if offline else 1), out["network"]
+    assert ("CONNECTED" in out["network"]) is not offline, out["network"]
 
     listed = out["hidden"]
     assert "LISTED" in listed, listed
