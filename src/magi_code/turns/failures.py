@@ -25,12 +25,12 @@ INTERRUPTED: Final = "service_interrupted"
 CONTEXT_LENGTH: Final = "context_length_exceeded"
 AUTH_MISSING: Final = "auth_missing"
 AUTH_FAILED: Final = "provider_auth_failed"
+SANDBOX_UNAVAILABLE: Final = "sandbox_unavailable"
 
 # The wire bounds of ``failure`` and ``remedy`` (the schema and the terminal's size
 # budget read these; a unit test holds every remedy to them).
 MAX_LABEL_BYTES: Final = 64
 MAX_REMEDY_BYTES: Final = 512
-SANDBOX_UNAVAILABLE: Final = "sandbox_unavailable"
 
 REMEDIES: Final[dict[str, str]] = {
     AUTH_MISSING: (

@@ -1434,6 +1434,7 @@ FAILURE_LABELS: Final = (
     "provider_stream_error",
     "provider_incomplete",
     "context_length_exceeded",
+    "sandbox_unavailable",
     "output_limit_exceeded",
     "request_limit_exceeded",
     "service_interrupted",
