@@ -191,7 +191,9 @@ async def test_a_turn_asking_for_an_unusable_sandbox_fails_with_its_label(
         assert response["error"] is None, response
         turn_id = response["payload"]["turn_id"]
         events = await svc.events_until_terminal(response["request_id"])
-        assert events[-1]["payload"]["status"] == "failed", events[-1]
+        terminal = events[-1]["payload"]
+        assert terminal["status"] == "failed", terminal
+        assert terminal["failure"] == SANDBOX_UNAVAILABLE, terminal
         await svc.close_stdin()
         assert await svc.wait() == 0
         stderr = await svc.stderr_text()
