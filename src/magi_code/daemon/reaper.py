@@ -101,26 +101,34 @@ def _reap(pid: int) -> bool:
 
 
 def stop_descendants() -> int:
-    """SIGTERM every descendant, SIGKILL those alive after a grace period, reap the
-    children; the number of processes that were signalled. Blocking; for the daemon's
-    last moments (it takes exit statuses the event loop may still wait for)."""
-    try:
-        descendants = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return 0
-    signalled = len(descendants)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM every descendant, then SIGKILL every one still there after a grace period
+    (found again: one started meanwhile, or a sandbox's init, which ignores SIGTERM from
+    outside its namespace, counts too), and reap the children; the number of processes
+    signalled. Blocking; for the daemon's last moments (it takes exit statuses the event
+    loop may still wait for)."""
+    signalled: set[int] = set()
+    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL):
+        try:
+            descendants = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            break
+        if not descendants:
+            break
         for proc in descendants:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)
-        _, descendants = psutil.wait_procs(descendants, timeout=STOP_GRACE_SECONDS)
-        if not descendants:
-            break
-    while True:  # the zombies of our own children
+                signalled.add(proc.pid)
+        psutil.wait_procs(descendants, timeout=STOP_GRACE_SECONDS)
+        _reap_children()
+    return len(signalled)
+
+
+def _reap_children() -> None:
+    """Collect every exited child (a descendant re-parented to us included)."""
+    while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            break
+            return
         if pid == 0:
-            break
-    return signalled
+            return
