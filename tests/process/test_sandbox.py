@@ -31,9 +31,13 @@ from tests.support import service
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, RecordedRequest, Reply
 from tests.support.service import running_service
 
-pytestmark = pytest.mark.skipif(
-    bubblewrap().path is None, reason="needs a usable bubblewrap (Linux, user namespaces)"
-)
+# Both modes: tools are spawned by the embedded service or by the daemon.
+pytestmark = [
+    pytest.mark.skipif(
+        bubblewrap().path is None, reason="needs a usable bubblewrap (Linux, user namespaces)"
+    ),
+    pytest.mark.both_modes,
+]
 
 
 @pytest.fixture
