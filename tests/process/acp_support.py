@@ -14,6 +14,7 @@ from typing import Any
 from acp import schema
 from acp.client.connection import ClientSideConnection
 from acp.connection import StreamDirection, StreamEvent
+from acp.exceptions import RequestError
 from acp.stdio import spawn_agent_process
 from pydantic import BaseModel
 
@@ -86,12 +87,53 @@ class Editor:
             self.violations.append(f"{exc!r}")
 
 
+class BufferEditor(Editor):
+    """An editor with ``fs/read_text_file`` and ``fs/write_text_file`` over in-memory
+    buffers by absolute path (what it has open, saved or not); anything else is not found."""
+
+    def __init__(self, buffers: dict[str, str]) -> None:
+        super().__init__()
+        self.buffers = buffers
+        self.file_calls: list[tuple[str, str]] = []
+
+    async def read_text_file(
+        self,
+        session_id: str,
+        path: str,
+        line: int | None = None,
+        limit: int | None = None,
+        **kwargs: Any,
+    ) -> schema.ReadTextFileResponse:
+        self.file_calls.append(("read", path))
+        if path not in self.buffers:
+            raise RequestError.resource_not_found(path)
+        return schema.ReadTextFileResponse(content=self.buffers[path])
+
+    async def write_text_file(
+        self, session_id: str, path: str, content: str, **kwargs: Any
+    ) -> schema.WriteTextFileResponse:
+        self.file_calls.append(("write", path))
+        self.buffers[path] = content
+        return schema.WriteTextFileResponse()
+
+
+def tool_calls(updates: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each tool call's fields as the editor ends up knowing them (its ``tool_call`` with
+    every later ``tool_call_update`` applied), by ID, in the order they began."""
+    calls: dict[str, dict[str, Any]] = {}
+    for update in updates:
+        if update["sessionUpdate"] in ("tool_call", "tool_call_update"):
+            call = calls.setdefault(update["toolCallId"], {})
+            call.update({k: v for k, v in update.items() if k != "sessionUpdate"})
+    return calls
+
+
 @contextlib.asynccontextmanager
 async def acp_agent(
-    home: Path, project: Path, env: Mapping[str, str] | None = None
+    home: Path, project: Path, env: Mapping[str, str] | None = None, editor: Editor | None = None
 ) -> AsyncIterator[tuple[ClientSideConnection, Editor]]:
     """``magi-code --app acp`` started in ``project`` (the mode matrix stops its daemon)."""
-    editor = Editor()
+    editor = editor or Editor()
     async with spawn_agent_process(
         editor,
         sys.executable,

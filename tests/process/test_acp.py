@@ -16,7 +16,7 @@ import pytest
 from acp import schema
 from acp.exceptions import RequestError
 
-from tests.process.acp_support import acp_agent, texts
+from tests.process.acp_support import BufferEditor, acp_agent, texts, tool_calls
 from tests.process.turn_support import (
     replay_all,
     run_turn,
@@ -96,11 +96,18 @@ async def test_a_prompt_streams_tool_calls_and_text_and_a_v1_frontend_sees_the_s
         assert (project / "notes.txt").read_text() == "hello\n"
         started = [u for u in editor.updates if u["sessionUpdate"] == "tool_call"]
         assert [(u["kind"], u["title"], u["status"]) for u in started] == [
-            ("edit", "Write file", "in_progress")
+            ("edit", "Write file: notes.txt", "in_progress")
         ]
-        ended = [u for u in editor.updates if u["sessionUpdate"] == "tool_call_update"]
+        ended = [
+            u for u in editor.updates if u["sessionUpdate"] == "tool_call_update" and "status" in u
+        ]
         assert [(u["toolCallId"], u["status"]) for u in ended] == [
             (started[0]["toolCallId"], "completed")
+        ]
+        (written,) = tool_calls(editor.updates).values()
+        notes = str(project / "notes.txt")
+        assert written["content"] == [
+            {"type": "diff", "path": notes, "oldText": None, "newText": "hello\n"}
         ]
         assert texts(editor.updates, "agent_message_chunk") == "Wrote notes.txt."
         assert texts(editor.updates, "agent_thought_chunk") == "Writing the file first."
@@ -113,6 +120,84 @@ async def test_a_prompt_streams_tool_calls_and_text_and_a_v1_frontend_sees_the_s
         assert session_id in [s["session_id"] for s in listed["payload"]["sessions"]]
         items = await replay_all(v1, session_id)
         assert items[-2]["role"] == "assistant" and items[-2]["text"] == "Wrote notes.txt."
+
+
+async def test_tool_calls_carry_locations_and_an_edit_its_diff(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    source = project / "app.py"
+    source.write_text("x = 1\ny = 2\n")
+    fake.enqueue(
+        tool_reply(tool_call("c1", "read_file", path="app.py", offset=2)),
+        tool_reply(
+            tool_call("c2", "edit_file", path="app.py", old_string="x = 1", new_string="x = 10")
+        ),
+        Reply(text=("Done.",)),
+    )
+    async with acp_agent(home, project) as (conn, editor):
+        await conn.initialize(protocol_version=1)
+        session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+        answer = await conn.prompt(session_id=session_id, prompt=_prompt("Change x"))
+        assert answer.stop_reason == "end_turn"
+    assert source.read_text() == "x = 10\ny = 2\n"
+    read, edit = tool_calls(editor.updates).values()
+    assert (read["kind"], read["title"], read["status"]) == (
+        "read",
+        "Read file: app.py",
+        "completed",
+    )
+    assert read["locations"] == [{"path": str(source), "line": 2}]
+    assert read["rawInput"] == {"path": "app.py", "offset": 2}
+    assert (edit["kind"], edit["title"], edit["status"]) == (
+        "edit",
+        "Edit file: app.py",
+        "completed",
+    )
+    assert edit["locations"] == [{"path": str(source)}]
+    assert edit["content"] == [
+        {
+            "type": "diff",
+            "path": str(source),
+            "oldText": "x = 1\ny = 2\n",
+            "newText": "x = 10\ny = 2\n",
+        }
+    ]
+
+
+async def test_file_tools_read_and_write_through_the_editor_when_it_offers_them(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    source = project / "app.py"
+    source.write_text("x = 1\n")
+    created = project / "new.txt"
+    # The editor has app.py open with a change it has not saved.
+    editor = BufferEditor({str(source): "x = 1\nunsaved = True\n"})
+    fake.enqueue(
+        tool_reply(tool_call("c1", "read_file", path="app.py")),
+        tool_reply(
+            tool_call("c2", "edit_file", path="app.py", old_string="x = 1", new_string="x = 2")
+        ),
+        tool_reply(tool_call("c3", "write_file", path="new.txt", content="fresh\n")),
+        Reply(text=("Done.",)),
+    )
+    offers = schema.ClientCapabilities(
+        fs=schema.FileSystemCapabilities(read_text_file=True, write_text_file=True)
+    )
+    async with acp_agent(home, project, editor=editor) as (conn, _editor):
+        await conn.initialize(protocol_version=1, client_capabilities=offers)
+        session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+        answer = await conn.prompt(session_id=session_id, prompt=_prompt("Edit app.py"))
+        assert answer.stop_reason == "end_turn"
+    # The read saw the unsaved buffer; the edit and the new file went to the editor only.
+    assert "unsaved = True" in fake.requests[1].body.decode()
+    assert editor.buffers == {str(source): "x = 2\nunsaved = True\n", str(created): "fresh\n"}
+    assert source.read_text() == "x = 1\n" and not created.exists()
+    assert ("write", str(source)) in editor.file_calls
+    edit = list(tool_calls(editor.updates).values())[1]
+    assert edit["content"][0]["oldText"] == "x = 1\nunsaved = True\n"
+    assert edit["content"][0]["newText"] == "x = 2\nunsaved = True\n"
 
 
 async def test_load_streams_back_the_history_including_a_v1_frontends_turn(

@@ -27,7 +27,9 @@ from magi_code.client import (
     DaemonError,
     DaemonUnavailable,
     ErrorInfo,
+    FileRequest,
     Overloaded,
+    ToolDetail,
 )
 from magi_code.dataclass import dataclass, field
 from magi_code.storage.launch import LaunchContext
@@ -43,6 +45,8 @@ PROTOCOL_VERSION: Final = 1
 # ACP's code for a session (or other resource) that does not exist.
 RESOURCE_NOT_FOUND: Final = -32002
 REPLAY_PAGE: Final = 32
+# The largest file text the editor may hand the core (RFC-0002 §6.8: one frame holds it).
+MAX_EDITOR_TEXT_BYTES: Final = 768 * 1024
 
 AUTH_METHODS: Final = [
     {
@@ -64,8 +68,8 @@ class Session:
     session_id: str
     cwd: Path
     client: Client
-    # The running prompt's events (the pump puts them here), and its state.
-    queue: asyncio.Queue[dict[str, Any] | None] | None = None
+    # The running prompt's events and tool details (the pump puts them here), and its state.
+    queue: asyncio.Queue[dict[str, Any] | ToolDetail | None] | None = None
     turn_id: str | None = None
     cancel_requested: bool = False
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -77,6 +81,7 @@ class Agent:
         self.sessions: dict[str, Session] = {}
         self.client_capabilities: dict[str, Any] = {}
         self.peer: rpc.Peer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # file requests being answered
         self.requests: dict[str, rpc.Handler] = {
             "initialize": self.initialize,
             "authenticate": self.authenticate,
@@ -96,6 +101,14 @@ class Agent:
         capabilities = params.get("clientCapabilities")
         if isinstance(capabilities, dict):
             self.client_capabilities = capabilities
+        fs = self.client_capabilities.get("fs")
+        fs = fs if isinstance(fs, dict) else {}
+        offered = [("read", "readTextFile"), ("write", "writeTextFile")]
+        # The core's connections made from now on: tool details, and this editor's files.
+        self.backend.options = {
+            "tool_details": True,
+            "editor_files": [op for op, name in offered if fs.get(name) is True],
+        }
         return {
             # Only v1 exists; a client that asked for another decides whether to go on.
             "protocolVersion": PROTOCOL_VERSION,
@@ -205,7 +218,7 @@ class Agent:
             raise RpcError(rpc.INVALID_REQUEST, "A prompt is already running in this session")
         # The project's connection now: a new one if the daemon was restarted meanwhile.
         session.client = await self._client(session.cwd)
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        queue: asyncio.Queue[dict[str, Any] | ToolDetail | None] = asyncio.Queue()
         session.queue, session.turn_id, session.cancel_requested = queue, None, False
         try:
             started = await _call(
@@ -215,11 +228,16 @@ class Agent:
             session.turn_id = turn_id
             if session.cancel_requested:
                 await self._cancel_turn(session)
-            view = updates.TurnView(turn_id)
+            view = updates.TurnView(turn_id, session.cwd)
             while True:
                 event = await queue.get()
                 if event is None:
                     raise RpcError(rpc.INTERNAL_ERROR, "The connection to the service ended")
+                if isinstance(event, ToolDetail):
+                    if event.turn_id == turn_id:
+                        for update in view.detail(event.activity_id, event.detail):
+                            self._update(session.session_id, update)
+                    continue
                 for update in view.updates(event):
                     self._update(session.session_id, update)
                 payload = event["payload"]
@@ -264,9 +282,44 @@ class Agent:
                 cut.tasks.add(task)
                 task.add_done_callback(cut.tasks.discard)
             return
+        if isinstance(event, FileRequest):
+            task = asyncio.create_task(self._file(client, event))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        if isinstance(event, ToolDetail):
+            session = self.sessions.get(event.session_id)
+            if session is not None and session.queue is not None and session.client is client:
+                session.queue.put_nowait(event)
+            return
         session = self.sessions.get(event["session_id"] or "")
         if session is not None and session.queue is not None and session.client is client:
             session.queue.put_nowait(dict(event))
+
+    async def _file(self, client: Client, request: FileRequest) -> None:
+        """A file tool's read or write, done by the editor (``fs/*_text_file``)."""
+        assert self.peer is not None
+        session = self.sessions.get(request.session_id)
+        content: str | None = None
+        error: str | None = None
+        try:
+            if session is None or os.path.isabs(request.path):
+                raise RpcError(rpc.INVALID_PARAMS, "not a file of this session's project")
+            params = {"sessionId": request.session_id, "path": str(session.cwd / request.path)}
+            if request.op == "read":
+                result = await self.peer.call("fs/read_text_file", params)
+                content = result.get("content") if isinstance(result, dict) else None
+                if not isinstance(content, str):
+                    raise RpcError(rpc.INTERNAL_ERROR, "the editor sent no text")
+                if len(content.encode("utf-8")) > MAX_EDITOR_TEXT_BYTES:
+                    content = None
+                    raise RpcError(rpc.INTERNAL_ERROR, "the file is too large to read")
+            else:
+                await self.peer.call("fs/write_text_file", {**params, "content": request.content})
+        except RpcError as exc:
+            error = exc.message
+        with contextlib.suppress(DaemonError, DaemonUnavailable, ValueError):
+            await client.answer_file(request, content=content, error=error)
 
     async def _resync(self, session: Session, notice: Overloaded) -> None:
         """Take the turn's events again after an overload cut (the view skips repeats)."""

@@ -50,6 +50,8 @@ class Backend:
         self._pumps: set[asyncio.Task[None]] = set()
         self._embedded: Any = None  # the in-process DaemonServer (embedded mode)
         self._embedded_task: asyncio.Task[None] | None = None
+        # ``hello`` options of new connections (RFC-0002 §3): what this editor offers.
+        self.options: dict[str, Any] = {}
 
     async def client(self, project: Path) -> Client:
         lock = self._connecting.setdefault(project, asyncio.Lock())
@@ -70,7 +72,7 @@ class Backend:
     async def _connect(self, ctx: LaunchContext) -> Client:
         if self.mode != "embedded":
             try:
-                return await Client.connect(ctx, client_name=CLIENT_NAME)
+                return await Client.connect(ctx, client_name=CLIENT_NAME, options=self.options)
             except (DaemonUnavailable, DaemonError, DaemonStartError, OSError) as exc:
                 if self.mode == "daemon":
                     raise CoreUnavailable(f"the daemon cannot be reached: {exc}") from None
@@ -104,6 +106,7 @@ class Backend:
             "persistent",
             ctx,
             client_name=CLIENT_NAME,
+            options=self.options,
         )
 
     async def _pump(self, project: Path, client: Client) -> None:

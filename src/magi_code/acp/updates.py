@@ -3,11 +3,15 @@
 Pure functions over the v1 shapes (``docs/protocol/events.md``); nothing here talks to
 the editor or the core. A turn's state (:class:`TurnView`) remembers which tool calls the
 editor has been told of, so the first report of a call is a ``tool_call`` and later ones
-are ``tool_call_update``.
+are ``tool_call_update``. The core's tool details (RFC-0002 §6.8: title subject, raw
+input, locations, a file change's old and new text) arrive beside the events, before or
+after the call's first report: they join the ``tool_call``, or follow as an update.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Final
 
 from magi_code.dataclass import dataclass, field
@@ -46,6 +50,20 @@ STOP_FAILURES: Final = {
     "output_limit_exceeded": "max_tokens",
     "request_limit_exceeded": "max_turn_requests",
 }
+# The argument that names what a built-in tool works on, for its title.
+TOOL_SUBJECTS: Final = {
+    "read_file": "path",
+    "list_files": "path",
+    "grep": "pattern",
+    "edit_file": "path",
+    "write_file": "path",
+    "shell": "command",
+    "skill": "name",
+    "task": "description",
+}
+MAX_TITLE_CHARS: Final = 200
+# Details of calls not reported yet that a turn keeps (a subagent's are never reported).
+MAX_PENDING_DETAILS: Final = 64
 AUTH_FAILURES: Final = frozenset(
     {"auth_missing", "auth_refresh_failed", "auth_unreadable", "provider_auth_failed"}
 )
@@ -60,8 +78,11 @@ class TurnView:
     """What the editor has been told of one turn."""
 
     turn_id: str
+    cwd: Path
     last_sequence: int = 0
     tools: set[str] = field(default_factory=set)
+    # Fields of calls whose details came before their first report.
+    pending: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
 
     def updates(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         """The session updates for one v1 turn event (none for repeats and ends)."""
@@ -107,7 +128,57 @@ class TurnView:
             "title": TOOL_TITLES.get(name, "MCP tool") if name else "MCP tool",
             "kind": TOOL_KINDS.get(name, "other") if name else "other",
             "status": status,
+            **self.pending.pop(call_id, {}),
         }
+
+    def detail(self, activity_id: str, detail: dict[str, Any]) -> list[dict[str, Any]]:
+        """A tool detail of this turn: an update of a reported call, else kept for it."""
+        fields = self._call_fields(detail["call"]) if "call" in detail else {}
+        if "diff" in detail:
+            fields.update(self._diff_fields(detail["diff"]))
+        if activity_id in self.tools:
+            return [{"sessionUpdate": "tool_call_update", "toolCallId": activity_id, **fields}]
+        self.pending.setdefault(activity_id, {}).update(fields)
+        while len(self.pending) > MAX_PENDING_DETAILS:
+            self.pending.popitem(last=False)
+        return []
+
+    def _call_fields(self, call: dict[str, Any]) -> dict[str, Any]:
+        name, arguments = call["tool"], call["arguments"]
+        subject = arguments.get(TOOL_SUBJECTS.get(name, ""))
+        title = TOOL_TITLES.get(name, name)
+        if isinstance(subject, str) and subject:
+            title = f"{title}: {subject}"
+        fields: dict[str, Any] = {
+            "title": title[:MAX_TITLE_CHARS],
+            "kind": TOOL_KINDS.get(name, "other"),
+            "rawInput": arguments,
+        }
+        if call["locations"]:
+            fields["locations"] = [self._location(place) for place in call["locations"]]
+        return fields
+
+    def _diff_fields(self, diff: dict[str, Any]) -> dict[str, Any]:
+        path = str(self.cwd / diff["path"])
+        if diff["truncated"]:  # a cut text is no true diff: say so instead
+            content = {
+                "type": "content",
+                "content": {"type": "text", "text": "The change is too large to show."},
+            }
+        else:
+            content = {
+                "type": "diff",
+                "path": path,
+                "oldText": diff["old_text"],
+                "newText": diff["new_text"],
+            }
+        return {"content": [content], "locations": [{"path": path}]}
+
+    def _location(self, place: dict[str, Any]) -> dict[str, Any]:
+        location: dict[str, Any] = {"path": str(self.cwd / place["path"])}
+        if "line" in place:
+            location["line"] = place["line"]
+        return location
 
 
 def stop_reason(terminal: dict[str, Any], cancel_requested: bool) -> str | None:

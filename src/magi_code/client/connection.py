@@ -41,10 +41,12 @@ from .types import (
     ControlStatus,
     Event,
     EventEnvelope,
+    FileRequest,
     Overloaded,
     ResponseEnvelope,
     SnapshotItem,
     SnapshotPage,
+    ToolDetail,
 )
 
 MAX_QUEUED_EVENTS: Final = 1024
@@ -138,16 +140,20 @@ class Client:
         client_name: str = "magi_code.client",
         delta_interval_ms: int = 0,
         max_queued_events: int = MAX_QUEUED_EVENTS,
+        options: Mapping[str, Any] | None = None,
     ) -> Client:
         """Connect to the daemon of ``ctx.mc_home``, starting it on demand if allowed.
 
         ``delta_interval_ms`` (0..10000) asks the daemon to merge a turn's assistant
         deltas so they arrive at most once per interval (RFC-0002 §6.3).
-        ``max_queued_events`` bounds the events waiting for :meth:`events`.
+        ``max_queued_events`` bounds the events waiting for :meth:`events`. ``options``
+        are further ``hello`` options, e.g. ``{"tool_details": True}`` (RFC-0002 §3).
         """
-        options = {"delta_interval_ms": delta_interval_ms} if delta_interval_ms else None
+        options = dict(options or {})
+        if delta_interval_ms:
+            options["delta_interval_ms"] = delta_interval_ms
         channel = await connect_channel(
-            ctx, role, autostart=autostart, client_name=client_name, options=options
+            ctx, role, autostart=autostart, client_name=client_name, options=options or None
         )
         return cls(channel, max_queued_events=max_queued_events)
 
@@ -371,6 +377,25 @@ class Client:
         granted = frame.get("session_id", session_id)
         return cast(ControlGranted, {"session_id": granted, "turns": turns})
 
+    async def answer_file(
+        self, request: FileRequest, *, content: str | None = None, error: str | None = None
+    ) -> None:
+        """Answer a :class:`FileRequest`: the file's text for a ``read``, nothing for a
+        ``write`` that was done, or ``error`` (a short text for the model) when it was not.
+        An answer after the daemon stopped waiting is dropped."""
+        self._check_open()
+        frame: dict[str, Any] = {"t": "fs_result", "fs_id": request.fs_id}
+        if content is not None:
+            frame["content"] = content
+        if error is not None:
+            frame["error"] = error
+        try:
+            await self.channel.send(frame)
+        except FrameError as exc:
+            raise ValueError(f"the frame cannot be sent: {exc}") from None
+        except (ConnectionError, OSError):
+            raise DaemonUnavailable("the connection to the daemon was lost") from None
+
     # -- events -----------------------------------------------------------------------------
 
     async def events(self) -> AsyncIterator[Event]:
@@ -500,6 +525,10 @@ class Client:
                 if not isinstance(turn_id, str) or not _is_int(after):
                     raise _protocol_error("overloaded without turn_id and after_sequence")
                 await self._events.put(Overloaded(turn_id, after))
+            case "tool_detail":
+                await self._events.put(_tool_detail(frame))
+            case "fs_request":
+                await self._events.put(_file_request(frame))
             case "error":
                 code, message = frame.get("code"), frame.get("message")
                 code = code if isinstance(code, str) else Code.PROTOCOL_ERROR.value
@@ -580,6 +609,30 @@ class Client:
         if not more:
             del self._calls[frame_id]
             _settle(call.future, result={"status": call.status, "events": call.events})
+
+
+def _tool_detail(frame: dict[str, Any]) -> ToolDetail:
+    ids = [frame.get(key) for key in ("turn_id", "session_id", "activity_id")]
+    detail = {key: frame[key] for key in ("call", "diff") if isinstance(frame.get(key), dict)}
+    if not all(isinstance(value, str) for value in ids) or len(detail) != 1:
+        raise _protocol_error("tool_detail without its IDs and one detail")
+    turn_id, session_id, activity_id = cast(list[str], ids)
+    return ToolDetail(turn_id, session_id, activity_id, detail)
+
+
+def _file_request(frame: dict[str, Any]) -> FileRequest:
+    ids = [frame.get(key) for key in ("fs_id", "turn_id", "session_id")]
+    op, path, content = frame.get("op"), frame.get("path"), frame.get("content")
+    if (
+        not all(isinstance(value, str) for value in ids)
+        or op not in ("read", "write")
+        or not isinstance(path, str)
+        or not isinstance(content, str | None)
+        or (op == "write") != isinstance(content, str)
+    ):
+        raise _protocol_error("an invalid fs_request")
+    fs_id, turn_id, session_id = cast(list[str], ids)
+    return FileRequest(fs_id, turn_id, session_id, op, path, content)
 
 
 def _settle(

@@ -1,7 +1,8 @@
 """Typed values the client returns: v1 envelopes and the answers of v2 frames.
 
 The v1 envelopes are the daemon's maps as they arrive (``TypedDict``s: index them like
-dicts); :class:`Overloaded` is the one notice the client turns into a value of its own.
+dicts); :class:`Overloaded`, :class:`ToolDetail` and :class:`FileRequest` are the notices the
+client turns into values of its own.
 """
 
 from __future__ import annotations
@@ -55,7 +56,34 @@ class Overloaded:
     after_sequence: int
 
 
-Event = EventEnvelope | Overloaded
+@dataclass(frozen=True, slots=True)
+class ToolDetail:
+    """A detail of a tool call of a turn this client started (RFC-0002 §6.8; only with
+    ``tool_details=True``): ``detail`` is ``{"call": {...}}`` or ``{"diff": {...}}`` of the
+    call whose activity ID is ``activity_id``."""
+
+    turn_id: str
+    session_id: str
+    activity_id: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class FileRequest:
+    """The daemon asks this client's editor to read or write a project file for a turn's
+    tool (RFC-0002 §6.8; only with ``editor_files``). Answer with
+    :meth:`magi_code.client.Client.answer_file`. ``path`` is project-relative; ``content``
+    is the new text of a ``write``."""
+
+    fs_id: str
+    turn_id: str
+    session_id: str
+    op: Literal["read", "write"]
+    path: str
+    content: str | None
+
+
+Event = EventEnvelope | Overloaded | ToolDetail | FileRequest
 """What :meth:`magi_code.client.Client.events` yields."""
 
 

@@ -35,6 +35,7 @@ from .coordinator import Connection, ServiceCoordinator
 from .journal import SnapshotQuery, TurnJournal
 from .output import TurnEvent
 from .sessions import SessionService
+from .tool_relay import ToolRelay
 from .turns import MAX_ACTIVE_TURNS, MAX_SERVICE_TURNS, TurnService
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class PersistentCoordinator:
         self.sessions: SessionService | None = sessions[0] if sessions else None
         # Approval requests and grants: the turn service's, else a service without turns.
         self.approvals = self.turns.approvals if self.turns is not None else ApprovalService()
+        self.relay = self.turns.relay if self.turns is not None else ToolRelay()
 
     # -- connections -----------------------------------------------------------------------
 

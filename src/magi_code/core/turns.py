@@ -73,6 +73,7 @@ from .output import Batch, TurnEvent, TurnInfo
 from .routes import Endpoint, Reply, RequestExpired, check_fields, payload_id
 from .sessions import Attachment, SessionService
 from .settings_gate import SettingsGate
+from .tool_relay import ToolRelay
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,7 @@ class TurnRun:
             self,
             self._keep_settle,
             self.service.approvals.approver(self),
+            self.service.relay.frontend(self),
         )
 
     def _keep_settle(self, settle: Callable[[], Awaitable[None]]) -> None:
@@ -519,6 +521,8 @@ class TurnService:
         self._abandoned: set[asyncio.Task[None]] = set()
         # Approval requests of running turns, and session grants (core.approvals).
         self.approvals = ApprovalService()
+        # Tool details and editor file requests to the turns' clients (core.tool_relay).
+        self.relay = ToolRelay()
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {

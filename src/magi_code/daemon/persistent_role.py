@@ -65,6 +65,9 @@ class PersistentRole:
             conn.approvals = True
             label = f"{hello.client_name or 'client'}#{conn.conn_id}"
             self.approvals.listen(conn.conn_id, peer.send, label)
+        # Tool details and editor file requests: also sent directly, never cut (§6.8).
+        self.relay = self.core.relay
+        self.relay.listen(conn.conn_id, peer.send, hello.tool_details, hello.editor_files)
 
     async def serve(self) -> None:
         peer, conn = self.peer, self.conn
@@ -84,11 +87,14 @@ class PersistentRole:
                     self._answer(frame)
                 elif isinstance(frame, v2.GrantsList | v2.GrantsRevoke):
                     await self._grants(frame)
+                elif isinstance(frame, v2.FsResult):
+                    self.relay.answer(conn.conn_id, frame.fs_id, frame.content, frame.error)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
         finally:
             self.approvals.unlisten(conn.conn_id)
+            self.relay.unlisten(conn.conn_id)
             self.core.journal.forget(self._deliver)
             try:
                 await self.core.close(conn)

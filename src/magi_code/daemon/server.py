@@ -77,6 +77,8 @@ CAPABILITIES: Final = (
     "request.idempotency",
     "approvals",
     "grants",
+    "tool_details",
+    "editor_files",
 )
 
 

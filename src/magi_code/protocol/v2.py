@@ -102,6 +102,7 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "approval_answer",
             "grants_list",
             "grants_revoke",
+            "fs_result",
         }
     ),
     "control": frozenset({"control"}),
@@ -133,6 +134,8 @@ SERVER_FRAMES: Final = frozenset(
         "approval_error",
         "grants_result",
         "grants_error",
+        "tool_detail",
+        "fs_request",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -145,6 +148,10 @@ APPROVAL_DECISIONS: Final = (
 )
 GRANT_SCOPES: Final = ("session", "project")
 GRANT_KINDS: Final = ("commands", "tools", "paths")
+# ``options.editor_files``: what a persistent client's editor does for the file tools (§6.8).
+EDITOR_FILE_OPS: Final = ("read", "write")
+# An ``fs_result`` error text is cut to this many characters.
+MAX_FS_ERROR_CHARS: Final = 1024
 
 
 class Fatal(Exception):
@@ -241,6 +248,8 @@ class Hello(_Frozen):
         "client_version",
         "build_id",
         "approvals",
+        "tool_details",
+        "editor_files",
     )
     role: Role
     version: int
@@ -252,6 +261,10 @@ class Hello(_Frozen):
     build_id: str | None
     # ``options.approvals``: this persistent client answers approval requests (§6.7).
     approvals: bool
+    # ``options.tool_details``: this persistent client gets its turns' tool details (§6.8).
+    tool_details: bool
+    # ``options.editor_files``: the file operations its editor does for the tools (§6.8).
+    editor_files: frozenset[str]
 
     def __init__(
         self,
@@ -263,6 +276,8 @@ class Hello(_Frozen):
         client_version: str | None = None,
         build_id: str | None = None,
         approvals: bool = False,
+        tool_details: bool = False,
+        editor_files: frozenset[str] = frozenset(),
     ) -> None:
         self._set(
             role,
@@ -273,6 +288,8 @@ class Hello(_Frozen):
             client_version,
             build_id,
             approvals,
+            tool_details,
+            editor_files,
         )
 
 
@@ -349,6 +366,18 @@ class ApprovalAnswer(_Frozen):
 
     def __init__(self, id: object, approval_id: str, decision: str) -> None:
         self._set(id, approval_id, decision)
+
+
+class FsResult(_Frozen):
+    """A client's answer to ``fs_request``: the file's text (read), or an error text."""
+
+    __slots__ = ("fs_id", "content", "error")  # noqa: RUF023
+    fs_id: str
+    content: str | None
+    error: str | None
+
+    def __init__(self, fs_id: str, content: str | None, error: str | None) -> None:
+        self._set(fs_id, content, error)
 
 
 class GrantsList(_Frozen):
@@ -434,6 +463,7 @@ ClientFrame = (
     | ApprovalAnswer
     | GrantsList
     | GrantsRevoke
+    | FsResult
 )
 
 
@@ -464,8 +494,13 @@ def parse_hello(frame: Mapping[str, Any]) -> Hello:
     if not _is_int(interval) or not 0 <= interval <= MAX_DELTA_INTERVAL_MS:
         raise Fatal(Code.INVALID_HELLO)
     approvals = options.get("approvals", False)
-    if not isinstance(approvals, bool):
+    tool_details = options.get("tool_details", False)
+    if not isinstance(approvals, bool) or not isinstance(tool_details, bool):
         raise Fatal(Code.INVALID_HELLO)
+    editor_files = options.get("editor_files", [])
+    if not isinstance(editor_files, list) or not all(op in EDITOR_FILE_OPS for op in editor_files):
+        raise Fatal(Code.INVALID_HELLO)
+    persistent = role == "persistent"
     client_version = _optional_text(frame.get("client_version"), MAX_CLIENT_VERSION_CHARS)
     build_id = _optional_text(frame.get("build_id"), MAX_BUILD_ID_CHARS)
     if role == "control":
@@ -480,7 +515,9 @@ def parse_hello(frame: Mapping[str, Any]) -> Hello:
         interval,
         client_version,
         build_id,
-        approvals and role == "persistent",
+        approvals and persistent,
+        tool_details and persistent,
+        frozenset(editor_files) if persistent else frozenset(),
     )
 
 
@@ -561,6 +598,8 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _grants_list(frame)
         case "grants_revoke":
             return _grants_revoke(frame)
+        case "fs_result":
+            return _fs_result(frame)
         case _:
             return _attach(frame)
 
@@ -632,6 +671,16 @@ def _approval_answer(frame: Mapping[str, Any]) -> ApprovalAnswer:
         raise Rejected(frame_error("approval_error", fid, Code.INVALID_REQUEST))
     assert isinstance(decision, str)
     return ApprovalAnswer(fid, approval_id, decision)
+
+
+def _fs_result(frame: Mapping[str, Any]) -> FsResult:
+    """It answers no ``id``: a malformed one is a protocol error (§6.8)."""
+    fs_id, content, error = frame.get("fs_id"), frame.get("content"), frame.get("error")
+    if not (isinstance(fs_id, str) and fs_id and _optional_id(fs_id)):
+        raise Fatal(Code.PROTOCOL_ERROR)
+    if not isinstance(content, str | None) or not isinstance(error, str | None):
+        raise Fatal(Code.PROTOCOL_ERROR)
+    return FsResult(fs_id, content, None if error is None else error[:MAX_FS_ERROR_CHARS])
 
 
 def _grants_list(frame: Mapping[str, Any]) -> GrantsList:

@@ -26,6 +26,7 @@ import orjson
 from magi_code.dataclass import dataclass, field
 
 if TYPE_CHECKING:
+    from magi_code.tools.frontend import DetailSink, EditorFiles
     from magi_code.tools.inline import ProjectFiles
     from magi_code.tools.sandbox import Sandbox
 
@@ -81,7 +82,8 @@ class ToolContext:
     ``secret_names`` are extra credential variable names (custom providers' ``api_key_env``).
     ``umask`` is the client's file-mode creation mask, for the processes tools start and the
     files and directories they create; ``None`` means this process's own. ``sandbox`` is
-    where shell and hook commands run (``tools.sandbox``); ``None``: unconfined.
+    where shell and hook commands run (``tools.sandbox``); ``None``: unconfined. ``details``
+    and ``editor`` are what the turn's frontend asked for (``tools.frontend``), else ``None``.
     """
 
     project_dir: Path
@@ -89,6 +91,8 @@ class ToolContext:
     secret_names: frozenset[str] = frozenset()
     umask: int | None = None
     sandbox: Sandbox | None = None
+    details: DetailSink | None = field(default=None, compare=False, repr=False)
+    editor: EditorFiles | None = field(default=None, compare=False, repr=False)
     # What the file tools learnt of a project directory (tools.inline), once per turn;
     # held while a scan runs, so the calls of one batch that all need it share one.
     file_scans: dict[Path, ProjectFiles] = field(default_factory=dict, compare=False, repr=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -35,6 +36,12 @@ from magi_code.tools.base import (
     optional_str,
     require_str,
     shielded,
+)
+from magi_code.tools.frontend import (
+    EditorFailed,
+    EditorFiles,
+    editor_text_fits,
+    report_diff,
 )
 from magi_code.tools.inline import (
     CHECKPOINT,
@@ -123,9 +130,40 @@ class ReadFile(BuiltinTool):
         limit = optional_int(
             arguments, "limit", default=DEFAULT_READ_LINES, minimum=1, maximum=MAX_READ_LINES
         )
+        editor = ctx.editor
+        if editor is not None and editor.reads:
+            _path, shown = await asyncio.to_thread(_editor_target, ctx.project_dir, raw_path)
+            with io.BytesIO((await _editor_read(editor, shown)).encode("utf-8")) as fh:
+                lines = await run_steps(_read_lines(fh, shown, offset, limit), inline=True)
+            return ToolOutcome(lines)
         files = await project_files(ctx)
         text = await run_steps(_read_file(files, raw_path, offset, limit), inline=files.inline)
         return ToolOutcome(text)
+
+
+def _editor_target(project_dir: Path, raw_path: str) -> tuple[Path, str]:
+    """A file the editor reads or writes: confined to the project like any other."""
+    root = project_root(project_dir)
+    path = resolve_in_project(root, raw_path)
+    shown = display_path(root, path)
+    if path == root or path.is_dir():
+        raise ToolInputError(f"{shown} is a directory.")
+    return path, shown
+
+
+async def _editor_read(editor: EditorFiles, shown: str) -> str:
+    try:
+        return await editor.read_text(shown)
+    except EditorFailed as exc:
+        raise ToolInputError(str(exc)) from None
+
+
+async def _editor_write(editor: EditorFiles, shown: str, content: str) -> None:
+    editor_text_fits(content, shown)
+    try:
+        await editor.write_text(shown, content)
+    except EditorFailed as exc:
+        raise ToolInputError(str(exc)) from None
 
 
 def _open_regular(path: Path, shown: str) -> BinaryIO:
@@ -217,18 +255,44 @@ class WriteFile(BuiltinTool):
     async def execute(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
         raw_path = require_str(arguments, "path")
         content = require_str(arguments, "content", allow_empty=True)
-        message = await asyncio.to_thread(
-            _write_file, ctx.project_dir, raw_path, content, ctx.umask
-        )
+        editor, want_old = ctx.editor, ctx.details is not None
+        if editor is not None and editor.writes:
+            path, shown = await asyncio.to_thread(_editor_target, ctx.project_dir, raw_path)
+            old: str | None = None
+            if editor.reads:
+                with contextlib.suppress(ToolInputError):  # a file the editor does not have
+                    old = await _editor_read(editor, shown)
+            else:
+                old = await asyncio.to_thread(_old_text, path) if want_old else None
+            await _editor_write(editor, shown, content)
+            verb = "Updated" if old is not None or path.exists() else "Created"
+            message = f"{verb} {shown} ({len(content.encode('utf-8'))} bytes)."
+        else:
+            message, shown, old = await asyncio.to_thread(
+                _write_file, ctx.project_dir, raw_path, content, ctx.umask, want_old
+            )
+        report_diff(ctx.details, shown, old, content)
         return ToolOutcome(message)
 
 
-def _write_file(project_dir: Path, raw_path: str, content: str, umask: int | None) -> str:
+def _old_text(path: Path) -> str | None:
+    """A file's text before it is replaced, for the diff; None if it is not text."""
+    try:
+        with _open_regular(path, path.name) as fh:
+            if os.fstat(fh.fileno()).st_size > MAX_EDIT_FILE_BYTES:
+                return None
+            return fh.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError, ToolInputError):
+        return None
+
+
+def _write_file(
+    project_dir: Path, raw_path: str, content: str, umask: int | None, want_old: bool
+) -> tuple[str, str, str | None]:
+    """The message, the path shown and (when ``want_old``) the text it replaced."""
     root = project_root(project_dir)
-    path = resolve_in_project(root, raw_path)
-    shown = display_path(root, path)
-    if path == root or path.is_dir():
-        raise ToolInputError(f"{shown} is a directory.")
+    path, shown = _editor_target(root, raw_path)
+    old = _old_text(path) if want_old else None
     data = content.encode("utf-8")
     # The modes a plain create under the client's umask gives; set explicitly, since this
     # process's own mask may be another (the daemon's is 077). An existing file keeps its.
@@ -241,7 +305,7 @@ def _write_file(project_dir: Path, raw_path: str, content: str, umask: int | Non
     except OSError as exc:
         raise _os_failure(exc) from None
     verb = "Updated" if existed else "Created"
-    return f"{verb} {shown} ({len(data)} bytes)."
+    return f"{verb} {shown} ({len(data)} bytes).", shown, old
 
 
 def _make_parents(root: Path, directory: Path, mode: int) -> None:
@@ -294,13 +358,40 @@ class EditFile(BuiltinTool):
         replace_all = optional_bool(arguments, "replace_all", default=False)
         if old == new:
             raise ToolInputError("old_string and new_string are identical.")
-        message = await asyncio.to_thread(
-            _edit_file, ctx.project_dir, raw_path, old, new, replace_all
+        editor = ctx.editor
+        if editor is not None and editor.reads and editor.writes:
+            # The editor's buffer is what is edited, saved or not.
+            _path, shown = await asyncio.to_thread(_editor_target, ctx.project_dir, raw_path)
+            text = await _editor_read(editor, shown)
+            updated, count = _replace(text, old, new, replace_all, shown)
+            await _editor_write(editor, shown, updated)
+        else:
+            shown, text, updated, count = await asyncio.to_thread(
+                _edit_file, ctx.project_dir, raw_path, old, new, replace_all
+            )
+        report_diff(ctx.details, shown, text, updated)
+        return ToolOutcome(f"Replaced {count} occurrence(s) in {shown}.")
+
+
+def _replace(text: str, old: str, new: str, replace_all: bool, shown: str) -> tuple[str, int]:
+    """``text`` with ``old`` replaced, and how many times it was."""
+    count = text.count(old)
+    if count == 0:
+        raise ToolInputError(f"old_string was not found in {shown}.")
+    if count > 1 and not replace_all:
+        raise ToolInputError(
+            f"old_string occurs {count} times in {shown}; include more surrounding "
+            "text to make it unique, or set replace_all."
         )
-        return ToolOutcome(message)
+    if replace_all:
+        return text.replace(old, new), count
+    return text.replace(old, new, 1), 1
 
 
-def _edit_file(project_dir: Path, raw_path: str, old: str, new: str, replace_all: bool) -> str:
+def _edit_file(
+    project_dir: Path, raw_path: str, old: str, new: str, replace_all: bool
+) -> tuple[str, str, str, int]:
+    """The path shown, the text before and after, and the replacements made."""
     root = project_root(project_dir)
     path = resolve_in_project(root, raw_path)
     shown = display_path(root, path)
@@ -318,20 +409,12 @@ def _edit_file(project_dir: Path, raw_path: str, old: str, new: str, replace_all
         raise ToolInputError(f"{shown} is not UTF-8 text.") from None
     except OSError as exc:
         raise _os_failure(exc) from None
-    count = text.count(old)
-    if count == 0:
-        raise ToolInputError(f"old_string was not found in {shown}.")
-    if count > 1 and not replace_all:
-        raise ToolInputError(
-            f"old_string occurs {count} times in {shown}; include more surrounding "
-            "text to make it unique, or set replace_all."
-        )
-    updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+    updated, count = _replace(text, old, new, replace_all, shown)
     try:
         atomic_write(path, updated.encode("utf-8"), stat.st_mode & 0o7777)
     except OSError as exc:
         raise _os_failure(exc) from None
-    return f"Replaced {count if replace_all else 1} occurrence(s) in {shown}."
+    return shown, text, updated, count
 
 
 class ListFiles(BuiltinTool):

@@ -71,6 +71,7 @@ from magi_code.providers.types import (
 from magi_code.providers.wire import MessageCache
 from magi_code.sessions.store import SessionContext
 from magi_code.tools.base import CALL_BATCH, CallBatch, Tool, ToolContext, run_named_tool
+from magi_code.tools.frontend import call_detail
 
 from . import activity
 from .context import (
@@ -215,7 +216,12 @@ class Agent:
         self.plan = env.plan
         self.tools = {tool.name: tool for tool in tools}
         self.specs = [ToolSpec(t.name, t.description, t.parameters) for t in tools]
-        self.tool_ctx = env.tool_ctx
+        # A subagent's calls are not the frontend's tool calls: no details of them.
+        self.tool_ctx = (
+            env.tool_ctx
+            if parent_activity_id is None or env.tool_ctx.details is None
+            else dataclasses.replace(env.tool_ctx, details=None)
+        )
         self.sink = env.sink
         self.turn_id = env.turn_id
         self.builtin_names = env.builtin_names
@@ -652,9 +658,16 @@ class Agent:
         tool = self.tools.get(call.name)
         server_name = getattr(tool, "server_name", None)
         tool_name = getattr(tool, "tool_name", call.name)
-        self._tool_activity(activity_id, tool_name, server_name, "running", None, batch_id)
         token = TOOL_CALL_ACTIVITY.set(activity_id)
         try:
+            details = self.tool_ctx.details
+            if details is not None:  # before the activity, so a frontend has both at once
+                detail = await asyncio.to_thread(
+                    call_detail, call.name, call.arguments, self.tool_ctx.project_dir
+                )
+                if detail is not None:
+                    details({"call": detail})
+            self._tool_activity(activity_id, tool_name, server_name, "running", None, batch_id)
             outcome = await run_named_tool(self.tools, call.name, call.arguments, self.tool_ctx)
         finally:
             TOOL_CALL_ACTIVITY.reset(token)

@@ -24,6 +24,7 @@ from magi_code.storage.files import locked
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.base import Tool, ToolContext
 from magi_code.tools.builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS
+from magi_code.tools.frontend import Frontend
 from magi_code.tools.sandbox import Sandbox, bubblewrap, service_directories
 from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED, SANDBOX_UNAVAILABLE
 
@@ -157,10 +158,12 @@ class TurnRuntime:
         sink: TurnSink,
         expose_settle: Callable[[Callable[[], Awaitable[None]]], None],
         approver: Approver | None = None,
+        frontend: Frontend | None = None,
     ) -> None:
         """Run the agent with ``prepared`` (captured at admission, or reloaded by the
         worker right before this); the turn keeps them for its whole run. ``approver`` is
-        the turn's way to a person; without one, calls that need an answer are refused."""
+        the turn's way to a person; without one, calls that need an answer are refused.
+        ``frontend`` is the tool details and editor file access its client asked for."""
         ctx = turn.ctx
         if isinstance(prepared, ServiceError):
             raise prepared
@@ -189,6 +192,8 @@ class TurnRuntime:
             secret_names=_secret_names(settings),
             umask=ctx.tool_umask,
             sandbox=await asyncio.to_thread(turn_sandbox, ctx, settings),
+            details=frontend.details if frontend is not None else None,
+            editor=frontend.editor if frontend is not None else None,
         )
         # The agent compacts it first when it needs to (turns/agent.py).
         history = items_from_records(turn.history.records)

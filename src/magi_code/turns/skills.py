@@ -505,7 +505,8 @@ class SkillReadFile:
         relative = os.path.relpath(os.path.normpath(raw), directory)
         if await asyncio.to_thread(_is_special, directory / relative):
             return ToolOutcome.error(f"{relative} is not a regular file.")
-        inner_ctx = dataclasses.replace(ctx, project_dir=directory)
+        # Not the project: neither its editor nor its details apply.
+        inner_ctx = dataclasses.replace(ctx, project_dir=directory, editor=None, details=None)
         return await self._inner.run({**arguments, "path": relative}, inner_ctx)
 
     def _directory_of(self, raw: str) -> Path | None:
