@@ -53,13 +53,13 @@ STOP_FAILURES: Final = {
 # The argument that names what a built-in tool works on, for its title.
 TOOL_SUBJECTS: Final = {
     "read_file": "path",
-    "list_files": "path",
+    "list_files": "pattern",
     "grep": "pattern",
     "edit_file": "path",
     "write_file": "path",
     "shell": "command",
     "skill": "name",
-    "task": "description",
+    "task": "prompt",
 }
 MAX_TITLE_CHARS: Final = 200
 # Details of calls not reported yet that a turn keeps (a subagent's are never reported).
@@ -147,8 +147,8 @@ class TurnView:
         name, arguments = call["tool"], call["arguments"]
         subject = arguments.get(TOOL_SUBJECTS.get(name, ""))
         title = TOOL_TITLES.get(name, name)
-        if isinstance(subject, str) and subject:
-            title = f"{title}: {subject}"
+        if isinstance(subject, str) and subject.strip():
+            title = f"{title}: {subject.strip().splitlines()[0]}"
         fields: dict[str, Any] = {
             "title": title[:MAX_TITLE_CHARS],
             "kind": TOOL_KINDS.get(name, "other"),
