@@ -14,7 +14,15 @@ from magi_code.client import Channel
 from magi_code.protocol import envelope
 
 Frame = dict[str, Any]
-_ERRORS = ("attach_error", "snapshot_error", "grant_error", "request_error", "control_error")
+_ERRORS = (
+    "attach_error",
+    "snapshot_error",
+    "grant_error",
+    "request_error",
+    "control_error",
+    "approval_error",
+    "grants_error",
+)
 
 
 class Peer:

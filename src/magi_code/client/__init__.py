@@ -2,7 +2,7 @@
 
 ``Client.connect(ctx)`` connects (starting the daemon on demand), checks the daemon's UID,
 says hello with the launch context, and then carries v1 requests and events, snapshots,
-attachments and control grants. ``SyncClient`` is the same for code without an event
+attachments, control grants and approvals. ``SyncClient`` is the same for code without an event
 loop. ``V1StreamValidator`` checks a v1 stdio stream as a consumer must (``client.v1stream``).
 Everything a frontend needs is importable from here.
 
@@ -25,17 +25,21 @@ if TYPE_CHECKING:
         new_idempotency_key,
     )
     from magi_code.client.errors import (
+        ApprovalError,
         DaemonDraining,
         DaemonError,
         DaemonTimeout,
         DaemonUnavailable,
         DeadlineExceeded,
         ForeignDaemon,
+        GrantsError,
         OutcomeUnknown,
     )
     from magi_code.client.starter import DaemonStartError
     from magi_code.client.sync import SyncClient
     from magi_code.client.types import (
+        ApprovalRequest,
+        ApprovalResolved,
         AttachResult,
         AttachStatus,
         ControlGranted,
@@ -45,6 +49,8 @@ if TYPE_CHECKING:
         EventEnvelope,
         FileRequest,
         GrantedTurn,
+        GrantRules,
+        Grants,
         Overloaded,
         ResponseEnvelope,
         SnapshotItem,
@@ -63,15 +69,19 @@ _HOMES = {
     "Client": "magi_code.client.connection",
     "connect_channel": "magi_code.client.connection",
     "new_idempotency_key": "magi_code.client.connection",
+    "ApprovalError": "magi_code.client.errors",
     "DaemonDraining": "magi_code.client.errors",
     "DaemonError": "magi_code.client.errors",
     "DaemonTimeout": "magi_code.client.errors",
     "DaemonUnavailable": "magi_code.client.errors",
     "DeadlineExceeded": "magi_code.client.errors",
     "ForeignDaemon": "magi_code.client.errors",
+    "GrantsError": "magi_code.client.errors",
     "OutcomeUnknown": "magi_code.client.errors",
     "DaemonStartError": "magi_code.client.starter",
     "SyncClient": "magi_code.client.sync",
+    "ApprovalRequest": "magi_code.client.types",
+    "ApprovalResolved": "magi_code.client.types",
     "AttachResult": "magi_code.client.types",
     "AttachStatus": "magi_code.client.types",
     "ControlGranted": "magi_code.client.types",
@@ -81,6 +91,8 @@ _HOMES = {
     "EventEnvelope": "magi_code.client.types",
     "FileRequest": "magi_code.client.types",
     "GrantedTurn": "magi_code.client.types",
+    "GrantRules": "magi_code.client.types",
+    "Grants": "magi_code.client.types",
     "Overloaded": "magi_code.client.types",
     "ResponseEnvelope": "magi_code.client.types",
     "SnapshotItem": "magi_code.client.types",
@@ -94,6 +106,9 @@ _HOMES = {
 
 __all__ = [
     "MAX_QUEUED_EVENTS",
+    "ApprovalError",
+    "ApprovalRequest",
+    "ApprovalResolved",
     "AttachResult",
     "AttachStatus",
     "Channel",
@@ -111,7 +126,10 @@ __all__ = [
     "EventEnvelope",
     "FileRequest",
     "ForeignDaemon",
+    "GrantRules",
     "GrantedTurn",
+    "Grants",
+    "GrantsError",
     "LaunchContext",
     "OutcomeUnknown",
     "Overloaded",

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import secrets
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeGuard, cast
 
@@ -32,9 +32,18 @@ from magi_code.version import build_id
 
 from .buffer import EventBuffer
 from .channel import Channel, socket_for
-from .errors import DaemonError, DaemonUnavailable, DeadlineExceeded, OutcomeUnknown
+from .errors import (
+    ApprovalError,
+    DaemonError,
+    DaemonUnavailable,
+    DeadlineExceeded,
+    GrantsError,
+    OutcomeUnknown,
+)
 from .starter import ensure_daemon
 from .types import (
+    ApprovalRequest,
+    ApprovalResolved,
     AttachResult,
     AttachStatus,
     ControlGranted,
@@ -42,6 +51,7 @@ from .types import (
     Event,
     EventEnvelope,
     FileRequest,
+    Grants,
     Overloaded,
     ResponseEnvelope,
     SnapshotItem,
@@ -60,6 +70,14 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "snapshot": ("snapshot_result", "snapshot_error"),
     "attach": ("attach_result", "attach_error"),
     "take_control": ("control_granted", "grant_error"),
+    "approval_answer": ("approval_already_resolved", "approval_error"),
+    "grants_list": ("grants_result", "grants_error"),
+    "grants_revoke": ("grants_result", "grants_error"),
+}
+# The exception a call's failure frame raises (DaemonError for the others).
+_FAILURES: Final[dict[str, type[DaemonError]]] = {
+    "approval_error": ApprovalError,
+    "grants_error": GrantsError,
 }
 _ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
 
@@ -95,6 +113,7 @@ class _Call:
     sent: str
     future: asyncio.Future[dict[str, Any]]
     status: str | None = None  # attach: set by attach_result
+    approval_id: str | None = None  # approval_answer: settled by its approval_resolved too
     events: list[EventEnvelope] = field(default_factory=list)
 
 
@@ -141,6 +160,7 @@ class Client:
         delta_interval_ms: int = 0,
         max_queued_events: int = MAX_QUEUED_EVENTS,
         options: Mapping[str, Any] | None = None,
+        approvals: bool = False,
     ) -> Client:
         """Connect to the daemon of ``ctx.mc_home``, starting it on demand if allowed.
 
@@ -148,10 +168,14 @@ class Client:
         deltas so they arrive at most once per interval (RFC-0002 §6.3).
         ``max_queued_events`` bounds the events waiting for :meth:`events`. ``options``
         are further ``hello`` options, e.g. ``{"tool_details": True}`` (RFC-0002 §3).
+        ``approvals`` says this client answers approval requests (RFC-0002 §6.7):
+        :class:`ApprovalRequest` and :class:`ApprovalResolved` then arrive among the
+        events; answer with :meth:`answer_approval`.
         """
-        options = dict(options or {})
-        if delta_interval_ms:
-            options["delta_interval_ms"] = delta_interval_ms
+        options = {
+            **(hello_options(delta_interval_ms=delta_interval_ms, approvals=approvals) or {}),
+            **(options or {}),
+        }
         channel = await connect_channel(
             ctx, role, autostart=autostart, client_name=client_name, options=options or None
         )
@@ -396,6 +420,54 @@ class Client:
         except (ConnectionError, OSError):
             raise DaemonUnavailable("the connection to the daemon was lost") from None
 
+    # -- approvals -------------------------------------------------------------------------
+
+    async def answer_approval(self, approval_id: str, decision: str) -> ApprovalResolved:
+        """Answer an :class:`ApprovalRequest` with one of its ``options``.
+
+        Returns how the request was settled: by this answer, or (when another frontend or
+        the deadline came first) by the earlier one: compare ``decision`` and ``by``.
+        Raises :class:`ApprovalError` (``unknown_approval``: no such request this
+        connection is attached to, or a decision not offered; ``invalid_request``).
+        """
+        frame = {"t": "approval_answer", "approval_id": approval_id, "decision": decision}
+        resolved = _resolved(await self._call_id(frame, approval_id=approval_id))
+        if resolved is None:
+            raise self._fail_protocol("an invalid approval_already_resolved")
+        return resolved
+
+    async def grants_list(self, session_id: str | None = None) -> Grants:
+        """The session's grants (``allow_session`` answers; with ``session_id``) and the
+        project settings' allow rules of this connection's project (RFC-0002 §6.7)."""
+        return self._grants(await self._call_id({"t": "grants_list", "session_id": session_id}))
+
+    async def grants_revoke(
+        self, scope: str, kind: str, value: Sequence[str] | str, *, session_id: str | None = None
+    ) -> Grants:
+        """Remove one grant; returns the grants after the change.
+
+        ``scope`` is ``session`` (with ``session_id``) or ``project`` (the project settings'
+        allow rule); ``kind`` is ``commands`` (``value`` an argv list), ``tools`` or
+        ``paths`` (``value`` a string). Removing a grant that is not there changes nothing.
+        Raises :class:`GrantsError` (``invalid_request``, ``grants_unavailable``).
+        """
+        frame: dict[str, Any] = {
+            "t": "grants_revoke",
+            "scope": scope,
+            "kind": kind,
+            "value": value if isinstance(value, str) else list(value),
+        }
+        if session_id is not None:
+            frame["session_id"] = session_id
+        return self._grants(await self._call_id(frame))
+
+    def _grants(self, frame: dict[str, Any]) -> Grants:
+        if not isinstance(frame.get("project"), dict) or not isinstance(
+            frame.get("project_honoured"), bool
+        ):
+            raise self._fail_protocol("grants_result without project grants")
+        return cast(Grants, {k: frame.get(k) for k in ("session", "project", "project_honoured")})
+
     # -- events -----------------------------------------------------------------------------
 
     async def events(self) -> AsyncIterator[Event]:
@@ -442,11 +514,13 @@ class Client:
         self._finish(error)
         return error
 
-    async def _call_id(self, frame: dict[str, Any]) -> dict[str, Any]:
+    async def _call_id(
+        self, frame: dict[str, Any], *, approval_id: str | None = None
+    ) -> dict[str, Any]:
         self._check_open()
         frame_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._calls[frame_id] = _Call(frame["t"], future)
+        self._calls[frame_id] = _Call(frame["t"], future, approval_id=approval_id)
         try:
             await self.channel.send({**frame, "id": frame_id})
         except FrameError as exc:
@@ -537,6 +611,18 @@ class Client:
                 raise _Broken(DaemonError(message, code))
             case "request_error":
                 self._request_error(frame)
+            case "approval_request":
+                await self._events.put(_approval_request(frame))
+            case "approval_resolved":
+                resolved = _resolved(frame)
+                if resolved is None:
+                    raise _protocol_error("an invalid approval_resolved")
+                # A winning answer is answered only by this broadcast (no frame ID).
+                for frame_id, call in list(self._calls.items()):
+                    if call.approval_id == resolved.approval_id:
+                        del self._calls[frame_id]
+                        _settle(call.future, result=frame)
+                await self._events.put(resolved)
             case _:
                 self._answer(kind, frame)
 
@@ -587,7 +673,8 @@ class Client:
             del self._calls[frame_id]
             code = frame.get("code")
             code = code if isinstance(code, str) else None
-            _settle(call.future, exception=DaemonError(f"{call.sent} failed ({code})", code))
+            error = _FAILURES.get(kind, DaemonError)
+            _settle(call.future, exception=error(f"{call.sent} failed ({code})", code))
             return
         if call.sent != "attach":
             del self._calls[frame_id]
@@ -647,6 +734,46 @@ def _settle(
         future.set_exception(exception)
     else:
         future.set_result(result or {})
+
+
+def _approval_request(frame: dict[str, Any]) -> ApprovalRequest:
+    fields = [frame.get(k) for k in ("approval_id", "turn_id", "session_id", "kind")]
+    summary, options, deadline = (
+        frame.get("summary"),
+        frame.get("options"),
+        frame.get("deadline_ms"),
+    )
+    if (
+        not all(isinstance(f, str) for f in fields)
+        or not isinstance(summary, dict)
+        or not isinstance(options, list)
+        or not all(isinstance(o, str) for o in options)
+        or not _is_int(deadline)
+    ):
+        raise _protocol_error("an invalid approval_request")
+    approval_id, turn_id, session_id, kind = cast(list[str], fields)
+    return ApprovalRequest(
+        approval_id, turn_id, session_id, kind, summary, tuple(options), deadline
+    )
+
+
+def _resolved(frame: dict[str, Any]) -> ApprovalResolved | None:
+    """An ``approval_resolved`` or ``approval_already_resolved`` as a value; None if it is
+    malformed."""
+    fields = [frame.get(k) for k in ("approval_id", "decision", "by")]
+    if not all(isinstance(f, str) for f in fields):
+        return None
+    return ApprovalResolved(*cast(list[str], fields))
+
+
+def hello_options(*, delta_interval_ms: int = 0, approvals: bool = False) -> dict[str, Any] | None:
+    """The ``hello`` options of a persistent client (RFC-0002 §3, §6.3, §6.7)."""
+    options: dict[str, Any] = {}
+    if delta_interval_ms:
+        options["delta_interval_ms"] = delta_interval_ms
+    if approvals:
+        options["approvals"] = True
+    return options or None
 
 
 def _outcome_unknown(rid: str, pending: _Request, error: DaemonError | None) -> OutcomeUnknown:

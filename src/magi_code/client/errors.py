@@ -60,7 +60,7 @@ class DaemonError(Exception):
     (``framing_error``, ``unknown_frame``, ``protocol_error``, ``internal_error``; also
     used when *this* client finds the daemon's frames invalid), or of the answer to one
     request (``attach_error``, ``snapshot_error``, ``grant_error``, ``control_error``,
-    ``request_error``).
+    ``request_error``, ``approval_error``, ``grants_error``).
     """
 
     def __init__(self, message: str, code: str | None = None) -> None:
@@ -82,3 +82,13 @@ class ForeignDaemon(DaemonError):
 
 class DeadlineExceeded(DaemonError):
     """The request's deadline passed before the daemon ran it (it did not run)."""
+
+
+class ApprovalError(DaemonError):
+    """An ``approval_answer`` was refused: ``unknown_approval`` (no such request this
+    connection is attached to, or a decision it does not offer) or ``invalid_request``."""
+
+
+class GrantsError(DaemonError):
+    """``grants_list``/``grants_revoke`` was refused: ``invalid_request`` or
+    ``grants_unavailable`` (the project settings cannot be read or written)."""

@@ -14,7 +14,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,10 +32,12 @@ from magi_code.storage.launch import LaunchContext
 from .connection import MAX_QUEUED_EVENTS, Client
 from .errors import DaemonUnavailable, OutcomeUnknown
 from .types import (
+    ApprovalResolved,
     AttachResult,
     ControlGranted,
     ControlStatus,
     Event,
+    Grants,
     ResponseEnvelope,
     SnapshotItem,
 )
@@ -82,6 +92,7 @@ class SyncClient:
         client_name: str = "magi_code.client",
         delta_interval_ms: int = 0,
         max_queued_events: int = MAX_QUEUED_EVENTS,
+        approvals: bool = False,
         timeout: float | None = None,
     ) -> SyncClient:
         """Like :meth:`Client.connect` (starting the daemon on demand if allowed)."""
@@ -94,6 +105,7 @@ class SyncClient:
                 client_name=client_name,
                 delta_interval_ms=delta_interval_ms,
                 max_queued_events=max_queued_events,
+                approvals=approvals,
             )
 
         return cls(opener, timeout=timeout)
@@ -174,6 +186,26 @@ class SyncClient:
 
     def status(self, *, timeout: float | None = None) -> ControlStatus:
         return self._run(self._client.status(), timeout)
+
+    def answer_approval(
+        self, approval_id: str, decision: str, *, timeout: float | None = None
+    ) -> ApprovalResolved:
+        return self._run(self._client.answer_approval(approval_id, decision), timeout)
+
+    def grants_list(self, session_id: str | None = None, *, timeout: float | None = None) -> Grants:
+        return self._run(self._client.grants_list(session_id), timeout)
+
+    def grants_revoke(
+        self,
+        scope: str,
+        kind: str,
+        value: Sequence[str] | str,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Grants:
+        call = self._client.grants_revoke(scope, kind, value, session_id=session_id)
+        return self._run(call, timeout)
 
     def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event, None once the connection closed cleanly; :class:`TimeoutError`

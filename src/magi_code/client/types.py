@@ -83,8 +83,55 @@ class FileRequest:
     content: str | None
 
 
-Event = EventEnvelope | Overloaded | ToolDetail | FileRequest
-"""What :meth:`magi_code.client.Client.events` yields."""
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """A tool call of a turn this connection is attached to waits for an answer
+    (RFC-0002 §6.7; only on a client that asked for approvals).
+
+    Answer it with ``answer_approval(approval_id, decision)``, ``decision`` one of
+    ``options``. ``summary`` is ``{"argv", "command", "truncated"}`` (kind ``command``),
+    ``{"path", "diff", "truncated"}`` (``file_change``) or ``{"server", "tool"}``
+    (``mcp_tool``). The same request may arrive again (after an attach or a control
+    grant): key it by ``approval_id``.
+    """
+
+    approval_id: str
+    turn_id: str
+    session_id: str
+    kind: str
+    summary: dict[str, Any]
+    options: tuple[str, ...]
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalResolved:
+    """A request was settled: ``decision`` is an answer, ``timed_out`` or ``cancelled``;
+    ``by`` the answering connection's ``<client_name>#<n>``, ``deadline`` or
+    ``turn_ended``."""
+
+    approval_id: str
+    decision: str
+    by: str
+
+
+Event = EventEnvelope | Overloaded | ToolDetail | FileRequest | ApprovalRequest | ApprovalResolved
+"""What :meth:`magi_code.client.Client.events` yields (the details, file requests and
+approval notices only on a client that asked for them)."""
+
+
+class GrantRules(TypedDict):
+    commands: list[list[str]]  # argv prefixes
+    tools: list[str]
+    paths: list[str]
+
+
+class Grants(TypedDict):
+    """The answer to ``grants_list`` and ``grants_revoke`` (RFC-0002 §6.7)."""
+
+    session: GrantRules | None  # the session's grants; None when no session was named
+    project: GrantRules  # the project settings' allow rules
+    project_honoured: bool  # the project is trusted, so its allow rules count
 
 
 class SnapshotItem(TypedDict):
