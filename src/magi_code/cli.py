@@ -135,6 +135,45 @@ def _parser() -> argparse.ArgumentParser:
         "is one holding files that are not yours.",
     )
     session_rm.add_argument("session_ids", metavar="ID", nargs="+", help="session IDs")
+    grants = commands.add_parser(
+        "grants",
+        help="list or revoke the approval grants of this project and its sessions",
+        description="Approval grants (docs/safety.md): project grants are the allow rules "
+        'in this project\'s .magi-code/settings.json ("allow always for this project"; '
+        "honoured only in a trusted project), read and changed in that file; session "
+        'grants ("allow for this session") live only in the running daemon and are '
+        "listed and revoked through it.",
+    )
+    grant_actions = grants.add_subparsers(dest="action", metavar="ACTION", required=True)
+    grants_list = grant_actions.add_parser(
+        "list", help="this project's grants, and a session's with --session"
+    )
+    grants_list.add_argument(
+        "--session", dest="grant_session", metavar="ID", help="also this session's grants"
+    )
+    grants_list.add_argument("--json", action="store_true", help="print JSON")
+    grants_revoke = grant_actions.add_parser(
+        "revoke",
+        help="remove one grant",
+        description="Remove one grant: `--project commands git status` removes the "
+        "project rule allowing `git status`; `--session ID paths docs/a.md` a session "
+        "grant (through the running daemon). Exits 1 when the grant is not there.",
+    )
+    where = grants_revoke.add_mutually_exclusive_group(required=True)
+    where.add_argument("--project", action="store_true", help="a project grant")
+    where.add_argument(
+        "--session", dest="grant_session", metavar="ID", help="a grant of this session"
+    )
+    grants_revoke.add_argument(
+        "kind", choices=("commands", "tools", "paths"), help="what the grant allows"
+    )
+    grants_revoke.add_argument(
+        "words",
+        metavar="VALUE",
+        nargs="+",
+        help="the command's argv words (after `--` if one starts with -), or the tool "
+        "name or path pattern",
+    )
     protocol = commands.add_parser("protocol", help="the v1 protocol's machine-readable schema")
     protocol_actions = protocol.add_subparsers(dest="action", metavar="ACTION", required=True)
     schema = protocol_actions.add_parser("schema", help="print or write the JSON Schemas")
@@ -233,6 +272,18 @@ def _run_command(args: argparse.Namespace) -> int:
 
         ids = getattr(args, "session_ids", [])
         return sessions.main(ctx, args.action, ids, as_json=getattr(args, "json", False))
+    if args.command == "grants":
+        from magi_code.daemonctl import grants
+
+        return grants.main(
+            ctx,
+            args.action,
+            session_id=args.grant_session,
+            project=getattr(args, "project", False),
+            kind=getattr(args, "kind", None),
+            words=getattr(args, "words", ()),
+            as_json=getattr(args, "json", False),
+        )
     from magi_code.protocol import schema
 
     return schema.main(

@@ -26,14 +26,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from magi_code.config.approvals import Rules, remove_rule, rules
-from magi_code.config.settings import (
-    Scope,
-    is_trusted,
-    project_settings_path,
-    read_document,
-    update_settings,
-)
+from magi_code.config.approvals import Rules
+from magi_code.config.grants import project_grants, revoke_project_grant
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.text import truncate_utf8
@@ -228,7 +222,7 @@ class ApprovalService:
     async def grants(self, ctx: LaunchContext, session_id: str | None) -> dict[str, Any]:
         """``grants_result`` fields: the session's grants (with a session) and the
         project's allow rules, with whether the project's are honoured (trusted)."""
-        project, honoured = await asyncio.to_thread(_project_grants, ctx)
+        project, honoured = await asyncio.to_thread(project_grants, ctx)
         return {
             "session": None if session_id is None else self.session_rules(session_id).as_document(),
             "project": project.as_document(),
@@ -238,14 +232,7 @@ class ApprovalService:
     async def revoke_project(
         self, ctx: LaunchContext, kind: str, value: tuple[str, ...] | str
     ) -> bool:
-        removed = False
-
-        def mutate(_current: object, document: dict[str, Any]) -> None:
-            nonlocal removed
-            removed = remove_rule(document, "allow", kind, value)
-
-        await asyncio.to_thread(update_settings, ctx, Scope.PROJECT, mutate)
-        return removed
+        return await asyncio.to_thread(revoke_project_grant, ctx, kind, value)
 
 
 class TurnApprover:
@@ -270,20 +257,6 @@ class TurnApprover:
 
     def stop_turn(self) -> None:
         self._run.cancel()
-
-
-def _project_grants(ctx: LaunchContext) -> tuple[Rules, bool]:
-    """The project file's allow rules, and whether they count. Blocking."""
-    path = project_settings_path(ctx)
-    if path is None:
-        return Rules(), False
-    try:
-        document = read_document(path, Scope.PROJECT)
-        global_doc = read_document(ctx.global_settings_path, Scope.GLOBAL)
-    except ServiceError:
-        return Rules(), False
-    trusted = is_trusted(global_doc.get("trusted_projects", ()), ctx.project_dir)
-    return rules(document, "allow"), trusted
 
 
 def _subject(summary: Mapping[str, Any]) -> str:
