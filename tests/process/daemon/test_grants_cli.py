@@ -36,10 +36,13 @@ async def _turn(
             if isinstance(event, ApprovalRequest):
                 asked = event
                 await client.answer_approval(event.approval_id, "allow_session")
-            elif isinstance(event, dict) and event["event"] == "turn.terminal":
-                if event["payload"]["turn_id"] == turn_id:
-                    assert event["payload"]["status"] == "completed"
-                    return started["payload"]["session_id"], asked
+            elif (
+                isinstance(event, dict)
+                and event["event"] == "turn.terminal"
+                and event["payload"]["turn_id"] == turn_id
+            ):
+                assert event["payload"]["status"] == "completed"
+                return started["payload"]["session_id"], asked
 
 
 def _grants(home: Path, project: Path, *args: str) -> dict[str, object]:
