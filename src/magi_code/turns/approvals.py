@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import fnmatch
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -59,8 +60,9 @@ MAX_SUMMARY_WORDS: Final = 256
 # A file larger than this is not read for the diff (the summary says so).
 MAX_DIFF_SOURCE_BYTES: Final = 4 * 1024 * 1024
 # Shell tokens that make a command compound (shlex punctuation) or expand something.
-_OPERATOR_CHARS: Final = frozenset("();<>|&")
+_OPERATOR_CHARS: Final = "();<>|&\n"
 _EXPANSION_CHARS: Final = ("$", "`", "\n", "\\")
+_ASSIGNMENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 WRITE_TOOLS: Final = frozenset({"write_file", "edit_file"})
 SHELL_TOOL: Final = "shell"
@@ -145,9 +147,12 @@ class ActivitySink(Protocol):
 
 def split_command(command: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...], bool]:
     """``(argv, simple commands, simple)`` of a shell command line, as far as ``shlex``
-    reads it; unparsable text is one opaque word (never simple)."""
+    reads it; unparsable text is one opaque word (never simple). A simple command's
+    leading variable assignments (``FOO=1 rm x``) are left out of it, so deny rules see
+    the command that runs; ``argv`` keeps them (an allow rule then does not match)."""
     try:
-        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=_OPERATOR_CHARS)
+        lexer.whitespace = " \t\r"  # an unquoted newline separates commands, like ";"
         lexer.whitespace_split = True
         tokens = list(lexer)
     except ValueError:
@@ -156,12 +161,12 @@ def split_command(command: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...],
     current: list[str] = []
     compound = False
     for token in tokens:
-        if token and set(token) <= _OPERATOR_CHARS:
+        if token and set(token) <= set(_OPERATOR_CHARS):
             compound = True
             if current:
                 segments.append(tuple(current))
             current = []
-        else:
+        elif current or not _ASSIGNMENT.match(token):
             current.append(token)
     if current:
         segments.append(tuple(current))
