@@ -73,6 +73,7 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "approval_answer": ("approval_already_resolved", "approval_error"),
     "grants_list": ("grants_result", "grants_error"),
     "grants_revoke": ("grants_result", "grants_error"),
+    "approval_policy": ("approval_policy_result", "approval_error"),
 }
 # The exception a call's failure frame raises (DaemonError for the others).
 _FAILURES: Final[dict[str, type[DaemonError]]] = {
@@ -460,6 +461,14 @@ class Client:
         if session_id is not None:
             frame["session_id"] = session_id
         return self._grants(await self._call_id(frame))
+
+    async def set_session_policy(self, session_id: str, policy: str | None) -> None:
+        """Give the session its own approval policy (``auto``, ``ask``, ``read_only``;
+        None: the settings' again), from its next tool call on, while the daemon runs.
+        It is never looser than an untrusted project's file asks (RFC-0002 §6.7).
+        Raises :class:`ApprovalError` (``invalid_request``)."""
+        frame = {"t": "approval_policy", "session_id": session_id, "policy": policy}
+        await self._call_id(frame)
 
     def _grants(self, frame: dict[str, Any]) -> Grants:
         if not isinstance(frame.get("project"), dict) or not isinstance(

@@ -207,6 +207,11 @@ class SyncClient:
         call = self._client.grants_revoke(scope, kind, value, session_id=session_id)
         return self._run(call, timeout)
 
+    def set_session_policy(
+        self, session_id: str, policy: str | None, *, timeout: float | None = None
+    ) -> None:
+        self._run(self._client.set_session_policy(session_id, policy), timeout)
+
     def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event, None once the connection closed cleanly; :class:`TimeoutError`
         when none arrives within ``timeout`` (no event is lost by it)."""

@@ -9,19 +9,22 @@ also covers everything under the directory it names).
 The project file arrives with the repository, so it may only tighten by itself: its
 policy counts when it is stricter than the global one and its deny rules always count,
 but its looser policy and its allow rules (where "allow always for this project" answers
-are written) count only in a project the global ``trusted_projects`` names.
+are written) count only in a project the global ``trusted_projects`` names. A session
+may choose its own policy (RFC-0002 §6.7 ``approval_policy``), looser or stricter than the
+settings', but never looser than an untrusted project's file asks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from magi_code.dataclass import dataclass
+from magi_code.protocol.v2 import APPROVAL_POLICIES
 
 Policy = Literal["auto", "ask", "read_only"]
-POLICIES: Final[tuple[Policy, ...]] = ("auto", "ask", "read_only")  # loosest first
+POLICIES: Final = cast(tuple[Policy, ...], APPROVAL_POLICIES)  # loosest first
 DEFAULT_TIMEOUT_SECONDS: Final = 600
 MAX_TIMEOUT_SECONDS: Final = 86_400
 # Settings keys of this module (a project's looser values need trust, as TRUST_GATED).
@@ -117,6 +120,15 @@ class ApprovalSettings:
     timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
     # The project's allow rules count (it is trusted): "allow always" may be offered.
     project_allows: bool = False
+    # The loosest policy a session's own choice may have: what an untrusted project's
+    # file tightened to (a trusted project's, and the global file, are the user's own).
+    floor: Policy = "auto"
+
+    def policy_for(self, session_choice: Policy | None) -> Policy:
+        """The policy of a session that chose ``session_choice`` (None: the settings')."""
+        if session_choice is None:
+            return self.policy
+        return max(session_choice, self.floor, key=POLICIES.index)
 
 
 def rules(document: Mapping[str, Any], side: str) -> Rules:
@@ -149,6 +161,7 @@ def build_approvals(
         timeout_seconds=timeout
         or global_doc.get("approval_timeout_seconds", DEFAULT_TIMEOUT_SECONDS),
         project_allows=trusted,
+        floor="auto" if trusted or theirs is None else theirs,
     )
 
 

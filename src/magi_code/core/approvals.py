@@ -12,8 +12,8 @@ every attached connection gets ``approval_resolved``; a later answer gets
 
 Each request is recorded in the session's history when asked and when settled (record
 type ``approval``, the bounded subject only). Session grants ("allow for this session")
-live in this service for as long as it runs; project grants are the project settings'
-allow rules (``config.approvals``).
+and a session's own policy live in this service for as long as it runs; project grants
+are the project settings' allow rules (``config.grants``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from magi_code.config.approvals import Rules
+from magi_code.config.approvals import Policy, Rules
 from magi_code.config.grants import project_grants, revoke_project_grant
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ServiceError
@@ -43,6 +43,8 @@ Send = Callable[[dict[str, Any]], None]
 # Settled requests remembered for ``approval_already_resolved``.
 MAX_SETTLED: Final = 1024
 MAX_SUBJECT_BYTES: Final = 1024
+# Sessions with a policy of their own (``approval_policy``) the service remembers.
+MAX_SESSION_POLICIES: Final = 4096
 DEADLINE_BY: Final = "deadline"
 CANCELLED_BY: Final = "turn_ended"
 
@@ -87,6 +89,7 @@ class ApprovalService:
         self._listeners: dict[int, Listener] = {}
         self._followers: dict[str, set[int]] = {}
         self._grants: dict[str, Rules] = {}
+        self._policies: dict[str, Policy] = {}
 
     # -- connections -----------------------------------------------------------------------
 
@@ -204,6 +207,23 @@ class ApprovalService:
         except (ServiceError, ValueError):
             log.warning("an approval could not be recorded")
 
+    # -- session policies --------------------------------------------------------------------
+
+    def session_policy(self, session_id: str) -> Policy | None:
+        return self._policies.get(session_id)
+
+    def set_session_policy(self, session_id: str, policy: Policy | None) -> bool:
+        """The session's own policy from its next tool call on (None: the settings');
+        False when too many sessions have one already (nothing changed)."""
+        if policy is None:
+            self._policies.pop(session_id, None)
+        elif session_id in self._policies or len(self._policies) < MAX_SESSION_POLICIES:
+            self._policies[session_id] = policy
+        else:
+            return False
+        log.info("session approval policy set")
+        return True
+
     # -- grants ------------------------------------------------------------------------------
 
     def session_rules(self, session_id: str) -> Rules:
@@ -248,6 +268,9 @@ class TurnApprover:
 
     def session_rules(self) -> Rules:
         return self._service.session_rules(self._run.session_id)
+
+    def session_policy(self) -> Policy | None:
+        return self._service.session_policy(self._run.session_id)
 
     def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
         self._service.grant_session(self._run.session_id, kind, value)

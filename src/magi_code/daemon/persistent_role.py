@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgpack
 
+from magi_code.config.approvals import Policy
 from magi_code.core.approvals import UnknownApproval
 from magi_code.core.coordinator import Connection
 from magi_code.core.journal import BadCursor, SnapshotQuery
@@ -89,6 +90,8 @@ class PersistentRole:
                     await self._grants(frame)
                 elif isinstance(frame, v2.FsResult):
                     self.relay.answer(conn.conn_id, frame.fs_id, frame.content, frame.error)
+                elif isinstance(frame, v2.SessionPolicy):
+                    self._session_policy(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
@@ -199,6 +202,20 @@ class PersistentRole:
             self.peer.send(v2.frame_error("grants_error", frame.id, Code.GRANTS_UNAVAILABLE))
             return
         self.peer.send({"t": "grants_result", "id": frame.id, **grants})
+
+    def _session_policy(self, frame: v2.SessionPolicy) -> None:
+        policy = cast(Policy | None, frame.policy)
+        if not self.approvals.set_session_policy(frame.session_id, policy):
+            self.peer.send(v2.frame_error("approval_error", frame.id, Code.INVALID_REQUEST))
+            return
+        self.peer.send(
+            {
+                "t": "approval_policy_result",
+                "id": frame.id,
+                "session_id": frame.session_id,
+                "policy": policy,
+            }
+        )
 
     def _deliver(self, event: TurnEvent) -> None:
         """A followed turn's event from the journal."""

@@ -103,6 +103,7 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "grants_list",
             "grants_revoke",
             "fs_result",
+            "approval_policy",
         }
     ),
     "control": frozenset({"control"}),
@@ -136,6 +137,7 @@ SERVER_FRAMES: Final = frozenset(
         "grants_error",
         "tool_detail",
         "fs_request",
+        "approval_policy_result",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -147,6 +149,8 @@ APPROVAL_DECISIONS: Final = (
     "reject_and_stop",
 )
 GRANT_SCOPES: Final = ("session", "project")
+# Approval policies, loosest first (``approval_policy.policy``; the settings' values).
+APPROVAL_POLICIES: Final = ("auto", "ask", "read_only")
 GRANT_KINDS: Final = ("commands", "tools", "paths")
 # ``options.editor_files``: what a persistent client's editor does for the file tools (§6.8).
 EDITOR_FILE_OPS: Final = ("read", "write")
@@ -391,6 +395,18 @@ class GrantsList(_Frozen):
         self._set(id, session_id)
 
 
+class SessionPolicy(_Frozen):
+    """``approval_policy``: the session's own approval policy (None: the settings')."""
+
+    __slots__ = ("id", "session_id", "policy")  # noqa: RUF023
+    id: object
+    session_id: str
+    policy: str | None
+
+    def __init__(self, id: object, session_id: str, policy: str | None) -> None:
+        self._set(id, session_id, policy)
+
+
 class GrantsRevoke(_Frozen):
     """Remove one allow rule: ``kind`` is ``commands`` (``value`` an argv list),
     ``tools`` or ``paths`` (``value`` a string)."""
@@ -464,6 +480,7 @@ ClientFrame = (
     | GrantsList
     | GrantsRevoke
     | FsResult
+    | SessionPolicy
 )
 
 
@@ -600,6 +617,8 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _grants_revoke(frame)
         case "fs_result":
             return _fs_result(frame)
+        case "approval_policy":
+            return _session_policy(frame)
         case _:
             return _attach(frame)
 
@@ -710,6 +729,16 @@ def _grants_revoke(frame: Mapping[str, Any]) -> GrantsRevoke:
     rule = tuple(value) if isinstance(value, list) else value
     assert isinstance(rule, tuple | str)
     return GrantsRevoke(fid, scope, session_id, kind, rule)
+
+
+def _session_policy(frame: Mapping[str, Any]) -> SessionPolicy:
+    fid, session_id, policy = frame.get("id"), frame.get("session_id"), frame.get("policy")
+    if not (isinstance(session_id, str) and _optional_id(session_id)):
+        raise Rejected(frame_error("approval_error", fid, Code.INVALID_REQUEST))
+    if policy is not None and policy not in APPROVAL_POLICIES:
+        raise Rejected(frame_error("approval_error", fid, Code.INVALID_REQUEST))
+    assert policy is None or isinstance(policy, str)
+    return SessionPolicy(fid, session_id, policy)
 
 
 def _is_int(value: object) -> bool:

@@ -4,9 +4,10 @@ Theory of operation: the turn wraps every tool in :class:`GatedTool` (inside the
 a blocking ``pre_tool_use`` hook decides first). A call is classified (:func:`subject`):
 shell commands (``command``), file writes and edits (``file_change``) and MCP tools their
 server does not declare read-only (``mcp_tool``) need approval; every other call runs.
-:meth:`ApprovalGate.verdict` applies the settings (``config.approvals``): a deny rule
-refuses, ``auto`` runs, an allow rule (the settings', a trusted project's, or one this
-session was granted) runs, ``read_only`` refuses, and ``ask`` asks the turn's
+:meth:`ApprovalGate.verdict` applies the settings (``config.approvals``; with the policy
+the session chose, if it did, within what the project allows): a deny rule refuses,
+``auto`` runs, an allow rule (the settings', a trusted project's, or one this session was
+granted) runs, ``read_only`` refuses, and ``ask`` asks the turn's
 :class:`Approver`. A frontend that cannot answer (v1) gets :data:`CANNOT_APPROVE` at once;
 a persistent one gets a request and the call waits for the first answer, the deadline, or
 the turn's end. Every refusal is a tool error the model sees; the turn goes on, except
@@ -27,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
-from magi_code.config.approvals import ApprovalSettings, Rules, add_allow_rule
+from magi_code.config.approvals import ApprovalSettings, Policy, Rules, add_allow_rule
 from magi_code.config.settings import Scope, update_settings
 from magi_code.dataclass import dataclass
 from magi_code.protocol.text import redact_secrets, truncate_utf8
@@ -109,6 +110,9 @@ class Approver(Protocol):
     def session_rules(self) -> Rules:
         """The allow rules this session was granted."""
 
+    def session_policy(self) -> Policy | None:
+        """The policy this session chose, if it chose one (read at every call)."""
+
     def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
         """Remember an "allow for this session" answer."""
 
@@ -127,6 +131,9 @@ class NoApprover:
 
     def session_rules(self) -> Rules:
         return Rules()
+
+    def session_policy(self) -> Policy | None:
+        return None
 
     def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
         raise AssertionError("nothing is granted without asking")
@@ -305,18 +312,27 @@ class ApprovalGate:
         self._asked = 0
 
     def wrap(self, tools: Sequence[Tool]) -> list[Tool]:
-        if self.settings.policy == "auto" and not self.settings.deny:
-            return list(tools)  # nothing to check: today's behaviour, unwrapped
+        # Wrapped even under auto: the session may choose another policy mid-turn.
         return [GatedTool(tool, self) for tool in tools]
+
+    @property
+    def policy(self) -> Policy:
+        return self.settings.policy_for(self.approver.session_policy())
+
+    @property
+    def checks(self) -> bool:
+        """Whether a call needs looking at (not: auto and no deny rule)."""
+        return self.policy != "auto" or bool(self.settings.deny)
 
     def verdict(self, call: Subject) -> Literal["run", "ask"] | str:
         """``run``, ``ask``, or the refusal text."""
         settings = self.settings
+        policy = self.policy
         if denied(call, settings.deny):
             return DENIED
-        if settings.policy == "auto":
+        if policy == "auto":
             return "run"
-        if settings.policy == "read_only":
+        if policy == "read_only":
             return READ_ONLY_REFUSAL
         if allowed(call, settings.allow) or allowed(call, self.approver.session_rules()):
             return "run"
@@ -399,6 +415,8 @@ class GatedTool:
         return getattr(self._tool, attribute)
 
     async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
+        if not self._gate.checks:
+            return await self._tool.run(arguments, ctx)
         call = await asyncio.to_thread(subject, self._tool, arguments, ctx)
         if call is not None:
             refusal = await self._gate.check(call)

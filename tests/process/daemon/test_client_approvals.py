@@ -2,7 +2,8 @@
 client that asked for approvals gets the request as a typed event and answers it with
 ``answer_approval``; a session grant is listed and revoked with ``grants_list`` /
 ``grants_revoke``; a refused answer and a bad revoke raise the typed errors. The sync
-client answers the same way."""
+client answers the same way. A session's own policy (``set_session_policy``) rules its
+calls, never looser than an untrusted project asks."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ from magi_code.client import (
     SyncClient,
 )
 from tests.process.daemon.support import context
-from tests.process.turn_support import tool_call, tool_reply, write_settings
+from tests.process.turn_support import (
+    body_text,
+    posted_bodies,
+    tool_call,
+    tool_reply,
+    write_settings,
+)
 from tests.support.fake_providers import FakeProviderServer, Reply
 
 INITIALIZE = {"supported_protocol_versions": [1]}
@@ -133,3 +140,60 @@ def test_the_sync_client_answers_a_request(
         )
         assert terminal["payload"]["status"] == "completed"
         assert not (project / "rejected.txt").exists()
+
+
+async def _run(client: Client, fake: FakeProviderServer, session_id: str, command: str) -> bool:
+    """Run a turn whose model runs ``command``; whether it was asked (then allowed once)."""
+    _enqueue(fake, command)
+    started = await client.request("turn.start", {"prompt": "go"}, session_id=session_id)
+    assert started["payload"] is not None, started
+    turn_id = started["payload"]["turn_id"]
+    asked = False
+    async with asyncio.timeout(30):
+        while True:
+            event = await client.next_event()
+            assert event is not None
+            if isinstance(event, ApprovalRequest):
+                asked = True
+                await client.answer_approval(event.approval_id, "allow_once")
+            elif (
+                isinstance(event, dict)
+                and event["event"] == "turn.terminal"
+                and event["payload"]["turn_id"] == turn_id
+            ):
+                return asked
+
+
+async def test_a_session_chooses_its_own_policy_within_what_the_project_allows(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake, approval_policy="ask")
+    async with await Client.connect(context(home, project), approvals=True) as client:
+        await client.request("initialize", INITIALIZE)
+        created = await client.request("session.create", {})
+        assert created["payload"] is not None
+        session_id = created["payload"]["session_id"]
+
+        await client.set_session_policy(session_id, "auto")
+        assert not await _run(client, fake, session_id, "touch auto.txt")
+        assert (project / "auto.txt").exists()
+
+        await client.set_session_policy(session_id, "read_only")
+        assert not await _run(client, fake, session_id, "touch read-only.txt")
+        assert not (project / "read-only.txt").exists()
+        assert "refused: the approval policy is read_only" in body_text(posted_bodies(fake)[-1])
+
+        await client.set_session_policy(session_id, None)  # the settings' policy again
+        assert await _run(client, fake, session_id, "touch asked.txt")
+        assert (project / "asked.txt").exists()
+
+        with pytest.raises(ApprovalError) as bad:
+            await client.set_session_policy(session_id, "yolo")
+        assert bad.value.code == "invalid_request"
+
+        # An untrusted project's file tightened to ask: a session's auto does not loosen it.
+        (project / ".magi-code").mkdir()
+        (project / ".magi-code" / "settings.json").write_text('{"approval_policy": "ask"}')
+        write_settings(home, fake, approval_policy="auto")
+        await client.set_session_policy(session_id, "auto")
+        assert await _run(client, fake, session_id, "touch floored.txt")

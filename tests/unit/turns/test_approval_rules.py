@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from magi_code.config.approvals import ApprovalSettings, Policy, Rules
+from magi_code.config.approvals import ApprovalSettings, Policy, Rules, build_approvals
 from magi_code.turns.approvals import (
     CANNOT_APPROVE,
     DENIED,
@@ -185,3 +185,15 @@ def test_the_policies() -> None:
     assert verdict("ask", call, NoApprover()) == CANNOT_APPROVE
     assert verdict("ask", call, NoApprover(), allow=rules(["make"])) == "run"
     assert verdict("ask", command("make && make install"), allow=rules(["make"])) == "ask"
+
+
+def test_a_session_policy_is_never_looser_than_an_untrusted_project_asks() -> None:
+    mine = {"approval_policy": "ask"}
+    untrusted = build_approvals(mine, {"approval_policy": "ask"}, trusted=False)
+    assert untrusted.policy_for(None) == "ask"
+    assert untrusted.policy_for("auto") == "ask"  # the project tightened: it stays so
+    assert untrusted.policy_for("read_only") == "read_only"
+    # The user's own settings (global, a trusted project's) a session may loosen.
+    assert build_approvals(mine, {}, trusted=False).policy_for("auto") == "auto"
+    trusted = build_approvals(mine, {"approval_policy": "read_only"}, trusted=True)
+    assert trusted.policy_for("auto") == "auto"
