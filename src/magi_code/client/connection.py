@@ -462,13 +462,16 @@ class Client:
             frame["session_id"] = session_id
         return self._grants(await self._call_id(frame))
 
-    async def set_session_policy(self, session_id: str, policy: str | None) -> None:
+    async def set_session_policy(self, session_id: str, policy: str | None) -> str | None:
         """Give the session its own approval policy (``auto``, ``ask``, ``read_only``;
         None: the settings' again), from its next tool call on, while the daemon runs.
         It is never looser than an untrusted project's file asks (RFC-0002 §6.7).
-        Raises :class:`ApprovalError` (``invalid_request``)."""
+
+        Returns the policy the session's calls in this connection's project get now (None
+        if the settings cannot be read). Raises :class:`ApprovalError` (``invalid_request``).
+        """
         frame = {"t": "approval_policy", "session_id": session_id, "policy": policy}
-        await self._call_id(frame)
+        return _text_or_none((await self._call_id(frame)).get("effective"))
 
     def _grants(self, frame: dict[str, Any]) -> Grants:
         if not isinstance(frame.get("project"), dict) or not isinstance(

@@ -209,8 +209,8 @@ class SyncClient:
 
     def set_session_policy(
         self, session_id: str, policy: str | None, *, timeout: float | None = None
-    ) -> None:
-        self._run(self._client.set_session_policy(session_id, policy), timeout)
+    ) -> str | None:
+        return self._run(self._client.set_session_policy(session_id, policy), timeout)
 
     def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event, None once the connection closed cleanly; :class:`TimeoutError`

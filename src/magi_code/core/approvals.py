@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.config.approvals import Policy, Rules
 from magi_code.config.grants import project_grants, revoke_project_grant
+from magi_code.config.settings import load_settings
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.text import truncate_utf8
@@ -223,6 +224,16 @@ class ApprovalService:
             return False
         log.info("session approval policy set")
         return True
+
+    async def effective_policy(self, ctx: LaunchContext, session_id: str) -> Policy | None:
+        """The policy the session's calls in ``ctx``'s project get now (its own choice
+        within the project's floor, else the settings'); None if the settings cannot be
+        read (a turn would fail on them too)."""
+        try:
+            settings = await asyncio.to_thread(load_settings, ctx)
+        except ServiceError:
+            return None
+        return settings.approvals.policy_for(self.session_policy(session_id))
 
     # -- grants ------------------------------------------------------------------------------
 

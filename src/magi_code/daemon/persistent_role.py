@@ -91,7 +91,7 @@ class PersistentRole:
                 elif isinstance(frame, v2.FsResult):
                     self.relay.answer(conn.conn_id, frame.fs_id, frame.content, frame.error)
                 elif isinstance(frame, v2.SessionPolicy):
-                    self._session_policy(frame)
+                    await self._session_policy(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
@@ -203,17 +203,19 @@ class PersistentRole:
             return
         self.peer.send({"t": "grants_result", "id": frame.id, **grants})
 
-    def _session_policy(self, frame: v2.SessionPolicy) -> None:
+    async def _session_policy(self, frame: v2.SessionPolicy) -> None:
         policy = cast(Policy | None, frame.policy)
         if not self.approvals.set_session_policy(frame.session_id, policy):
             self.peer.send(v2.frame_error("approval_error", frame.id, Code.INVALID_REQUEST))
             return
+        effective = await self.approvals.effective_policy(self.conn.ctx, frame.session_id)
         self.peer.send(
             {
                 "t": "approval_policy_result",
                 "id": frame.id,
                 "session_id": frame.session_id,
                 "policy": policy,
+                "effective": effective,
             }
         )
 

@@ -174,7 +174,7 @@ async def test_a_session_chooses_its_own_policy_within_what_the_project_allows(
         assert created["payload"] is not None
         session_id = created["payload"]["session_id"]
 
-        await client.set_session_policy(session_id, "auto")
+        assert await client.set_session_policy(session_id, "auto") == "auto"
         assert not await _run(client, fake, session_id, "touch auto.txt")
         assert (project / "auto.txt").exists()
 
@@ -183,7 +183,8 @@ async def test_a_session_chooses_its_own_policy_within_what_the_project_allows(
         assert not (project / "read-only.txt").exists()
         assert "refused: the approval policy is read_only" in body_text(posted_bodies(fake)[-1])
 
-        await client.set_session_policy(session_id, None)  # the settings' policy again
+        # The settings' policy again.
+        assert await client.set_session_policy(session_id, None) == "ask"
         assert await _run(client, fake, session_id, "touch asked.txt")
         assert (project / "asked.txt").exists()
 
@@ -195,5 +196,5 @@ async def test_a_session_chooses_its_own_policy_within_what_the_project_allows(
         (project / ".magi-code").mkdir()
         (project / ".magi-code" / "settings.json").write_text('{"approval_policy": "ask"}')
         write_settings(home, fake, approval_policy="auto")
-        await client.set_session_policy(session_id, "auto")
+        assert await client.set_session_policy(session_id, "auto") == "ask"
         assert await _run(client, fake, session_id, "touch floored.txt")
