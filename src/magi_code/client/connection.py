@@ -764,8 +764,9 @@ def _approval_request(frame: dict[str, Any]) -> ApprovalRequest:
     ):
         raise _protocol_error("an invalid approval_request")
     approval_id, turn_id, session_id, kind = cast(list[str], fields)
+    activity_id = _text_or_none(frame.get("activity_id"))
     return ApprovalRequest(
-        approval_id, turn_id, session_id, kind, summary, tuple(options), deadline
+        approval_id, turn_id, session_id, kind, summary, tuple(options), deadline, activity_id
     )
 
 

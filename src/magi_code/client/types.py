@@ -102,6 +102,8 @@ class ApprovalRequest:
     summary: dict[str, Any]
     options: tuple[str, ...]
     deadline_ms: int
+    # The ``activity_id`` of the tool call's ``turn.activity`` items (None if unknown).
+    activity_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

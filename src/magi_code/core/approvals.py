@@ -71,6 +71,7 @@ class Pending:
             "turn_id": self.run.turn_id,
             "session_id": self.run.session_id,
             "kind": self.request.kind,
+            "activity_id": self.request.activity_id,
             "summary": dict(self.request.summary),
             "options": list(self.request.options),
             "deadline_ms": self.deadline_ms,

@@ -98,6 +98,7 @@ class ApprovalAsk:
     kind: Kind
     summary: Mapping[str, Any]
     options: tuple[str, ...]
+    activity_id: str | None = None  # the tool call's activity (its ``turn.activity`` item)
 
 
 class Approver(Protocol):
@@ -351,10 +352,12 @@ class ApprovalGate:
         assert call.summary is not None
         self._asked += 1
         waiting = activity.identity("approval", self.turn_id, str(self._asked))
-        self.sink.activity(activity.lifecycle(waiting, "tool", "queued", TOOL_CALL_ACTIVITY.get()))
+        tool_call = TOOL_CALL_ACTIVITY.get()
+        self.sink.activity(activity.lifecycle(waiting, "tool", "queued", tool_call))
         try:
             decision = await self.approver.ask(
-                ApprovalAsk(call.kind, call.summary, options), self.settings.timeout_seconds
+                ApprovalAsk(call.kind, call.summary, options, tool_call),
+                self.settings.timeout_seconds,
             )
         except asyncio.CancelledError:
             self.sink.activity(activity.lifecycle(waiting, "activity", "cancelled"))

@@ -56,17 +56,16 @@ async def _next(client: Client, kind: type) -> object:
                 return event
 
 
-async def _terminal(client: Client, turn_id: str) -> EventEnvelope:
+async def _terminal(client: Client, turn_id: str) -> list[EventEnvelope]:
+    """The turn's v1 events up to its terminal (the last)."""
+    events: list[EventEnvelope] = []
     async with asyncio.timeout(30):
-        while True:
+        while not events or events[-1]["event"] != "turn.terminal":
             event = await client.next_event()
             assert event is not None, "the connection ended"
-            if (
-                isinstance(event, dict)
-                and event["event"] == "turn.terminal"
-                and event["payload"]["turn_id"] == turn_id
-            ):
-                return event
+            if isinstance(event, dict) and event["payload"].get("turn_id") == turn_id:
+                events.append(event)
+    return events
 
 
 async def test_a_command_under_ask_is_answered_through_the_client(
@@ -98,8 +97,17 @@ async def test_a_command_under_ask_is_answered_through_the_client(
         assert resolved.by.startswith("magi_code.client#")
         event = await _next(client, ApprovalResolved)
         assert event == resolved
-        assert (await _terminal(client, turn_id))["payload"]["status"] == "completed"
+        events = await _terminal(client, turn_id)
+        assert events[-1]["payload"]["status"] == "completed"
         assert (project / "approved.txt").exists()
+        # The request names the tool call's activity.
+        tools = [
+            e["payload"]["activity"]
+            for e in events
+            if e["event"] == "turn.activity" and e["payload"]["activity"]["kind"] == "tool"
+        ]
+        shell = [a["activity_id"] for a in tools if a.get("tool_name") == "shell"]
+        assert shell and set(shell) == {request.activity_id}
 
         # A second answer is told how it was settled.
         again = await client.answer_approval(request.approval_id, "reject")
