@@ -28,6 +28,7 @@ RESULTS: dict[str, type[BaseModel]] = {
     "session/load": schema.LoadSessionResponse,
     "session/list": schema.ListSessionsResponse,
     "session/prompt": schema.PromptResponse,
+    "session/set_mode": schema.SetSessionModeResponse,
 }
 CLIENT_REQUESTS: dict[str, type[BaseModel]] = {
     "fs/read_text_file": schema.ReadTextFileRequest,
@@ -50,10 +51,35 @@ class Editor:
         self.changed = asyncio.Event()
         self.methods: dict[Any, str] = {}  # our request IDs -> method
         self.violations: list[str] = []
+        # session/request_permission: the requests (as sent), and the option ID to answer
+        # each with, in order (None: the cancelled outcome), which the test puts here.
+        self.permissions: list[dict[str, Any]] = []
+        self.replies: asyncio.Queue[str | None] = asyncio.Queue()
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append(update.model_dump(mode="json", by_alias=True, exclude_unset=True))
         self.changed.set()
+
+    async def request_permission(
+        self, session_id: str, tool_call: Any, options: list[Any], **kwargs: Any
+    ) -> schema.RequestPermissionResponse:
+        self.permissions.append(
+            {
+                "toolCall": tool_call.model_dump(mode="json", by_alias=True, exclude_unset=True),
+                "options": [
+                    o.model_dump(mode="json", by_alias=True, exclude_unset=True) for o in options
+                ],
+            }
+        )
+        self.changed.set()
+        reply = await self.replies.get()
+        if reply is None:
+            return schema.RequestPermissionResponse(
+                outcome=schema.DeniedOutcome(outcome="cancelled")
+            )
+        return schema.RequestPermissionResponse(
+            outcome=schema.AllowedOutcome(option_id=reply, outcome="selected")
+        )
 
     async def wait_for(self, predicate: Any, timeout: float = 60.0) -> dict[str, Any]:
         async with asyncio.timeout(timeout):

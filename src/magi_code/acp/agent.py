@@ -6,11 +6,14 @@ whose events stream back as ``session/update`` notifications; ``session/load`` s
 ``session.replay`` back; ``session/cancel`` is ``turn.cancel``. ACP session IDs are the v1
 session IDs, so every frontend sees the same sessions.
 
-Approvals (not built yet): when the core has an approval step, a tool call that needs
-approval will reach this adapter as an event of the running turn. ``Agent.prompt``'s event
-loop is the one place to turn it into a ``session/request_permission`` request to the
-editor (through ``self.peer.call``) and to send the editor's choice back to the core;
-``docs/acp.md`` says the same for editor authors.
+Approvals: every core connection answers approval requests. A request of the running
+prompt's turn reaches ``Agent.prompt``'s event loop (through the same queue as the turn's
+events, so it is never ahead of the turn's start) and becomes a
+``session/request_permission`` to the editor; the editor's choice goes back with
+``answer_approval`` (:data:`PERMISSION_OPTIONS` maps ACP's option kinds to the core's
+answers). Session modes are the approval policies (``ask``, ``auto``, ``read_only``): a
+mode is the session's own policy in the core (``set_session_policy``), never looser than
+an untrusted project asks. ``docs/acp.md`` has both for editor authors.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from magi_code.client import (
+    ApprovalRequest,
+    ApprovalResolved,
     Client,
     DaemonError,
     DaemonUnavailable,
@@ -63,16 +68,46 @@ AUTH_METHODS: Final = [
 ]
 
 
+# Session modes: the approval policies (docs/safety.md), the session's own in the core.
+MODES: Final = [
+    {
+        "id": "ask",
+        "name": "Ask",
+        "description": "Ask before commands, file changes and MCP tools that may write",
+    },
+    {"id": "auto", "name": "Auto", "description": "Run every tool call without asking"},
+    {
+        "id": "read_only",
+        "name": "Read-only",
+        "description": "Refuse commands, file changes and MCP tools that may write",
+    },
+]
+# ACP permission options (optionId = kind) and the core's answer to each; allow_always is
+# "for this project" where the core offers it (a trusted project), else "for this session".
+PERMISSION_OPTIONS: Final = {
+    "allow_once": ("Allow once", ("allow_once",)),
+    "allow_always": ("Always allow", ("allow_project", "allow_session")),
+    "reject_once": ("Reject", ("reject",)),
+    "reject_always": ("Always reject in this session", ("reject",)),
+}
+PERMISSION_KINDS: Final = {"command": "execute", "file_change": "edit", "mcp_tool": "other"}
+Queued = dict[str, Any] | ToolDetail | ApprovalRequest | None
+
+
 @dataclass(slots=True)
 class Session:
     session_id: str
     cwd: Path
     client: Client
-    # The running prompt's events and tool details (the pump puts them here), and its state.
-    queue: asyncio.Queue[dict[str, Any] | ToolDetail | None] | None = None
+    # The running prompt's events, tool details and approval requests (the pump puts them
+    # here).
+    queue: asyncio.Queue[Queued] | None = None
     turn_id: str | None = None
     cancel_requested: bool = False
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    asked: set[str] = field(default_factory=set)  # approval IDs put to the editor
+    # What the editor answered "always reject" for: rejected without asking again.
+    rejected: set[str] = field(default_factory=set)
 
 
 class Agent:
@@ -89,6 +124,7 @@ class Agent:
             "session/load": self.load_session,
             "session/list": self.list_sessions,
             "session/prompt": self.prompt,
+            "session/set_mode": self.set_mode,
         }
         self.notifications: dict[str, rpc.Handler] = {"session/cancel": self.cancel}
 
@@ -150,7 +186,7 @@ class Agent:
         # Held only while a turn runs (turn.start attaches), so other frontends can too.
         await client.request("session.close", {}, session_id=session_id)
         self.sessions[session_id] = Session(session_id, cwd, client)
-        return {"sessionId": session_id}
+        return {"sessionId": session_id, "modes": await _modes(client, session_id)}
 
     async def load_session(self, method: str, params: Any) -> dict[str, Any]:
         params = _object(params)
@@ -178,6 +214,20 @@ class Agent:
                 break
             after = page["next_cursor"]
         self.sessions[session_id] = Session(session_id, cwd, client)
+        return {"modes": await _modes(client, session_id)}
+
+    async def set_mode(self, method: str, params: Any) -> dict[str, Any]:
+        params = _object(params)
+        session = self._session(_session_id(params))
+        mode = params.get("modeId")
+        if mode not in [m["id"] for m in MODES]:
+            raise invalid_params("modeId must be ask, auto or read_only")
+        effective = await _set_policy(await self._client(session.cwd), session.session_id, mode)
+        if effective != mode:  # an untrusted project asks for more: the editor shows it
+            self._update(
+                session.session_id,
+                {"sessionUpdate": "current_mode_update", "currentModeId": effective},
+            )
         return {}
 
     async def list_sessions(self, method: str, params: Any) -> dict[str, Any]:
@@ -218,7 +268,7 @@ class Agent:
             raise RpcError(rpc.INVALID_REQUEST, "A prompt is already running in this session")
         # The project's connection now: a new one if the daemon was restarted meanwhile.
         session.client = await self._client(session.cwd)
-        queue: asyncio.Queue[dict[str, Any] | ToolDetail | None] = asyncio.Queue()
+        queue: asyncio.Queue[Queued] = asyncio.Queue()
         session.queue, session.turn_id, session.cancel_requested = queue, None, False
         try:
             started = await _call(
@@ -238,6 +288,11 @@ class Agent:
                         for update in view.detail(event.activity_id, event.detail):
                             self._update(session.session_id, update)
                     continue
+                if isinstance(event, ApprovalRequest):
+                    if event.turn_id == turn_id and event.approval_id not in session.asked:
+                        session.asked.add(event.approval_id)  # a resync sends it again
+                        self._spawn(session, self._permission(session, event))
+                    continue
                 for update in view.updates(event):
                     self._update(session.session_id, update)
                 payload = event["payload"]
@@ -250,6 +305,44 @@ class Agent:
             raise
         finally:
             session.queue, session.turn_id = None, None
+            session.asked.clear()
+
+    async def _permission(self, session: Session, request: ApprovalRequest) -> None:
+        """Ask the editor about one approval request and answer the core with its choice."""
+        assert self.peer is not None
+        subject = _subject_key(request)
+        if subject in session.rejected:
+            decision: str | None = "reject"
+        else:
+            options = _permission_options(request.options)
+            try:
+                answer = await self.peer.call(
+                    "session/request_permission",
+                    {
+                        "sessionId": session.session_id,
+                        "toolCall": _permission_tool_call(request),
+                        "options": options,
+                    },
+                )
+            except RpcError:  # the editor cannot ask: nobody allowed it
+                answer = None
+            option = _chosen(answer, options)
+            if option == "reject_always":
+                session.rejected.add(subject)
+            if option is not None:
+                decision = next(d for d in PERMISSION_OPTIONS[option][1] if d in request.options)
+            else:
+                # Cancelled: after session/cancel the turn's cancel settles the request;
+                # otherwise (or an answer that is no option) nobody allowed it.
+                decision = None if session.cancel_requested else "reject"
+        if decision is not None:
+            with contextlib.suppress(DaemonError, DaemonUnavailable):  # settled meanwhile
+                await session.client.answer_approval(request.approval_id, decision)
+
+    def _spawn(self, session: Session, work: Any) -> None:
+        task = asyncio.create_task(work)
+        session.tasks.add(task)
+        task.add_done_callback(session.tasks.discard)
 
     async def cancel(self, method: str, params: Any) -> None:
         session = self.sessions.get(str(_object(params).get("sessionId")))
@@ -278,9 +371,14 @@ class Agent:
         if isinstance(event, Overloaded):
             cut = next((s for s in self.sessions.values() if s.turn_id == event.turn_id), None)
             if cut is not None:
-                task = asyncio.create_task(self._resync(cut, event))
-                cut.tasks.add(task)
-                task.add_done_callback(cut.tasks.discard)
+                self._spawn(cut, self._resync(cut, event))
+            return
+        if isinstance(event, ApprovalResolved):
+            return  # ACP cannot withdraw a permission request; a late answer is ignored
+        if isinstance(event, ApprovalRequest):
+            asking = self.sessions.get(event.session_id)
+            if asking is not None and asking.queue is not None and asking.client is client:
+                asking.queue.put_nowait(event)
             return
         if isinstance(event, FileRequest):
             task = asyncio.create_task(self._file(client, event))
@@ -341,6 +439,73 @@ class Agent:
             return await self.backend.client(cwd)
         except CoreUnavailable as exc:
             raise RpcError(rpc.INTERNAL_ERROR, str(exc)) from None
+
+
+async def _set_policy(client: Client, session_id: str, mode: str | None) -> str:
+    """Set the session's approval policy in the core (None: the settings'); the mode its
+    calls get now (the settings' default when they cannot be read)."""
+    try:
+        effective = await client.set_session_policy(session_id, mode)
+    except (DaemonUnavailable, DaemonError) as exc:
+        raise RpcError(
+            rpc.INTERNAL_ERROR,
+            "The connection to the service ended",
+            {"code": getattr(exc, "code", None)},
+        ) from None
+    return effective or "auto"
+
+
+async def _modes(client: Client, session_id: str) -> dict[str, Any]:
+    """A new or loaded session starts in the settings' policy."""
+    current = await _set_policy(client, session_id, None)
+    return {"currentModeId": current, "availableModes": MODES}
+
+
+def _permission_options(offered: tuple[str, ...]) -> list[dict[str, str]]:
+    """The ACP options for the core's offered answers (an option needs one of them)."""
+    options = []
+    for kind, (name, decisions) in PERMISSION_OPTIONS.items():
+        if any(d in offered for d in decisions):
+            if kind == "allow_always":
+                where = "in this project" if "allow_project" in offered else "in this session"
+                name = f"{name} {where}"
+            options.append({"optionId": kind, "name": name, "kind": kind})
+    return options
+
+
+def _chosen(answer: Any, options: list[dict[str, str]]) -> str | None:
+    """The option the editor selected; None when it cancelled or answered nonsense."""
+    outcome = answer.get("outcome") if isinstance(answer, dict) else None
+    if not isinstance(outcome, dict) or outcome.get("outcome") != "selected":
+        return None
+    option = outcome.get("optionId")
+    return option if option in [o["optionId"] for o in options] else None
+
+
+def _permission_tool_call(request: ApprovalRequest) -> dict[str, Any]:
+    """The tool call a permission is about: the same ``toolCallId`` as its session updates,
+    with what it would do as title and raw input."""
+    summary = request.summary
+    if request.kind == "command":
+        title = f"Run `{summary.get('command', '')}`"
+    elif request.kind == "file_change":
+        title = f"Change {summary.get('path', '')}"
+    else:
+        title = f"MCP tool {summary.get('server', '')}/{summary.get('tool', '')}"
+    return {
+        "toolCallId": request.activity_id or request.approval_id,
+        "title": title,
+        "kind": PERMISSION_KINDS.get(request.kind, "other"),
+        "status": "pending",
+        "rawInput": summary,
+    }
+
+
+def _subject_key(request: ApprovalRequest) -> str:
+    """What "always reject" remembers: the exact command, path, or MCP tool."""
+    summary = request.summary
+    parts = (summary.get("argv"), summary.get("path"), summary.get("server"), summary.get("tool"))
+    return f"{request.kind}\x1f{parts!r}"
 
 
 async def _call(

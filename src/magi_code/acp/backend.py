@@ -2,8 +2,10 @@
 
 A persistent connection's project directory is its hello's launch context (RFC-0002 §3),
 so ACP sessions of different ``cwd`` get different connections; sessions of one project
-share one. In the default mode (``MC_SERVICE_MODE`` unset or ``auto``) a connection goes
-to the per-user daemon, which the client library starts when none answers, under the
+share one. Every connection answers approval requests (``options.approvals``), which the
+agent turns into ``session/request_permission``. In the default mode (``MC_SERVICE_MODE``
+unset or ``auto``) a connection goes to the per-user daemon, which the client library
+starts when none answers, under the
 same liveness and build-upgrade rules as the v1 shim's; ``daemon`` never falls back,
 ``embedded`` runs a daemon server in this process and connects to it through the
 in-memory transport. Either way the adapter is a client of the same coordinator.
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from magi_code.client import Channel, Client, DaemonError, DaemonStartError, DaemonUnavailable
+from magi_code.client.connection import hello_options
 from magi_code.storage.launch import LaunchContext
 
 log = logging.getLogger(__name__)
@@ -72,7 +75,9 @@ class Backend:
     async def _connect(self, ctx: LaunchContext) -> Client:
         if self.mode != "embedded":
             try:
-                return await Client.connect(ctx, client_name=CLIENT_NAME, options=self.options)
+                return await Client.connect(
+                    ctx, client_name=CLIENT_NAME, options=self.options, approvals=True
+                )
             except (DaemonUnavailable, DaemonError, DaemonStartError, OSError) as exc:
                 if self.mode == "daemon":
                     raise CoreUnavailable(f"the daemon cannot be reached: {exc}") from None
@@ -106,7 +111,7 @@ class Backend:
             "persistent",
             ctx,
             client_name=CLIENT_NAME,
-            options=self.options,
+            options={**(hello_options(approvals=True) or {}), **self.options},
         )
 
     async def _pump(self, project: Path, client: Client) -> None:
