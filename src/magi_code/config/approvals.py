@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 from magi_code.dataclass import dataclass
-from magi_code.protocol.v2 import APPROVAL_POLICIES
 
 Policy = Literal["auto", "ask", "read_only"]
-POLICIES: Final = cast(tuple[Policy, ...], APPROVAL_POLICIES)  # loosest first
+# Loosest first; the v2 ``approval_policy`` frame takes the same (protocol.v2, tested).
+POLICIES: Final[tuple[Policy, ...]] = ("auto", "ask", "read_only")
 DEFAULT_TIMEOUT_SECONDS: Final = 600
 MAX_TIMEOUT_SECONDS: Final = 86_400
 # Settings keys of this module (a project's looser values need trust, as TRUST_GATED).

@@ -149,7 +149,7 @@ APPROVAL_DECISIONS: Final = (
     "reject_and_stop",
 )
 GRANT_SCOPES: Final = ("session", "project")
-# Approval policies, loosest first (``approval_policy.policy``; the settings' values).
+# Approval policies (``approval_policy.policy``): the settings' values (config.approvals).
 APPROVAL_POLICIES: Final = ("auto", "ask", "read_only")
 GRANT_KINDS: Final = ("commands", "tools", "paths")
 # ``options.editor_files``: what a persistent client's editor does for the file tools (§6.8).

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from magi_code.config.approvals import ApprovalSettings, Policy, Rules, build_approvals
+from magi_code.config.approvals import (
+    POLICIES,
+    ApprovalSettings,
+    Policy,
+    Rules,
+    build_approvals,
+)
+from magi_code.protocol.v2 import APPROVAL_POLICIES
 from magi_code.turns.approvals import (
     CANNOT_APPROVE,
     DENIED,
@@ -185,6 +192,10 @@ def test_the_policies() -> None:
     assert verdict("ask", call, NoApprover()) == CANNOT_APPROVE
     assert verdict("ask", call, NoApprover(), allow=rules(["make"])) == "run"
     assert verdict("ask", command("make && make install"), allow=rules(["make"])) == "ask"
+
+
+def test_a_session_may_choose_every_policy_the_settings_know() -> None:
+    assert APPROVAL_POLICIES == POLICIES
 
 
 def test_a_session_policy_is_never_looser_than_an_untrusted_project_asks() -> None:
