@@ -27,6 +27,9 @@ from tests.process.turn_support import (
 )
 from tests.support.fake_providers import FakeProviderServer, Reply
 
+# The adapter runs the core in-process in embedded mode: both modes are its behaviour.
+pytestmark = pytest.mark.both_modes
+
 KINDS = ["allow_once", "allow_always", "reject_once", "reject_always"]
 
 
