@@ -69,6 +69,8 @@ class Connection:
         self.persistent = persistent
         # A persistent client that negotiated approvals (RFC-0002 §6.7): its turns may ask.
         self.approvals = False
+        # Who this client is to others (a watcher's ``turn_started``, approvals' ``by``).
+        self.label = f"client#{conn_id}"
         self.output = Output()
         self.initialized = False
         self.reserved: set[str] = set()

@@ -177,6 +177,14 @@ class TurnJournal:
         log.followers.append(deliver)
         return ("resync" if after < log.evicted_upto else "attached"), events
 
+    def running(self, session_id: str) -> list[TurnLog]:
+        """The session's turns that have not ended, oldest first."""
+        return [
+            log
+            for log in self._turns.values()
+            if log.terminal is None and log.info.session_id == session_id
+        ]
+
     def failure(self, turn_id: str) -> str | None:
         """The failure label of a journaled failed turn, else None."""
         log = self._turns.get(turn_id)

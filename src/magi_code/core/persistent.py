@@ -32,11 +32,19 @@ from magi_code.turns import failures
 
 from .approvals import ApprovalService
 from .coordinator import Connection, ServiceCoordinator
+from .handover import Handover
 from .journal import SnapshotQuery, TurnJournal
 from .output import TurnEvent
-from .sessions import SessionService
+from .sessions import Attachment, SessionService
 from .tool_relay import ToolRelay
 from .turns import MAX_ACTIVE_TURNS, MAX_SERVICE_TURNS, TurnService
+from .watch import (
+    MAX_WATCH_HISTORY_ITEMS,
+    SessionWatch,
+    StaleCursor,
+    WatchSink,
+    history_before_live,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,8 @@ class Registration:
     conn: Connection
     role: str
     end: Callable[[], None]
+    # Sends a frame to a persistent client (``control_requested``); None for a v1 shim.
+    notify: Callable[[dict[str, Any]], None] | None = None
     lost: bool = False
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -71,6 +81,10 @@ class PersistentCoordinator:
         # Approval requests and grants: the turn service's, else a service without turns.
         self.approvals = self.turns.approvals if self.turns is not None else ApprovalService()
         self.relay = self.turns.relay if self.turns is not None else ToolRelay()
+        self.watchers = SessionWatch()
+        self.handover = (
+            Handover(self.sessions, self._hand_over) if self.sessions is not None else None
+        )
 
     # -- connections -----------------------------------------------------------------------
 
@@ -80,25 +94,34 @@ class PersistentCoordinator:
         launch: LaunchContext,
         end: Callable[[], None],
         client_version: str | None = None,
+        *,
+        client_name: str = "",
+        notify: Callable[[dict[str, Any]], None] | None = None,
     ) -> Connection:
         """Register a ``v1_shim`` or ``persistent`` connection; ``end`` stops its input.
 
         ``client_version`` (the client's installed package) is what its ``initialize``
-        reports as ``server_version``.
+        reports as ``server_version``; ``client_name#<connection>`` is its label.
         """
         transports = ("stdio",) if role == "v1_shim" else ("unix",)
         conn = self.coordinator.open_connection(
             launch, transports, client_version, persistent=role == "persistent"
         )
-        self._clients[conn.conn_id] = Registration(conn, role, end)
+        conn.label = f"{client_name or 'client'}#{conn.conn_id}"
+        self._clients[conn.conn_id] = Registration(conn, role, end, notify)
         return conn
 
     def lost(self, conn: Connection) -> None:
         """The client is gone (its transport was lost): from now on its sessions may be
         taken over, even while a request it sent earlier is still being handled."""
         reg = self._clients.get(conn.conn_id)
-        if reg is not None:
+        if reg is not None and not reg.lost:
             reg.lost = True
+            self.watchers.remove_all(conn.conn_id)
+            if self.handover is not None:
+                self.handover.requester_gone(conn.conn_id)
+                if reg.role == "persistent":
+                    self.handover.controller_lost(conn.conn_id)
 
     async def close(self, conn: Connection) -> None:
         """The connection ended: drain (v1 shim) or detach (persistent) its work."""
@@ -167,7 +190,10 @@ class PersistentCoordinator:
     # -- the journal, snapshot and attach --------------------------------------------------
 
     def record(self, event: TurnEvent) -> None:
+        """A turn event as its connection's writer takes it (both roles): the journal,
+        then the session's watchers."""
         self.journal.record(event)
+        self.watchers.turn(event, _turn_started(event) if event.name == "turn.started" else None)
 
     def snapshot(self, query: SnapshotQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of turns (raises :class:`~magi_code.core.journal.BadCursor`)."""
@@ -255,13 +281,120 @@ class PersistentCoordinator:
         if self.sessions is None or self.turns is None:
             raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
         valid = validate_session_id(session_id)
+        before = self.sessions.controller(valid)
+        owner = None if before is None else before.owner
         attachment = await self.sessions.take(conn, valid, self._is_lost)
-        turns = [
+        if owner != conn.conn_id:
+            self.control_changed(valid, conn.label)
+        return valid, self._running(attachment)
+
+    def _running(self, attachment: Attachment) -> list[dict[str, Any]]:
+        assert self.turns is not None
+        return [
             {"turn_id": run.turn_id, "sequence": self.journal.sequence(run.turn_id)}
             for run in self.turns.active.values()
             if run.attachment is attachment
         ]
-        return valid, turns
+
+    async def request_control(
+        self, conn: Connection, session_id: object
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """``control.request``: as ``take_control`` when the session is free, lost or
+        released; else ask its controller and wait (raises ``Refused``)."""
+        if not conn.initialized:
+            raise ServiceError(ErrorCode.NOT_INITIALIZED)
+        if self.sessions is None or self.handover is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        valid = validate_session_id(session_id)
+        held = self.sessions.controller(valid)
+        if (
+            held is not None
+            and held.owner != conn.conn_id
+            and not held.released
+            and not self._is_lost(held.owner)
+        ):
+            reg = self._clients.get(held.owner)
+            notify = None if reg is None else reg.notify
+
+            def ask(frame: dict[str, Any]) -> bool:
+                if notify is None:
+                    return False  # a v1 shim's hold is never handed over
+                notify(frame)
+                event = {k: v for k, v in frame.items() if k != "t"}
+                self.watchers.session(valid, {"event": "control_requested", **event})
+                return True
+
+            await self.handover.request(conn, valid, ask)
+        return await self.take_control(conn, valid)
+
+    def _hand_over(self, attachment: Attachment, conn: Connection) -> None:
+        assert self.sessions is not None
+        previous = self._clients.get(attachment.owner)
+        self.sessions.hand_over(attachment, conn)
+        changed = {"session_id": attachment.session_id, "controller": conn.label}
+        if previous is not None and previous.notify is not None and not previous.lost:
+            previous.notify({"t": "control_changed", **changed})
+
+    def control_changed(self, session_id: str, controller: str | None) -> None:
+        self.watchers.session(
+            session_id,
+            {"event": "control_changed", "session_id": session_id, "controller": controller},
+        )
+
+    async def release_control(self, conn: Connection, session_id: object) -> str:
+        if self.sessions is None or self.handover is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        valid = validate_session_id(session_id)
+        if await self.sessions.release_control(conn, valid):
+            self.control_changed(valid, None)
+            self.handover.released(valid)
+        return valid
+
+    # -- watchers --------------------------------------------------------------------------
+
+    async def watch(
+        self, conn: Connection, session_id: object, after: str | None, sink: WatchSink
+    ) -> tuple[str, list[dict[str, Any]], str, bool]:
+        """Register ``sink`` and answer ``(session_id, history items, cursor before the
+        first, gap)``; the caller sends them before anything ``sink`` holds.
+
+        Raises ServiceError (``invalid_session_id``, ``session_unavailable``,
+        ``limit_exceeded``) or :class:`StaleCursor`.
+        """
+        if self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        valid = validate_session_id(session_id)
+        self.watchers.remove(valid, conn.conn_id)  # a new watch replaces the old
+        self.watchers.add(valid, conn.conn_id, sink)
+        # Turns already running here are handed over from their first buffered event.
+        for log_ in self.journal.running(valid):
+            sink.live.add(log_.info.turn_id)
+            sink.session(_turn_started(log_.events[0]) | {"complete": log_.evicted_upto < 0})
+            for event in log_.events:
+                sink.turn(event)
+        try:
+            history = await asyncio.to_thread(self.sessions.store.history, valid, after)
+            if history is None:
+                raise StaleCursor
+            items = history_before_live(history, sink.live)
+            if len(items) > MAX_WATCH_HISTORY_ITEMS:
+                raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+        except BaseException:
+            self.watchers.remove(valid, conn.conn_id)
+            raise
+        bodies = [{"cursor": item.cursor, **item.body} for item in items]
+        return valid, bodies, history.before, history.gap
+
+
+def _turn_started(event: TurnEvent) -> dict[str, Any]:
+    info = event.info
+    return {
+        "event": "turn_started",
+        "session_id": info.session_id,
+        "turn_id": info.turn_id,
+        "by": info.started_by,
+        "prompt": info.prompt,
+    }
 
 
 def _recorded_remedy(recorded: str | None, label: str) -> str:

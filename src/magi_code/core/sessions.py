@@ -53,6 +53,9 @@ class Attachment:
     lease: WriterLease
     explicit: bool
     closing: bool = False
+    # Its controller let go during a turn (``control.release``): anyone may take it, and
+    # its lease is released when the turn ends if nobody did.
+    released: bool = False
     # Set while a turn runs on this session: cancels it (close during a turn).
     cancel_turn: Callable[[], None] | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -224,7 +227,7 @@ class SessionService:
         """
         if attachment.busy or self._attachments.get(attachment.session_id) is not attachment:
             return
-        if attachment.closing or not attachment.explicit:
+        if attachment.closing or attachment.released or not attachment.explicit:
             await self.release(attachment)
 
     async def take(
@@ -239,12 +242,37 @@ class SessionService:
         attachment = self._attachments.get(session_id)
         if attachment is None or attachment.owner == conn.conn_id:
             return await self.attach(conn, session_id, explicit=True)
-        if attachment.closing or not revoked(attachment.owner):
+        if attachment.closing or not (attachment.released or revoked(attachment.owner)):
             raise ServiceError(ErrorCode.SESSION_BUSY)
+        self.hand_over(attachment, conn)
+        return attachment
+
+    def hand_over(self, attachment: Attachment, conn: Connection) -> None:
+        """Move ``attachment`` (and its running turn) to ``conn`` as an explicit one."""
         self._check_capacity(conn)
         attachment.owner = conn.conn_id
         attachment.explicit = True
-        return attachment
+        attachment.released = False
+
+    def controller(self, session_id: str) -> Attachment | None:
+        """The session's attachment here (None when no connection holds it)."""
+        attachment = self._attachments.get(session_id)
+        return None if attachment is None or attachment.closing else attachment
+
+    async def release_control(self, conn: Connection, session_id: str) -> bool:
+        """``control.release``: give up ``conn``'s hold (False when it held none).
+
+        With no turn running the lease is released now; during a turn the attachment
+        is marked released (takeable by anyone) and released after the turn.
+        """
+        attachment = self._attachments.get(session_id)
+        if attachment is None or attachment.owner != conn.conn_id or attachment.closing:
+            return False
+        if attachment.busy:
+            attachment.released = True
+        else:
+            await self.release(attachment)
+        return True
 
     async def connection_closed(self, connection: Connection) -> None:
         # Turns were drained first (the turn service closes before this one).

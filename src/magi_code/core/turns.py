@@ -613,6 +613,8 @@ class TurnService:
             conn.conn_id,
             str(conn.ctx.project_dir),
             request.idempotency_key,
+            prompt,
+            conn.label,
         )
         run = TurnRun(self, conn, info, attachment, turn, prepared)
         attachment.cancel_turn = run.cancel

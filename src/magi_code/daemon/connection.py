@@ -291,7 +291,14 @@ class PeerConnection:
         ctx = LaunchContext(
             Path(launch.mc_home), Path(launch.project_dir), launch.env, umask=launch.umask
         )
-        conn = self.server.core.open(hello.role, ctx, self.end_input, hello.client_version)
+        conn = self.server.core.open(
+            hello.role,
+            ctx,
+            self.end_input,
+            hello.client_version,
+            client_name=hello.client_name,
+            notify=self.send if hello.role == "persistent" else None,
+        )
         if hello.role == "v1_shim":
             return V1Role(self, conn)
         return PersistentRole(self, conn, hello)

@@ -41,6 +41,7 @@ from typing import Final, Literal
 import orjson
 
 from magi_code import logs
+from magi_code.core.handover import DEFAULT_TIMEOUT_SECONDS as DEFAULT_CONTROL_REQUEST_SECONDS
 from magi_code.endpoint.lock import (
     FileIdentity,
     LifetimeLock,
@@ -73,6 +74,7 @@ RESTART_REASONS: Final = frozenset({"upgrade", "restart"})
 IDLE_ENV: Final = "MC_DAEMON_IDLE_SECONDS"
 OUTBOUND_ENV: Final = "MC_DAEMON_OUTBOUND_BYTES"
 CLIENT_TIMEOUT_ENV: Final = "MC_DAEMON_CLIENT_TIMEOUT_SECONDS"
+CONTROL_REQUEST_ENV: Final = "MC_DAEMON_CONTROL_REQUEST_SECONDS"
 FD_LIMIT: Final = 65536
 # Set to our pid across the one re-exec that drops the starter's environment.
 REEXEC_ENV: Final = "MC_DAEMON_REEXEC"
@@ -115,6 +117,16 @@ def client_timeout(ctx: LaunchContext) -> float:
     except ValueError:
         return CLIENT_TIMEOUT_SECONDS
     return value if value > 0 else CLIENT_TIMEOUT_SECONDS
+
+
+def control_request_timeout(ctx: LaunchContext) -> float:
+    """``MC_DAEMON_CONTROL_REQUEST_SECONDS``: how long a ``control_request`` waits for the
+    controller's answer before it is granted (once no turn runs)."""
+    try:
+        value = float(ctx.env.get(CONTROL_REQUEST_ENV, ""))
+    except ValueError:
+        return DEFAULT_CONTROL_REQUEST_SECONDS
+    return value if value > 0 else DEFAULT_CONTROL_REQUEST_SECONDS
 
 
 def raise_fd_limit() -> None:
@@ -299,6 +311,8 @@ def _serve(
             reaper=reaper,
         )
         server.notifier = notifier
+        if server.core.handover is not None:
+            server.core.handover.timeout = control_request_timeout(ctx)
         server.log_target = "journal" if journal else None
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

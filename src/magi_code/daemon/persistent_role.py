@@ -23,9 +23,11 @@ import msgpack
 from magi_code.config.approvals import Policy
 from magi_code.core.approvals import UnknownApproval
 from magi_code.core.coordinator import Connection
+from magi_code.core.handover import Refused
 from magi_code.core.journal import BadCursor, SnapshotQuery
 from magi_code.core.output import TurnEvent
 from magi_code.core.routes import RequestExpired
+from magi_code.core.watch import StaleCursor
 from magi_code.protocol import v2
 from magi_code.protocol.deadlines import deadline_passed
 from magi_code.protocol.errors import ServiceError
@@ -61,6 +63,7 @@ class PersistentRole:
         # Control is revoked the moment the client is gone (RFC-0002 §6.1), not only once
         # the requests it sent before have been handled.
         peer.on_lost_hook = lambda: self.core.lost(conn)
+        self._requests: set[asyncio.Task[None]] = set()  # control requests waiting
         if hello.approvals:
             # Approval frames are not turn events: sent directly, never cut (§6.7).
             conn.approvals = True
@@ -92,10 +95,19 @@ class PersistentRole:
                     self.relay.answer(conn.conn_id, frame.fs_id, frame.content, frame.error)
                 elif isinstance(frame, v2.SessionPolicy):
                     await self._session_policy(frame)
+                elif isinstance(frame, v2.Watch):
+                    await self._watch(frame)
+                elif isinstance(frame, v2.SessionFrame):
+                    await self._session_frame(frame)
+                elif isinstance(frame, v2.ControlAnswer):
+                    self._control_answer(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
         finally:
+            for task in self._requests:
+                task.cancel()
+            self.core.watchers.remove_all(conn.conn_id)
             self.approvals.unlisten(conn.conn_id)
             self.relay.unlisten(conn.conn_id)
             self.core.journal.forget(self._deliver)
@@ -219,6 +231,67 @@ class PersistentRole:
             }
         )
 
+    async def _watch(self, frame: v2.Watch) -> None:
+        stream = WatchStream(self, frame.session_id)
+        try:
+            session_id, items, before, gap = await self.core.watch(
+                self.conn, frame.session_id, frame.after_cursor, stream
+            )
+        except ServiceError as exc:
+            self.peer.send({"t": "watch_error", "id": frame.id, "code": exc.code.value})
+            return
+        except StaleCursor:
+            self.peer.send(v2.frame_error("watch_error", frame.id, Code.RESYNC_REQUIRED))
+            return
+        # No await from here on: the history goes out before anything the stream holds.
+        parts = _split(items)
+        for index, part in enumerate(parts):
+            more = index < len(parts) - 1
+            if index == 0:
+                self.peer.send(v2.watch_result(frame.id, session_id, part, more, before, gap))
+            else:
+                self.peer.send(v2.watch_more(frame.id, part, more))
+        stream.release()
+
+    async def _session_frame(self, frame: v2.SessionFrame) -> None:
+        if frame.kind == "unwatch":
+            self.core.watchers.remove(frame.session_id, self.conn.conn_id)
+            self.peer.send({"t": "unwatched", "id": frame.id, "session_id": frame.session_id})
+        elif frame.kind == "control_release":
+            try:
+                session_id = await self.core.release_control(self.conn, frame.session_id)
+            except ServiceError as exc:
+                self.peer.send({"t": "grant_error", "id": frame.id, "code": exc.code.value})
+                return
+            self.peer.send({"t": "control_released", "id": frame.id, "session_id": session_id})
+        else:
+            # It may wait for the controller: other frames are handled meanwhile.
+            task = asyncio.create_task(self._request_control(frame))
+            self._requests.add(task)
+            task.add_done_callback(self._requests.discard)
+
+    async def _request_control(self, frame: v2.SessionFrame) -> None:
+        try:
+            session_id, turns = await self.core.request_control(self.conn, frame.session_id)
+        except Refused:
+            self.peer.send(v2.frame_error("grant_error", frame.id, Code.CONTROL_REFUSED))
+            return
+        except ServiceError as exc:
+            self.peer.send({"t": "grant_error", "id": frame.id, "code": exc.code.value})
+            return
+        log.info("control granted on request")
+        self.peer.send(
+            {"t": "control_granted", "id": frame.id, "session_id": session_id, "turns": turns}
+        )
+        self.approvals.resend_session(self.conn.conn_id, session_id)
+
+    def _control_answer(self, frame: v2.ControlAnswer) -> None:
+        handover = self.core.handover
+        if handover is None or not handover.answer(self.conn, frame.session_id, frame.grant):
+            self.peer.send(v2.frame_error("grant_error", frame.id, Code.INVALID_REQUEST))
+            return
+        self.peer.send({"t": "control_answered", "id": frame.id, "session_id": frame.session_id})
+
     def _deliver(self, event: TurnEvent) -> None:
         """A followed turn's event from the journal."""
         self.outbound.deliver(event)
@@ -235,6 +308,54 @@ class PersistentRole:
         while (batch := await self.conn.output.get()) is not None:
             self.outbound.own(batch, self.core.record)
             batch.written()
+
+
+class WatchStream:
+    """One watched session's frames to this connection: held until the watch's history
+    is sent, then written. Bounded by the outbound limit like turn events (§6.2): a
+    frame that meets a full queue (or held frames beyond it) ends the watch with one
+    ``watch_overloaded``; the client watches again from its last cursor."""
+
+    def __init__(self, role: PersistentRole, session_id: str) -> None:
+        self.role = role
+        self.session_id = session_id
+        self.live: set[str] = set()
+        self._held: list[dict[str, Any]] | None = []
+        self._held_bytes = 0
+        self._cut = False
+
+    def turn(self, event: TurnEvent) -> None:
+        self._put(v2.watch_message(event.info.session_id, event.envelope))
+
+    def session(self, event: dict[str, Any]) -> None:
+        self._put(v2.watch_event(event))
+
+    def release(self) -> None:
+        held, self._held = self._held or [], None
+        for frame in held:
+            self._put(frame)
+
+    def _put(self, frame: dict[str, Any]) -> None:
+        if self._cut:
+            return
+        peer = self.role.peer
+        limit = peer.server.outbound_limit
+        if self._held is not None:
+            self._held_bytes += len(msgpack.packb(frame, use_bin_type=True))
+            if self._held_bytes > limit:
+                self._overloaded()
+                return
+            self._held.append(frame)
+        elif peer.transport.get_write_buffer_size() >= limit:
+            self._overloaded()
+        else:
+            peer.send(frame)
+
+    def _overloaded(self) -> None:
+        self._cut = True
+        self._held = None
+        self.role.core.watchers.remove(self.session_id, self.role.conn.conn_id)
+        self.role.peer.send({"t": "watch_overloaded", "session_id": self.session_id})
 
 
 def _split(events: list[dict[str, Any]]) -> list[list[Mapping[str, Any]]]:

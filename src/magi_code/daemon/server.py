@@ -79,6 +79,8 @@ CAPABILITIES: Final = (
     "grants",
     "tool_details",
     "editor_files",
+    "session.watch",
+    "control.handover",
 )
 
 

@@ -166,6 +166,10 @@ class V1Role:
     async def _writer(self) -> tuple[str, str | None]:
         conn, peer = self.conn, self.peer
         while not self._failed and (take := await next_take(conn.output)) is not None:
+            for batch in take.batches:
+                # The journal and the session's watchers see a shim's turns too.
+                for event in batch.turn_events:
+                    peer.server.core.record(event)
             self._send(
                 [
                     self._output_frame(b, data)

@@ -63,6 +63,8 @@ class Code(StrEnum):
     INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
     UNKNOWN_APPROVAL = "unknown_approval"
     GRANTS_UNAVAILABLE = "grants_unavailable"
+    RESYNC_REQUIRED = "resync_required"
+    CONTROL_REFUSED = "control_refused"
 
 
 MESSAGES: Final[dict[Code, str]] = {
@@ -104,6 +106,11 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "grants_revoke",
             "fs_result",
             "approval_policy",
+            "watch",
+            "unwatch",
+            "control_release",
+            "control_request",
+            "control_answer",
         }
     ),
     "control": frozenset({"control"}),
@@ -138,6 +145,17 @@ SERVER_FRAMES: Final = frozenset(
         "tool_detail",
         "fs_request",
         "approval_policy_result",
+        "watch_result",
+        "watch_more",
+        "watch_error",
+        "unwatched",
+        "watch_event",
+        "watch_message",
+        "watch_overloaded",
+        "control_released",
+        "control_requested",
+        "control_answered",
+        "control_changed",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -465,6 +483,43 @@ class Attach(_Frozen):
         self._set(id, turn_id, after_sequence, session_id)
 
 
+class Watch(_Frozen):
+    """``session.watch``: every turn and session event of a session, from a cursor."""
+
+    __slots__ = ("id", "session_id", "after_cursor")  # noqa: RUF023
+    id: object
+    session_id: str
+    after_cursor: str | None
+
+    def __init__(self, id: object, session_id: str, after_cursor: str | None = None) -> None:
+        self._set(id, session_id, after_cursor)
+
+
+class SessionFrame(_Frozen):
+    """A frame naming one session: ``unwatch``, ``control_release``, ``control_request``
+    (``kind`` is its ``t``)."""
+
+    __slots__ = ("kind", "id", "session_id")  # noqa: RUF023
+    kind: str
+    id: object
+    session_id: str
+
+    def __init__(self, kind: str, id: object, session_id: str) -> None:
+        self._set(kind, id, session_id)
+
+
+class ControlAnswer(_Frozen):
+    """The controller's answer to ``control_requested``."""
+
+    __slots__ = ("id", "session_id", "grant")  # noqa: RUF023
+    id: object
+    session_id: str
+    grant: bool
+
+    def __init__(self, id: object, session_id: str, grant: bool) -> None:
+        self._set(id, session_id, grant)
+
+
 ClientFrame = (
     Record
     | Oversize
@@ -481,6 +536,9 @@ ClientFrame = (
     | GrantsRevoke
     | FsResult
     | SessionPolicy
+    | Watch
+    | SessionFrame
+    | ControlAnswer
 )
 
 
@@ -619,6 +677,12 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _fs_result(frame)
         case "approval_policy":
             return _session_policy(frame)
+        case "watch":
+            return _watch(frame)
+        case "unwatch" | "control_release" | "control_request":
+            return _session_frame(kind, frame)
+        case "control_answer":
+            return _control_answer(frame)
         case _:
             return _attach(frame)
 
@@ -739,6 +803,45 @@ def _session_policy(frame: Mapping[str, Any]) -> SessionPolicy:
         raise Rejected(frame_error("approval_error", fid, Code.INVALID_REQUEST))
     assert policy is None or isinstance(policy, str)
     return SessionPolicy(fid, session_id, policy)
+
+
+# Where a session frame's bad arguments are answered.
+_SESSION_FRAME_ERRORS: Final = {
+    "watch": "watch_error",
+    "unwatch": "watch_error",
+    "control_release": "grant_error",
+    "control_request": "grant_error",
+    "control_answer": "grant_error",
+}
+
+
+def _session_id(kind: str, frame: Mapping[str, Any]) -> str:
+    session_id = frame.get("session_id")
+    if not (isinstance(session_id, str) and session_id and _optional_id(session_id)):
+        raise Rejected(
+            frame_error(_SESSION_FRAME_ERRORS[kind], frame.get("id"), Code.INVALID_REQUEST)
+        )
+    return session_id
+
+
+def _watch(frame: Mapping[str, Any]) -> Watch:
+    session_id = _session_id("watch", frame)
+    cursor = frame.get("after_cursor")
+    if not _optional_id(cursor, MAX_CURSOR_BYTES):
+        raise Rejected(frame_error("watch_error", frame.get("id"), Code.INVALID_REQUEST))
+    return Watch(frame.get("id"), session_id, cursor)
+
+
+def _session_frame(kind: str, frame: Mapping[str, Any]) -> SessionFrame:
+    return SessionFrame(kind, frame.get("id"), _session_id(kind, frame))
+
+
+def _control_answer(frame: Mapping[str, Any]) -> ControlAnswer:
+    session_id = _session_id("control_answer", frame)
+    grant = frame.get("grant")
+    if not isinstance(grant, bool):
+        raise Rejected(frame_error("grant_error", frame.get("id"), Code.INVALID_REQUEST))
+    return ControlAnswer(frame.get("id"), session_id, grant)
 
 
 def _is_int(value: object) -> bool:
@@ -869,6 +972,40 @@ def approval_resolved(
     if already:
         frame["id"] = frame_id
     return frame
+
+
+def watch_result(
+    frame_id: object,
+    session_id: str,
+    events: Sequence[Mapping[str, Any]],
+    more: bool,
+    before_cursor: str,
+    gap: bool,
+) -> dict[str, Any]:
+    """The first part of a watch's history (``watch_more`` carries the rest)."""
+    return {
+        "t": "watch_result",
+        "id": frame_id,
+        "session_id": session_id,
+        "events": list(events),
+        "more": more,
+        "before_cursor": before_cursor,
+        "gap": gap,
+    }
+
+
+def watch_more(frame_id: object, events: Sequence[Mapping[str, Any]], more: bool) -> dict[str, Any]:
+    return {"t": "watch_more", "id": frame_id, "events": list(events), "more": more}
+
+
+def watch_message(session_id: str, envelope: Mapping[str, Any]) -> dict[str, Any]:
+    """A watched turn's v1 event envelope."""
+    return {"t": "watch_message", "session_id": session_id, "message": envelope}
+
+
+def watch_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A session event (``event`` names it: ``turn_started``, ``control_changed``, ...)."""
+    return {"t": "watch_event", **event}
 
 
 def overloaded(turn_id: str, after_sequence: int) -> dict[str, Any]:

@@ -441,6 +441,53 @@ def build_page(
     return payload
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryItem:
+    """A replay item with its cursor and the turn it belongs to (None: a summary)."""
+
+    cursor: str
+    body: dict[str, object]
+    turn_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """Every item after a cursor (``session.watch``); ``before`` is the cursor that
+    precedes the first item, ``finished`` the turns with a terminal record."""
+
+    items: list[HistoryItem]
+    before: str
+    finished: frozenset[str]
+    gap: bool
+
+
+def history_after(
+    session_id: str, records: Sequence[Record], projection: Projection, after: str | None, gap: bool
+) -> History | None:
+    """All items after ``after`` (None when the cursor does not match: resync)."""
+    start = 0 if after is None else resolve_cursor(session_id, projection, after)
+    if start is None:
+        return None
+    turns: dict[int, str] = {}
+    finished: set[str] = set()
+    for record in records:
+        if isinstance(record, UserRecord | AssistantRecord | TerminalRecord):
+            turns[record.seq] = record.turn_id
+        if isinstance(record, TerminalRecord):
+            finished.add(record.turn_id)
+    items = projection.items
+    before = (
+        item_cursor(session_id, projection.basis, items[start - 1])
+        if start > 0
+        else start_cursor(session_id)
+    )
+    chosen = [
+        HistoryItem(item_cursor(session_id, projection.basis, item), item.body, turns.get(item.seq))
+        for item in items[start:]
+    ]
+    return History(chosen, before, frozenset(finished), gap)
+
+
 def _payload(
     events: list[dict[str, object]],
     next_cursor: str,

@@ -82,11 +82,13 @@ from magi_code.sessions.ids import new_session_id, validate_session_id
 from magi_code.sessions.listing import SessionIndex, check_page_limit, list_sessions
 from magi_code.sessions.outcomes import TurnOutcome, scan_turn
 from magi_code.sessions.projection import (
+    History,
     Item,
     ParsedWindow,
     Projection,
     build_page,
     extend_window,
+    history_after,
     parse_window,
     project,
     window_omits_history,
@@ -655,6 +657,21 @@ class SessionStore:
         )
         assert projection is not None
         return _page(name, window, projection, cursor, page_limit)
+
+    def history(self, session_id: str, after: str | None) -> History | None:
+        """Every replay item after ``after`` with its turn (``session.watch``), or None
+        when the cursor does not match the current projection. Blocking.
+
+        Raises:
+            ServiceError: as ``replay``.
+        """
+        name, cursor, _ = _replay_arguments(session_id, after, 1)
+        window, projection = self._window_and_projection(
+            name, REPLAY_LOCK_WAIT, with_projection=True
+        )
+        assert projection is not None
+        gap = window.gap or window_omits_history(window, window.compaction)
+        return history_after(name, window.records, projection, cursor, gap)
 
     def replay_at_once(
         self, session_id: object, after: object, limit: object
