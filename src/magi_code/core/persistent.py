@@ -334,6 +334,7 @@ class PersistentCoordinator:
         changed = {"session_id": attachment.session_id, "controller": conn.label}
         if previous is not None and previous.notify is not None and not previous.lost:
             previous.notify({"t": "control_changed", **changed})
+        self.control_changed(attachment.session_id, conn.label)
 
     def control_changed(self, session_id: str, controller: str | None) -> None:
         self.watchers.session(
