@@ -27,7 +27,7 @@ class TurnInfo:
     conn_id: int
     project_dir: str
     idempotency_key: str | None = None
-    # What a watcher's ``turn_started`` says (RFC-0002 §6.8).
+    # What a watcher's ``turn_started`` says (RFC-0002 §6.9).
     prompt: str = ""
     started_by: str = ""
 

@@ -220,7 +220,7 @@ class PersistentCoordinator:
             raise ServiceError(ErrorCode.UNKNOWN_TURN)
         session_id = validate_session_id(session_id)
         if self.turns is not None and turn_id in self.turns.active:
-            # Running here but not journaled (a v1 shim's turn): it cannot be followed.
+            # Running here but not journaled yet (its acceptance is not written).
             raise ServiceError(ErrorCode.SESSION_BUSY)
         terminal, failure = await self._durable_terminal(session_id, turn_id)
         return "finished", [terminal], failure

@@ -1,4 +1,4 @@
-"""Session watchers (RFC-0002 §6.8): connections that observe every turn of a session.
+"""Session watchers (RFC-0002 §6.9): connections that observe every turn of a session.
 
 A watcher is told what happens on a session, whoever does it: each turn's events (from
 ``turn.started`` to ``turn.terminal``) and *session events* (``turn_started`` with the

@@ -1,4 +1,4 @@
-"""One live session across several UIs (RFC-0002 §6.1, §6.8), three real connections
+"""One live session across several UIs (RFC-0002 §6.1, §6.9), three real connections
 to one daemon: two persistent clients and a v1 shim. A watcher sees the history of a
 session, then a turn the shim starts from its first event; control is handed over on
 request (the controller grants) and by the request's timeout."""
