@@ -21,6 +21,7 @@ _ERRORS = (
     "request_error",
     "control_error",
     "approval_error",
+    "steer_error",
     "grants_error",
 )
 

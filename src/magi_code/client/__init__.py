@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         ForeignDaemon,
         GrantsError,
         OutcomeUnknown,
+        SteerError,
     )
     from magi_code.client.starter import DaemonStartError
     from magi_code.client.sync import SyncClient
@@ -77,6 +78,7 @@ _HOMES = {
     "DeadlineExceeded": "magi_code.client.errors",
     "ForeignDaemon": "magi_code.client.errors",
     "GrantsError": "magi_code.client.errors",
+    "SteerError": "magi_code.client.errors",
     "OutcomeUnknown": "magi_code.client.errors",
     "DaemonStartError": "magi_code.client.starter",
     "SyncClient": "magi_code.client.sync",
@@ -137,6 +139,7 @@ __all__ = [
     "Role",
     "SnapshotItem",
     "SnapshotPage",
+    "SteerError",
     "StreamViolation",
     "SyncClient",
     "ToolDetail",

@@ -39,6 +39,7 @@ from .errors import (
     DeadlineExceeded,
     GrantsError,
     OutcomeUnknown,
+    SteerError,
 )
 from .starter import ensure_daemon
 from .types import (
@@ -74,11 +75,13 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "grants_list": ("grants_result", "grants_error"),
     "grants_revoke": ("grants_result", "grants_error"),
     "approval_policy": ("approval_policy_result", "approval_error"),
+    "steer": ("steer_result", "steer_error"),
 }
 # The exception a call's failure frame raises (DaemonError for the others).
 _FAILURES: Final[dict[str, type[DaemonError]]] = {
     "approval_error": ApprovalError,
     "grants_error": GrantsError,
+    "steer_error": SteerError,
 }
 _ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
 
@@ -472,6 +475,22 @@ class Client:
         """
         frame = {"t": "approval_policy", "session_id": session_id, "policy": policy}
         return _text_or_none((await self._call_id(frame)).get("effective"))
+
+    # -- steering --------------------------------------------------------------------------
+
+    async def steer(self, turn_id: str, text: str) -> None:
+        """Send ``text`` into a running turn of a session this connection controls
+        (RFC-0002 §6.10): returns once it entered the turn, at its next request boundary
+        (after the tool calls in flight), as a user message and a ``turn.steered`` event.
+
+        Raises :class:`SteerError`: ``turn_finished`` (the turn ended first; nothing was
+        written and ``error.text`` holds the text), ``unknown_turn``, ``invalid_request``.
+        """
+        try:
+            await self._call_id({"t": "steer", "turn_id": turn_id, "text": text})
+        except SteerError as exc:
+            exc.text = text
+            raise
 
     def _grants(self, frame: dict[str, Any]) -> Grants:
         if not isinstance(frame.get("project"), dict) or not isinstance(

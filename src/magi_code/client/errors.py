@@ -60,7 +60,7 @@ class DaemonError(Exception):
     (``framing_error``, ``unknown_frame``, ``protocol_error``, ``internal_error``; also
     used when *this* client finds the daemon's frames invalid), or of the answer to one
     request (``attach_error``, ``snapshot_error``, ``grant_error``, ``control_error``,
-    ``request_error``, ``approval_error``, ``grants_error``).
+    ``request_error``, ``approval_error``, ``grants_error``, ``steer_error``).
     """
 
     def __init__(self, message: str, code: str | None = None) -> None:
@@ -92,3 +92,12 @@ class ApprovalError(DaemonError):
 class GrantsError(DaemonError):
     """``grants_list``/``grants_revoke`` was refused: ``invalid_request`` or
     ``grants_unavailable`` (the project settings cannot be read or written)."""
+
+
+class SteerError(DaemonError):
+    """A ``steer`` did not enter the turn: ``turn_finished`` (the turn ended first; the
+    daemon wrote nothing of the text, which ``text`` holds for the caller to send again),
+    ``unknown_turn`` (no turn of a session this connection controls) or
+    ``invalid_request``."""
+
+    text: str | None = None

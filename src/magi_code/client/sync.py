@@ -212,6 +212,9 @@ class SyncClient:
     ) -> str | None:
         return self._run(self._client.set_session_policy(session_id, policy), timeout)
 
+    def steer(self, turn_id: str, text: str, *, timeout: float | None = None) -> None:
+        self._run(self._client.steer(turn_id, text), timeout)
+
     def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event, None once the connection closed cleanly; :class:`TimeoutError`
         when none arrives within ``timeout`` (no event is lost by it)."""

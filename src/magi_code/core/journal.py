@@ -185,6 +185,11 @@ class TurnJournal:
             if log.terminal is None and log.info.session_id == session_id
         ]
 
+    def ended(self, turn_id: str) -> TurnInfo | None:
+        """A retained finished turn's info, else None (running or unknown)."""
+        log = self._turns.get(turn_id)
+        return None if log is None or log.terminal is None else log.info
+
     def failure(self, turn_id: str) -> str | None:
         """The failure label of a journaled failed turn, else None."""
         log = self._turns.get(turn_id)

@@ -351,6 +351,25 @@ class PersistentCoordinator:
             self.handover.released(valid)
         return valid
 
+    # -- steering --------------------------------------------------------------------------
+
+    def steer(self, conn: Connection, turn_id: str, text: str) -> asyncio.Future[bool]:
+        """``turn.steer`` (RFC-0002 §6.10), taken before it returns: the future is true once
+        the text entered the running turn, false (``turn_finished``) when the turn ended
+        first — also when it had already ended and ``conn`` controls its session. Raises
+        ServiceError ``unknown_turn``."""
+        if self.turns is None or self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        if turn_id not in self.turns.active:
+            info = self.journal.ended(turn_id)
+            held = None if info is None else self.sessions.controller(info.session_id)
+            if held is None or held.owner != conn.conn_id:
+                raise ServiceError(ErrorCode.UNKNOWN_TURN)
+            ended: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            ended.set_result(False)
+            return ended
+        return self.turns.steer(conn, turn_id, text)
+
     # -- watchers --------------------------------------------------------------------------
 
     async def watch(

@@ -23,6 +23,11 @@ Theory of operation, per turn:
   persisted, the queue is drained, and ``turn.terminal`` takes the next sequence value. Its write
   releases the start request ID; only then is the session attachment settled.
 
+Steering (v2, RFC-0002 §6.10): the controller's text waits in the run until the agent's
+next request boundary, where it becomes a ``steer`` user record and a ``turn.steered``
+event (sequenced like any turn event, released once the record is durable) and joins the
+conversation; once the agent ended, what still waits is answered ``turn_finished``.
+
 Cancellation interrupts only the agent task: if the agent already finished, the turn
 still ends ``completed`` (completion won the race). A cancelled agent gets a bounded grace
 (:func:`cancel_grace`) to finish its cleanup; past it the terminal is written without it,
@@ -249,6 +254,10 @@ class TurnRun:
         self.failure: str | None = None  # the label, once the turn failed
         self.remedy: str | None = None
         self.report = TurnReport()
+        # Steer texts waiting for the next request boundary, each with its answer: true
+        # once it entered the turn, false when the agent ended first.
+        self._steers: list[tuple[str, asyncio.Future[bool]]] = []
+        self._steering = True  # the agent may still reach a request boundary
 
     @property
     def effective(self) -> Effective | None:
@@ -295,6 +304,44 @@ class TurnRun:
         # Queued for the group commit; the events queued after it wait for it (``_pump``).
         return await self.attachment.lease.enqueue(record)
 
+    def steer(self, text: str) -> asyncio.Future[bool]:
+        """Hand ``text`` to the agent's next request boundary; the future says whether it
+        entered the turn (false: the agent ended first)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self._steering and not self._cancel_requested:
+            self._steers.append((text, future))
+        else:
+            future.set_result(False)
+        return future
+
+    async def take_steers(self) -> list[str]:
+        """The waiting steer texts, each made a durable user record where it enters and
+        announced as ``turn.steered`` (the agent's ``steers``)."""
+        taken, self._steers = self._steers, []
+        landed = False
+        try:
+            for text, _ in taken:
+                user = {"type": "user", "turn_id": self.turn_id, "text": text, "steer": True}
+                mark = await self.record(user)
+                payload = {"turn_id": self.turn_id, "sequence": self._stamp(), "text": text}
+                await self._queue.put(("turn.steered", payload, mark))
+            if taken:
+                await self.attachment.lease.durable(self.attachment.lease.submitted_seq)
+            landed = True
+        finally:
+            for _, future in taken:
+                if not future.done():
+                    future.set_result(landed)
+        return [text for text, _ in taken]
+
+    def _close_steering(self) -> None:
+        # No request boundary comes any more: what waits is answered ``turn_finished``.
+        self._steering = False
+        waiting, self._steers = self._steers, []
+        for _, future in waiting:
+            if not future.done():
+                future.set_result(False)
+
     def _stamp(self) -> int:
         sequence = self.next_sequence
         self.next_sequence += 1
@@ -323,6 +370,7 @@ class TurnRun:
             self._keep_settle,
             self.service.approvals.approver(self),
             self.service.relay.frontend(self),
+            self.take_steers if self.conn.persistent else None,
         )
 
     def _keep_settle(self, settle: Callable[[], Awaitable[None]]) -> None:
@@ -348,6 +396,7 @@ class TurnRun:
             self._joined.set_result(None)
 
     def _agent_ended(self, task: asyncio.Task[None]) -> None:
+        self._close_steering()
         if not task.cancelled():
             task.exception()  # retrieved here too: an abandoned agent's is never read
         if self._grace is not None:
@@ -441,6 +490,7 @@ class TurnRun:
                 _hashed(self.turn_id),
                 self._grace_seconds,
             )
+        self._close_steering()  # also for an agent abandoned past its grace
         self.report.log(self, status)
         self._admission_open = False
         # Nothing stamps a sequence after admission closed: the terminal's is known now.
@@ -653,6 +703,15 @@ class TurnService:
             raise ServiceError(ErrorCode.UNKNOWN_TURN)
         run.cancel()
         return Reply({"turn_id": turn_id, "status": "cancellation_requested"})
+
+    def steer(self, conn: Connection, turn_id: str, text: str) -> asyncio.Future[bool]:
+        """``turn.steer``: only the session's controller steers (as ``turn.cancel``), and
+        only a persistent client's turn (a v1 client's turn is never steered: its stream
+        has no ``turn.steered``). Raises ``unknown_turn`` for any other turn."""
+        run = self.active.get(turn_id)
+        if run is None or run.attachment.owner != conn.conn_id or not run.conn.persistent:
+            raise ServiceError(ErrorCode.UNKNOWN_TURN)
+        return run.steer(text)
 
     def abandon(self, agent: asyncio.Task[None]) -> None:
         self._abandoned.add(agent)

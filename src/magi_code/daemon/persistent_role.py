@@ -101,6 +101,8 @@ class PersistentRole:
                     await self._session_frame(frame)
                 elif isinstance(frame, v2.ControlAnswer):
                     self._control_answer(frame)
+                elif isinstance(frame, v2.Steer):
+                    self._steer(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
@@ -284,6 +286,25 @@ class PersistentRole:
             {"t": "control_granted", "id": frame.id, "session_id": session_id, "turns": turns}
         )
         self.approvals.resend_session(self.conn.conn_id, session_id)
+
+    def _steer(self, frame: v2.Steer) -> None:
+        try:
+            # Taken now, in frame order; answered at the turn's next request boundary
+            # (other frames are handled meanwhile).
+            entered = self.core.steer(self.conn, frame.turn_id, frame.text)
+        except ServiceError as exc:
+            self.peer.send({"t": "steer_error", "id": frame.id, "code": exc.code.value})
+            return
+        task = asyncio.create_task(self._steered(frame, entered))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def _steered(self, frame: v2.Steer, entered: asyncio.Future[bool]) -> None:
+        if not await entered:
+            # The text is the client's again: nothing of it was written.
+            self.peer.send(v2.frame_error("steer_error", frame.id, Code.TURN_FINISHED))
+            return
+        self.peer.send({"t": "steer_result", "id": frame.id, "turn_id": frame.turn_id})
 
     def _control_answer(self, frame: v2.ControlAnswer) -> None:
         handover = self.core.handover

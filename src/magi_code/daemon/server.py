@@ -81,6 +81,7 @@ CAPABILITIES: Final = (
     "editor_files",
     "session.watch",
     "control.handover",
+    "turn.steer",
 )
 
 

@@ -14,6 +14,7 @@ from typing import Any, Final, Literal, cast
 
 from magi_code.protocol.framing import fits_record
 from magi_code.protocol.idempotency import valid_idempotency_key
+from magi_code.protocol.limits import MAX_STRING_BYTES
 
 PROTOCOL_VERSION: Final = 2
 SUPPORTED_VERSIONS: Final = (2,)
@@ -65,6 +66,7 @@ class Code(StrEnum):
     GRANTS_UNAVAILABLE = "grants_unavailable"
     RESYNC_REQUIRED = "resync_required"
     CONTROL_REFUSED = "control_refused"
+    TURN_FINISHED = "turn_finished"
 
 
 MESSAGES: Final[dict[Code, str]] = {
@@ -111,6 +113,7 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "control_release",
             "control_request",
             "control_answer",
+            "steer",
         }
     ),
     "control": frozenset({"control"}),
@@ -156,6 +159,8 @@ SERVER_FRAMES: Final = frozenset(
         "control_requested",
         "control_answered",
         "control_changed",
+        "steer_result",
+        "steer_error",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -520,6 +525,18 @@ class ControlAnswer(_Frozen):
         self._set(id, session_id, grant)
 
 
+class Steer(_Frozen):
+    """``turn.steer``: text for the running turn's next provider request."""
+
+    __slots__ = ("id", "turn_id", "text")  # noqa: RUF023
+    id: object
+    turn_id: str
+    text: str
+
+    def __init__(self, id: object, turn_id: str, text: str) -> None:
+        self._set(id, turn_id, text)
+
+
 ClientFrame = (
     Record
     | Oversize
@@ -539,6 +556,7 @@ ClientFrame = (
     | Watch
     | SessionFrame
     | ControlAnswer
+    | Steer
 )
 
 
@@ -683,6 +701,8 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _session_frame(kind, frame)
         case "control_answer":
             return _control_answer(frame)
+        case "steer":
+            return _steer(frame)
         case _:
             return _attach(frame)
 
@@ -842,6 +862,16 @@ def _control_answer(frame: Mapping[str, Any]) -> ControlAnswer:
     if not isinstance(grant, bool):
         raise Rejected(frame_error("grant_error", frame.get("id"), Code.INVALID_REQUEST))
     return ControlAnswer(frame.get("id"), session_id, grant)
+
+
+def _steer(frame: Mapping[str, Any]) -> Steer:
+    fid, turn_id, text = frame.get("id"), frame.get("turn_id"), frame.get("text")
+    if not (isinstance(turn_id, str) and turn_id and _optional_id(turn_id)):
+        raise Rejected(frame_error("steer_error", fid, Code.INVALID_REQUEST))
+    # A steer becomes a user record: the v1 bound of a prompt holds it too.
+    if not isinstance(text, str) or not text.strip() or len(text.encode()) > MAX_STRING_BYTES:
+        raise Rejected(frame_error("steer_error", fid, Code.INVALID_REQUEST))
+    return Steer(fid, turn_id, text)
 
 
 def _is_int(value: object) -> bool:

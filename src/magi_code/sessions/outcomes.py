@@ -126,7 +126,8 @@ def scan_turn(
             continue
         record, ts = decoded
         last_seq = record.seq
-        if isinstance(record, UserRecord) and matches(record):
+        # A steer's user record is inside its turn, not the start of one.
+        if isinstance(record, UserRecord) and not record.steer and matches(record):
             current = _Turn(record, ts)
         elif current is None or current.terminal is not None:
             continue

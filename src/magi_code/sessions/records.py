@@ -46,7 +46,9 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
 # a present field must be valid (a bad value makes the whole line malformed).
 OPTIONAL_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     # The client's turn.start idempotency key (see ``valid_idempotency_key``).
-    "user": ("idempotency_key",),
+    # ``steer``: ``true`` on text the controller sent into the running turn (RFC-0002
+    # §6.10), where it entered; the turn's first user record (its prompt) has none.
+    "user": ("idempotency_key", "steer"),
     # The sequence number the turn's terminal event carried (absent when no event did);
     # a failed turn's ``failure`` label and ``remedy`` (``turns/failures.py``; absent on
     # other terminals, and on those of versions that did not record them).
@@ -86,6 +88,7 @@ class UserRecord:
     turn_id: str
     text: str
     idempotency_key: str | None = None
+    steer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +225,9 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
         case "header":
             return HeaderRecord(seq, _str(obj, "session_id"), _str(obj, "created_at"))
         case "user":
-            return UserRecord(seq, _str(obj, "turn_id"), _str(obj, "text"), _key(obj))
+            return UserRecord(
+                seq, _str(obj, "turn_id"), _str(obj, "text"), _key(obj), _flag(obj, "steer")
+            )
         case "assistant":
             return AssistantRecord(
                 seq,

@@ -32,6 +32,11 @@ whose reply is the turn's answer. A subagent reports none: its requests appear o
 one ``subagent_aggregate`` of its task (``turns.subagent``), so the turn's top-level
 ``provider_request`` usage plus its aggregates count every request once.
 
+Steering: the main agent may be given ``steers``, which hands over (and makes durable)
+the text the controller sent into the running turn. It is asked at each request
+boundary — after a response's tool calls all finished, before the next request — and
+what it returns joins the conversation as user messages; the turn goes on.
+
 Cancellation is plain task cancellation: every await here is a cancellation point, the
 provider stream is closed by leaving its ``async for``, and tools kill their children.
 """
@@ -211,6 +216,7 @@ class Agent:
         stream_text: bool = True,
         parent_activity_id: str | None = None,
         reauthorize: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
+        steers: Callable[[], Awaitable[Sequence[str]]] | None = None,
     ) -> None:
         self.client = env.client
         self.plan = env.plan
@@ -230,6 +236,8 @@ class Agent:
         self.parent_activity_id = parent_activity_id
         # Codex only: fresh credentials after a 401 (the token was revoked or rotated).
         self.reauthorize = reauthorize
+        # The main agent only: steer texts that arrived since the last request boundary.
+        self.steers = steers
         self.request_sequence = 0
         self.usage = UsageTotals()
         self.system = self.plan.system
@@ -297,6 +305,9 @@ class Agent:
                 break
             else:
                 continued = 0
+                if self.steers is not None:
+                    # Recorded by ``steers`` itself, where they entered (before the request).
+                    items.extend(UserText(text) for text in await self.steers())
         else:
             raise IterationLimitExceeded
 

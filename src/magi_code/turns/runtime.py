@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from magi_code.auth.credentials import resolve_headers
@@ -159,11 +159,13 @@ class TurnRuntime:
         expose_settle: Callable[[Callable[[], Awaitable[None]]], None],
         approver: Approver | None = None,
         frontend: Frontend | None = None,
+        steers: Callable[[], Awaitable[Sequence[str]]] | None = None,
     ) -> None:
         """Run the agent with ``prepared`` (captured at admission, or reloaded by the
         worker right before this); the turn keeps them for its whole run. ``approver`` is
         the turn's way to a person; without one, calls that need an answer are refused.
-        ``frontend`` is the tool details and editor file access its client asked for."""
+        ``frontend`` is the tool details and editor file access its client asked for;
+        ``steers`` hands the main agent the controller's steer texts (``turns.agent``)."""
         ctx = turn.ctx
         if isinstance(prepared, ServiceError):
             raise prepared
@@ -235,6 +237,7 @@ class TurnRuntime:
                         if provider.credential == "oauth"
                         else None
                     ),
+                    steers=steers,
                 )
                 expose_settle(agent.settle_text)
                 await hooks.user_prompt_submit(turn.prompt)
