@@ -170,6 +170,35 @@ def test_outcome_of_a_completed_turn(store: SessionStore, session: str, lease: W
     assert [e["kind"] for e in events] == ["message", "message", "message", "terminal"]
 
 
+def test_a_steer_record_is_inside_its_turn(
+    store: SessionStore, session: str, lease: WriterLease
+) -> None:
+    # RFC-0002 §6.10: the steer's user record, where it entered; the turn starts before.
+    line = encode_record({**user("t1", "more"), "steer": True}, 1, TS)
+    assert decode_line(line[:-1]) == UserRecord(1, "t1", "more", None, True)
+    assert encode_record({**user("t1", "q"), "steer": None}, 1, TS) == encode_record(
+        user("t1", "q"), 1, TS
+    )
+    assert decode_line(orjson.dumps(orjson.loads(line) | {"steer": "yes"})) is None
+    lease.append(user("t1", "question", "idem-1"))
+    lease.append(assistant("t1", "before "))
+    lease.append({**user("t1", "steered"), "steer": True})
+    outcome = store.turn_outcome(session, "t1")
+    assert outcome is not None and outcome.status is None
+    assert outcome.assistant_text == "before " and outcome.idempotency_key == "idem-1"
+    lease.append(assistant("t1", "after"))
+    lease.append(terminal("t1", "completed", "before after"))
+    assert store.find_turn_by_key(session, "idem-1") == store.turn_outcome(session, "t1")
+    events, _ = replay_events(store, session)
+    assert [(e["kind"], e.get("role"), e.get("text")) for e in events] == [
+        ("message", "user", "question"),
+        ("message", "assistant", "before "),
+        ("message", "user", "steered"),
+        ("message", "assistant", "after"),
+        ("terminal", None, None),
+    ]
+
+
 def test_unknown_turns_keys_and_sessions(store: SessionStore, session: str) -> None:
     with store.acquire_writer_lease(session) as lease:
         lease.append(user("t1", "q", "k1"))
