@@ -28,15 +28,27 @@ def fake() -> Iterator[FakeProviderServer]:
 
 
 def _check_health(doc: dict[str, Any], *, tools: int, control: int) -> None:
+    # A zombie is transient here: an orphan the subreaper adopted is reaped after it has
+    # been one for a second (the callers wait for ``zombies`` 0 where it must settle).
     assert doc["uptime_seconds"] >= 0
     assert doc["rss_bytes"] > 0 and doc["open_fds"] > 0 and doc["threads"] > 0
     assert set(doc["children"]) == CHILD_KINDS
     assert doc["children"] == {**dict.fromkeys(CHILD_KINDS, 0), "tool": tools}
-    assert doc["zombies"] == 0
+    assert doc["zombies"] >= 0
     assert set(doc["connections"]) == ROLES
     assert doc["connections"]["persistent"] == 1
     assert doc["connections"]["control"] == control
     assert doc["max_outbound_queued_bytes"] >= 0
+
+
+async def _without_zombies(read: Any) -> dict[str, Any]:
+    """A status once no zombie is left (each is reaped within seconds)."""
+    for _ in range(100):
+        doc = dict(await read())
+        if doc["zombies"] == 0:
+            return doc
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"a zombie child stayed: {doc}")
 
 
 async def _terminal(client: Client) -> dict[str, Any]:
@@ -58,7 +70,7 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
     )
     client = await persistent(home, project)
     try:
-        before = await asyncio.to_thread(status, home)
+        before = await _without_zombies(lambda: asyncio.to_thread(status, home))
         _check_health(before, tools=0, control=1)
         assert before["active_turns"] == 0 and before["retained_turns"] == 0
 
@@ -78,7 +90,7 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
         release.touch()
         terminal = await asyncio.wait_for(_terminal(client), 60)
         assert terminal["status"] == "completed", terminal
-        after = dict(await client.status())
+        after = await _without_zombies(client.status)
         _check_health(after, tools=0, control=0)
         assert after["active_turns"] == 0 and after["retained_turns"] == 1
     finally:
