@@ -62,7 +62,12 @@ from magi_code.tools.paths import (
     resolve_in_project,
     validate_glob,
 )
-from magi_code.tools.processes import forget_child, record_child
+from magi_code.tools.processes import (
+    ChildLimitReached,
+    child_slot,
+    forget_child,
+    record_child,
+)
 
 # read_file stays under the outcome bound on whole lines and tells the model where to go on.
 READ_BUDGET_BYTES: Final = 30 * 1024
@@ -525,7 +530,11 @@ class Grep(BuiltinTool):
             "max_total_bytes": MAX_GREP_TOTAL_BYTES,
             "sniff_bytes": BINARY_SNIFF_BYTES,
         }
-        return await _run_grep_worker(json.dumps(request).encode("ascii"))
+        try:
+            with child_slot(ctx):
+                return await _run_grep_worker(json.dumps(request).encode("ascii"))
+        except ChildLimitReached as exc:
+            raise ToolInputError(str(exc)) from None
 
 
 def _grep_targets(

@@ -62,6 +62,7 @@ from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome,
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
 from magi_code.tools.processes import (
+    child_slot,
     find_child_with_env,
     forget_child,
     group_carries_env,
@@ -226,26 +227,10 @@ class _ServerConnection:
             self.tools_changed = True
 
     async def _serve(self) -> None:
-        import anyio
-        from mcp.client.session import ClientSession
-        from mcp.client.stdio import stdio_client
-
-        assert self._params is not None
         try:
-            async with (
-                stdio_client(self._params, errlog=self._errlog) as (read, write),
-                ClientSession(read, write, message_handler=self._on_message) as session,
-            ):
-                self._pgid = await _server_pid(self._token)
-                if self._pgid is not None:
-                    record_child(self._pgid, "mcp_server")
-                with anyio.fail_after(self._startup_timeout):
-                    await session.initialize()
-                    self.tools_changed = False  # the listing below is the current one
-                    self.listed = await _list_tools(session)
-                self.session = session
-                self._ready.set()
-                await self._until_stopped_or_gone()
+            # A server counts in the process's child total for as long as it lives.
+            with child_slot(None):
+                await self._run_server()
         # Isolation boundary: whatever a server does wrong stays with that server.
         except Exception as exc:  # noqa: BLE001
             self.failed = not self._ready.is_set()
@@ -256,6 +241,27 @@ class _ServerConnection:
                 forget_child(self._pgid)
             self.session = None
             self._ready.set()
+
+    async def _run_server(self) -> None:
+        import anyio
+        from mcp.client.session import ClientSession
+        from mcp.client.stdio import stdio_client
+
+        assert self._params is not None
+        async with (
+            stdio_client(self._params, errlog=self._errlog) as (read, write),
+            ClientSession(read, write, message_handler=self._on_message) as session,
+        ):
+            self._pgid = await _server_pid(self._token)
+            if self._pgid is not None:
+                record_child(self._pgid, "mcp_server")
+            with anyio.fail_after(self._startup_timeout):
+                await session.initialize()
+                self.tools_changed = False  # the listing below is the current one
+                self.listed = await _list_tools(session)
+            self.session = session
+            self._ready.set()
+            await self._until_stopped_or_gone()
 
     async def _until_stopped_or_gone(self) -> None:
         """Park until told to stop, or until the server process exited (a warm server that

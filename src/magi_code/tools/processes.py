@@ -8,6 +8,10 @@ group, a grace period, then SIGKILL, every wait bounded.
 Each spawner records its child's pid and kind (:func:`record_child`) once started and
 forgets it once reaped, so the record holds live children only; ``daemon status`` reads
 it (:func:`child_kind`) for the children the operating system lists.
+
+Before spawning, each spawner takes a slot (:func:`child_slot`) and holds it until its
+child is reaped: at most ``MAX_CHILDREN_PER_TURN`` per turn and ``max_children()`` in
+this process, so a runaway turn gets a tool error instead of a fork storm.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final, Literal
 
 from magi_code.storage.launch import current_umask
@@ -27,6 +31,13 @@ _POLL_SECONDS: Final = 0.05
 ChildKind = Literal["tool", "hook", "mcp_server", "worker"]
 CHILD_KINDS: Final[tuple[ChildKind, ...]] = ("tool", "hook", "mcp_server", "worker")
 _children: dict[int, ChildKind] = {}
+# A turn's tools run a few processes at a time (a batch of read-only calls, a hook); the
+# process total leaves room for 64 turns' worth beside warm MCP servers.
+MAX_CHILDREN_PER_TURN: Final = 16
+MAX_CHILDREN_DEFAULT: Final = 128
+MAX_CHILDREN_ENV: Final = "MC_DAEMON_MAX_CHILDREN"
+_slots_total = 0
+_slots_by_owner: dict[int, int] = {}  # id(owner) -> slots held; no entry once none
 # Sets the mask given as $1, then becomes the real command (same pid, group, environment).
 _UMASK_SCRIPT: Final = 'umask "$1" && shift && exec "$@"'
 
@@ -58,6 +69,49 @@ def forget_child(pid: int) -> None:
 
 def child_kind(pid: int) -> ChildKind | None:
     return _children.get(pid)
+
+
+class ChildLimitReached(Exception):
+    """No slot for another child process; ``str(exc)`` is the fixed tool error."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Not started: too many processes are running (at most "
+            f"{MAX_CHILDREN_PER_TURN} for one turn and {max_children()} in all); wait for "
+            "some to finish, then try again."
+        )
+
+
+def max_children() -> int:
+    """``MC_DAEMON_MAX_CHILDREN`` (a positive integer), else ``MAX_CHILDREN_DEFAULT``."""
+    raw = os.environ.get(MAX_CHILDREN_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else MAX_CHILDREN_DEFAULT
+
+
+@contextlib.contextmanager
+def child_slot(owner: object | None) -> Iterator[None]:
+    """Hold one child slot of ``owner`` (a turn's ``ToolContext``; ``None``: counted only
+    in the total) for the ``with`` block: spawn, wait, terminate and reap inside it.
+
+    Raises:
+        ChildLimitReached: the turn or the process already holds all its slots.
+    """
+    global _slots_total
+    key = id(owner)
+    held = _slots_by_owner.get(key, 0) if owner is not None else 0
+    if _slots_total >= max_children() or held >= MAX_CHILDREN_PER_TURN:
+        raise ChildLimitReached
+    _slots_total += 1
+    if owner is not None:
+        _slots_by_owner[key] = held + 1
+    try:
+        yield
+    finally:
+        _slots_total -= 1
+        if owner is not None:
+            left = _slots_by_owner.pop(key) - 1
+            if left:
+                _slots_by_owner[key] = left
 
 
 async def terminate_process_group(pgid: int) -> None:

@@ -33,6 +33,8 @@ from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
 from magi_code.tools.processes import (
     ChildKind,
+    ChildLimitReached,
+    child_slot,
     forget_child,
     record_child,
     terminate_process_group,
@@ -114,19 +116,46 @@ async def run_shell(
     kind: ChildKind = "tool",
     sandbox: Sandbox | None = None,
     stdin: int | None = None,
+    owner: object | None = None,
 ) -> ShellResult:
     """Run ``command`` and return its bounded output; the process group never outlives this.
 
     ``umask`` is the shell's file-mode creation mask (``None``: this process's own);
     ``kind`` is what the shell is recorded as while it lives (``daemon status``).
     ``sandbox`` confines it with ``cwd`` (resolved) as the writable project
-    (``tools.sandbox``); ``stdin`` is a file descriptor to read from (default: none).
+    (``tools.sandbox``); ``stdin`` is a file descriptor to read from (default: none);
+    ``owner`` is the turn whose child slot it takes (``processes.child_slot``).
 
     Raises:
+        ChildLimitReached: no child slot is free; nothing was started.
         OSError: the shell could not be started.
         ValueError: the command contains a NUL byte.
         asyncio.CancelledError: after the process group has been killed and reaped.
     """
+    with child_slot(owner):
+        return await _run_shell(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            umask=umask,
+            kind=kind,
+            sandbox=sandbox,
+            stdin=stdin,
+        )
+
+
+async def _run_shell(
+    command: str,
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout: float,
+    umask: int | None,
+    kind: ChildKind,
+    sandbox: Sandbox | None,
+    stdin: int | None,
+) -> ShellResult:
     loop = asyncio.get_running_loop()
     capture = _Capture()
     argv = [SHELL, "-c", command]
@@ -233,8 +262,16 @@ class Shell(BuiltinTool):
         env = child_environment(ctx.env, secret_names=ctx.secret_names)
         try:
             result = await run_shell(
-                command, cwd=cwd, env=env, timeout=timeout, umask=ctx.umask, sandbox=ctx.sandbox
+                command,
+                cwd=cwd,
+                env=env,
+                timeout=timeout,
+                umask=ctx.umask,
+                sandbox=ctx.sandbox,
+                owner=ctx,
             )
+        except ChildLimitReached as exc:
+            raise ToolInputError(str(exc)) from None
         except ValueError:
             raise ToolInputError("The command must not contain NUL bytes.") from None
         except OSError as exc:

@@ -50,6 +50,7 @@ from magi_code.tools.base import (
 )
 from magi_code.tools.environment import child_environment
 from magi_code.tools.paths import project_root
+from magi_code.tools.processes import ChildLimitReached
 from magi_code.tools.shell import run_shell
 
 from . import activity
@@ -205,8 +206,9 @@ class TurnHooks:
                 kind="hook",
                 sandbox=self._ctx.sandbox,
                 stdin=stdin,
+                owner=self._ctx,
             )
-        except (OSError, ValueError):
+        except (OSError, ValueError, ChildLimitReached):
             log.info("a %s hook could not be started", event)
             return HookRun(ok=False)
         finally:
