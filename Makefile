@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: service test test-fast check conformance benchmark stress
+.PHONY: service test test-fast check conformance benchmark stress soak
 
 # Set-up output goes to stderr: `make service` keeps stdout for protocol JSONL only.
 $(STAMP): pyproject.toml
@@ -47,3 +47,10 @@ benchmark: $(STAMP)
 # `make test` runs the same tests at short counts. MC_STRESS_SEED=N repeats a run's choices.
 stress: $(STAMP)
 	MC_STRESS=full $(BIN)/python -m pytest -q -p no:cacheprovider tests/stress
+
+# One daemon under a mixed load (shims, tool calls, an MCP server, cancels, disconnects),
+# its health sampled every 30 s; stops after MINUTES or TURNS, whichever comes first.
+MINUTES ?= 5
+TURNS ?= 5000
+soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py --minutes $(MINUTES) --turns $(TURNS)

@@ -51,3 +51,10 @@ def test_the_paired_comparison_runs_both_modes_of_this_build() -> None:
 def test_the_window_of_turns_runs() -> None:
     output = run_script("window_activity.py", "--seconds", "0", "--shape", "2x2")
     assert "turns: 1" in output and "activity events/s, median:" in output
+
+
+def test_the_soak_runs_briefly_and_leaves_no_child() -> None:
+    output = run_script("soak.py", "--minutes", "0.3", "--turns", "40", "--interval", "5")
+    assert "slope per 1,000 turns" in output and "p95_ms" in output
+    assert "at the end: children {'tool': 0, 'hook': 0, 'mcp_server': 0, 'worker': 0, " in output
+    assert "'other': 0}, zombies 0" in output

@@ -1,0 +1,340 @@
+"""Soak: one daemon under a mixed load for minutes, its health sampled over time.
+
+Four frontends each spawn a shim (``magi-code --app service``, daemon mode) in a loop,
+run a few turns on one of 50 sessions and exit; the turns are plain replies, shell,
+``grep`` and MCP (``mcp-server-time``) tool calls, cancels (while streaming and while a
+tool runs) and shims whose stdin closes mid-turn. A persistent v2 client takes turn
+snapshots meanwhile, and every ``--interval`` seconds reads the daemon's health
+(``status``: RSS, descriptors, threads, children by kind, zombies) and its USS (psutil).
+Each row of the table is one sample: the figures then, the first-delta latency p50/p95
+and the turn outcomes since the previous row. The slope per 1,000 turns of each figure
+is fitted over the samples after the first 1,000 turns (over the whole run when it is
+shorter, which is then said).
+
+The run stops after ``--minutes`` or ``--turns`` started turns, whichever comes first;
+every process is stopped and the temporary MC_HOME removed afterwards.
+
+    .venv/bin/python benchmarks/soak.py [--minutes 5] [--turns 5000] [--interval 30]
+    make soak MINUTES=60 TURNS=100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import psutil
+from benchlib import (
+    DAEMON_ENV,
+    FakeProvider,
+    ServiceProcess,
+    Workspace,
+    daemon_launch_context,
+    daemon_process,
+    daemon_workspace,
+    heading,
+    percentile,
+    run_with_daemons,
+    running_service,
+    stop_service,
+    write_provider_settings,
+)
+
+from magi_code.client import Client
+from magi_code.protocol import envelope
+
+MIB = 2**20
+FRONTENDS = 4
+SESSIONS = 50
+TURN_TIMEOUT = 120.0
+SLOPE_AFTER_TURNS = 1000
+# Each shim runs this many turns at most (a closed stdin ends it sooner).
+TURNS_PER_SHIM = (1, 6)
+# (action, weight): what a frontend's next turn does.
+ACTIONS = (
+    ("plain", 50),
+    ("shell", 14),
+    ("grep", 8),
+    ("mcp", 8),
+    ("cancel_stream", 6),
+    ("cancel_tool", 6),
+    ("close_stdin", 8),
+)
+COLUMNS = (
+    ("min", "elapsed_min", "{:>6.1f}"),
+    ("turns", "turns", "{:>7d}"),
+    ("rss_mib", "rss_mib", "{:>8.1f}"),
+    ("uss_mib", "uss_mib", "{:>8.1f}"),
+    ("fds", "open_fds", "{:>5d}"),
+    ("thr", "threads", "{:>4d}"),
+    ("kids", "children", "{:>5d}"),
+    ("zomb", "zombies", "{:>5d}"),
+    ("p50_ms", "p50_ms", "{:>7.1f}"),
+    ("p95_ms", "p95_ms", "{:>7.1f}"),
+)
+SLOPED = ("rss_mib", "uss_mib", "open_fds", "threads", "children", "zombies")
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"call_id": call_id, "name": name, "arguments": json.dumps(arguments)}
+
+
+def replies(action: str, n: int) -> list[dict[str, Any]]:
+    """What the fake provider is given for one turn of ``action`` (any turn may take it:
+    the provider's queue is shared, so the mix holds over many turns, not per turn)."""
+    done = {"text": ["done ", "now"]}
+    if action == "plain":
+        return [{"kind": "fast", "count": 64}]
+    if action == "shell":
+        command = "echo soak; (sleep 0.2 &); ls >/dev/null"
+        return [
+            {"text": ["running "], "tool_calls": [call(f"s{n}", "shell", command=command)]},
+            done,
+        ]
+    if action == "grep":
+        return [
+            {"text": ["searching "], "tool_calls": [call(f"g{n}", "grep", pattern="soak")]},
+            done,
+        ]
+    if action == "mcp":
+        clock = call(f"m{n}", "mcp__clock__get_current_time", timezone="UTC")
+        return [{"text": ["asking "], "tool_calls": [clock]}, done]
+    if action == "cancel_tool":
+        return [
+            {"text": ["waiting "], "tool_calls": [call(f"c{n}", "shell", command="sleep 5")]},
+            done,
+        ]
+    # cancel_stream, close_stdin: a reply slow enough to be cut in the middle.
+    return [{"text": ["slow "] * 40, "chunk_delay": 0.05}]
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.started = 0
+        self.latencies: list[float] = []  # first-delta, seconds, since the last sample
+        self.outcomes: collections.Counter[str] = collections.Counter()  # since last sample
+        self.totals: collections.Counter[str] = collections.Counter()
+        self.action_of: collections.Counter[str] = collections.Counter()
+
+    def outcome(self, name: str) -> None:
+        self.outcomes[name] += 1
+        self.totals[name] += 1
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, ws: Workspace, fake: FakeProvider) -> None:
+        self.args = args
+        self.ws = ws
+        self.fake = fake
+        self.stats = Stats()
+        self.deadline = time.monotonic() + args.minutes * 60
+        self.sessions: list[str | None] = [None] * SESSIONS
+        self.free = list(range(SESSIONS))
+        self.rng = random.Random(args.seed)
+
+    def more(self) -> bool:
+        return time.monotonic() < self.deadline and self.stats.started < self.args.turns
+
+    async def frontend(self, index: int) -> None:
+        while self.more():
+            slot = self.free.pop(self.rng.randrange(len(self.free)))
+            try:
+                await self.one_shim(slot)
+            finally:
+                self.free.append(slot)
+
+    async def one_shim(self, slot: int) -> None:
+        svc = await ServiceProcess.start(self.ws.home, self.ws.project, DAEMON_ENV, checks=False)
+        try:
+            await svc.initialize()
+            for _ in range(self.rng.randint(*TURNS_PER_SHIM)):
+                if not self.more():
+                    return
+                action = self.rng.choices([a for a, _ in ACTIONS], [w for _, w in ACTIONS])[0]
+                if not await self.one_turn(svc, slot, action):
+                    return
+        finally:
+            await stop_service(svc)
+
+    async def one_turn(self, svc: ServiceProcess, slot: int, action: str) -> bool:
+        """Run one turn of ``action``; whether the shim can take another."""
+        stats = self.stats
+        stats.started += 1
+        stats.action_of[action] += 1
+        await self.fake.enqueue(*replies(action, stats.started))
+        rid = svc.next_id("turn")
+        began = time.perf_counter()
+        response = await svc.request(
+            "turn.start", {"prompt": f"soak {action}", "options": {}},
+            session_id=self.sessions[slot], request_id=rid, timeout=TURN_TIMEOUT,
+        )  # fmt: skip
+        if response["error"] is not None:
+            stats.outcome(f"refused:{response['error']['code']}")
+            return True
+        payload = response["payload"]
+        self.sessions[slot] = payload["session_id"]
+        first = True
+        async with asyncio.timeout(TURN_TIMEOUT):
+            while True:
+                event = await svc.recv(TURN_TIMEOUT)
+                if event.get("kind") != "event" or event.get("request_id") != rid:
+                    continue
+                name = event["event"]
+                if name == "turn.assistant_delta" and first:
+                    first = False
+                    stats.latencies.append(time.perf_counter() - began)
+                    if action == "close_stdin":
+                        await svc.close_stdin()
+                        await svc.drain_stdout(TURN_TIMEOUT)
+                        stats.outcome("stdin_closed")
+                        return False
+                    if action.startswith("cancel"):
+                        cancel = {"turn_id": payload["turn_id"]}
+                        await svc.send(
+                            envelope.request(svc.next_id("cancel"), "turn.cancel", cancel)
+                        )
+                elif name == "turn.terminal":
+                    stats.outcome(event["payload"]["status"])
+                    return True
+
+    async def snapshots(self, client: Client) -> None:
+        """The persistent client's load: a snapshot of every known turn, over and over."""
+        while self.more():
+            await client.snapshot()
+            await asyncio.sleep(0.5)
+
+    async def sampler(
+        self, client: Client, daemon: psutil.Process, rows: list[dict[str, Any]]
+    ) -> None:
+        began = time.monotonic()
+        while True:
+            done = not self.more()
+            rows.append(await self.sample(client, daemon, began))
+            print_row(rows[-1])
+            if done:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.args.interval):
+                    while self.more():
+                        await asyncio.sleep(0.2)
+
+    async def sample(self, client: Client, daemon: psutil.Process, began: float) -> dict[str, Any]:
+        health = dict(await client.status())
+        stats = self.stats
+        latencies, stats.latencies = stats.latencies, []
+        outcomes, stats.outcomes = stats.outcomes, collections.Counter()
+        return {
+            "elapsed_min": (time.monotonic() - began) / 60,
+            "turns": stats.started,
+            "rss_mib": health["rss_bytes"] / MIB,
+            "uss_mib": daemon.memory_full_info().uss / MIB,
+            "open_fds": health["open_fds"],
+            "threads": health["threads"],
+            "children": sum(health["children"].values()),
+            "zombies": health["zombies"],
+            "p50_ms": percentile(latencies, 50) * 1000 if latencies else float("nan"),
+            "p95_ms": percentile(latencies, 95) * 1000 if latencies else float("nan"),
+            "outcomes": dict(outcomes),
+        }
+
+
+def print_header() -> None:
+    print(
+        "   "
+        + " ".join(f"{title:>{len(fmt.format(0))}}" for title, _, fmt in COLUMNS)
+        + "  outcomes"
+    )
+
+
+def print_row(row: Mapping[str, Any]) -> None:
+    cells = [fmt.format(row[key]) for _, key, fmt in COLUMNS]
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(row["outcomes"].items()))
+    print("   " + " ".join(cells) + "  " + outcomes, flush=True)
+
+
+def slope(rows: list[dict[str, Any]], key: str) -> float:
+    """Least-squares slope of ``key`` per 1,000 turns."""
+    xs = [row["turns"] / 1000 for row in rows]
+    ys = [float(row[key]) for row in rows]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+
+
+def print_slopes(rows: list[dict[str, Any]]) -> None:
+    late = [row for row in rows if row["turns"] >= SLOPE_AFTER_TURNS]
+    if len(late) >= 2:
+        fitted, note = late, f"after the first {SLOPE_AFTER_TURNS:,} turns"
+    else:
+        # Past the first sample, taken before the daemon loaded a turn's code.
+        fitted = rows[1:] if len(rows) > 2 else rows
+        note = f"whole run: fewer than {SLOPE_AFTER_TURNS:,} turns, not meaningful"
+    print(f"   slope per 1,000 turns ({note}, {len(fitted)} samples):")
+    units = {"rss_mib": "MiB", "uss_mib": "MiB"}
+    for key in SLOPED:
+        print(f"     {key:<10} {slope(fitted, key):+10.3f} {units.get(key, '')}".rstrip())
+
+
+async def main(args: argparse.Namespace) -> None:
+    heading(
+        f"soak: {FRONTENDS} frontends, {SESSIONS} sessions, up to {args.minutes:g} min "
+        f"or {args.turns:,} turns, a sample every {args.interval:g} s",
+        quick=False,
+    )
+    with daemon_workspace() as ws:
+        (ws.project / "notes.txt").write_text("soak needle\n" * 20)
+        async with FakeProvider.running() as fake:
+            write_provider_settings(ws.home, fake.base_url)
+            settings = json.loads((ws.home / "settings.json").read_text())
+            settings["mcp_servers"] = {
+                "clock": {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
+            }
+            (ws.home / "settings.json").write_text(json.dumps(settings))
+            run = Run(args, ws, fake)
+            # The persistent client starts the daemon; an idle shim open for the whole run
+            # keeps ServiceProcess from stopping the daemon whenever no other shim runs.
+            async with (
+                await Client.connect(daemon_launch_context(ws), client_name="soak") as client,
+                running_service(ws, DAEMON_ENV),
+            ):
+                init = await client.request("initialize", {"supported_protocol_versions": [1]})
+                if init["error"] is not None:
+                    raise RuntimeError(f"initialize failed: {init['error']}")
+                daemon = daemon_process(ws)
+                rows: list[dict[str, Any]] = []
+                print_header()
+                await asyncio.gather(
+                    run.sampler(client, daemon, rows),
+                    run.snapshots(client),
+                    *(run.frontend(i) for i in range(FRONTENDS)),
+                )
+                await asyncio.sleep(1.0)  # the last turns' children are reaped
+                final = dict(await client.status())
+            print_slopes(rows)
+            totals = ", ".join(f"{k} {v}" for k, v in sorted(run.stats.totals.items()))
+            print(f"   turns {run.stats.started:,}: {totals}")
+            print(f"   at the end: children {final['children']}, zombies {final['zombies']}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0, help="run at most this long")
+    parser.add_argument("--turns", type=int, default=5000, help="start at most this many turns")
+    parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
+    parser.add_argument("--seed", type=int, default=None, help="repeat a run's choices")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    run_with_daemons(main, "soak", arguments)
