@@ -176,7 +176,7 @@ class SessionService:
 
     async def create(self, conn: Connection, *, explicit: bool) -> Attachment:
         self._check_capacity(conn)
-        session_id = await asyncio.to_thread(self.store.create)
+        session_id = await asyncio.to_thread(self.store.create, conn.ctx.project_dir)
         return await self.attach(conn, session_id, explicit=explicit, created=True)
 
     async def close_interrupted_turn(self, session_id: str, turn_id: str) -> TurnOutcome | None:

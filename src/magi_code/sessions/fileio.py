@@ -84,14 +84,6 @@ def close_all(fds: list[int]) -> None:
             os.close(fd)
 
 
-def exists_at(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
 def repair_torn_tail(fd: int) -> None:
     """Truncate a final segment without ``\\n`` (an append interrupted by a crash).
 

@@ -42,17 +42,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-import orjson
-
+from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES, MAX_SESSION_PAGE_ITEMS
-from magi_code.sessions.fileio import DIR_FLAGS, HISTORY, META, pread_all, unavailable
+from magi_code.sessions.fileio import DIR_FLAGS, HISTORY, unavailable
 from magi_code.sessions.ids import validate_session_id
+from magi_code.sessions.meta import read_meta
 from magi_code.sessions.records import rfc3339_utc
 from magi_code.sessions.titles import sanitize_title
-from magi_code.storage.files import open_regular
 
-META_MAX_BYTES: Final = 4096
 # How much older than a scan the directory's timestamps must be for it to be reused.
 RACY_NS: Final = 100_000_000
 COARSE_RACY_NS: Final = 2_100_000_000
@@ -222,34 +220,133 @@ def _summarize(root_fd: int, name: str) -> tuple[dict[str, object] | None, bool]
         if not stat.S_ISREG(info.st_mode):
             return None, False
         updated = rfc3339_utc(datetime.fromtimestamp(info.st_mtime, UTC))
-        title, complete = _read_title(dir_fd)
+        meta, complete = read_meta(dir_fd)
     except (OSError, ValueError, OverflowError):
         return None, False
     finally:
         os.close(dir_fd)
-    return {"session_id": name, "title": title, "updated_at": updated}, complete
+    if meta.get("archived") is True:
+        return None, complete  # hidden, not unreadable
+    return {
+        "session_id": name,
+        "title": sanitize_title(meta.get("title")),
+        "updated_at": updated,
+    }, complete
 
 
-def _read_title(dir_fd: int) -> tuple[str | None, bool]:
-    """The sanitized sidecar title (bounded read) and whether the sidecar was readable."""
+# -- the session library (RFC-0002 §6.10): every examined session, by last activity -----
+
+ARCHIVED_FILTERS: Final = (False, True, "all")
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryQuery:
+    """A library page's filters: ``project_dir`` (compared with the recorded directory,
+    both with symlinks resolved), ``title`` (a case-insensitive substring of the title),
+    ``archived`` (``False``: not archived, ``True``: archived only, ``"all"``), the
+    previous page's ``cursor`` and the page ``limit``."""
+
+    project_dir: str | None = None
+    title: str | None = None
+    archived: bool | str = False
+    cursor: str | None = None
+    limit: int = MAX_SESSION_PAGE_ITEMS
+
+
+class BadCursor(Exception):
+    """A library cursor this store did not issue."""
+
+
+def library_item(session_id: str, meta: dict[str, object], mtime_ns: int) -> dict[str, object]:
+    """One library entry: the v1 list fields plus ``project_dir`` and ``archived``."""
+    project = meta.get("project_dir")
+    return {
+        "session_id": session_id,
+        "title": sanitize_title(meta.get("title")),
+        "updated_at": rfc3339_utc(datetime.fromtimestamp(mtime_ns / 1e9, UTC)),
+        "project_dir": project if isinstance(project, str) else None,
+        "archived": meta.get("archived") is True,
+    }
+
+
+def _parse_cursor(cursor: str) -> tuple[int, str]:
+    mtime, _, name = cursor.partition(":")
+    if not mtime.isdigit() or not _is_session_name(name):
+        raise BadCursor
+    return int(mtime), name
+
+
+def _matches(item: dict[str, object], query: LibraryQuery, project: str | None) -> bool:
+    if query.archived != "all" and item["archived"] is not query.archived:
+        return False
+    if project is not None and item["project_dir"] != project:
+        return False
+    if query.title is not None:
+        title = item["title"]
+        return isinstance(title, str) and query.title.casefold() in title.casefold()
+    return True
+
+
+def library_page(
+    root: Path, query: LibraryQuery, index: SessionIndex | None = None
+) -> dict[str, object]:
+    """One library page: matching sessions, most recent activity (history mtime) first,
+    ties by ID; ``next_cursor`` continues after the page's last entry (``None`` on the
+    last page). Every candidate is examined (its history's ``stat`` and its sidecar),
+    up to the scan budget: past it the page says ``incomplete``, as does an unreadable
+    candidate. A session whose activity changes between pages moves in the order (it may
+    show up again, or not at all, on later pages): restart without a cursor to refresh.
+
+    Raises:
+        BadCursor: a cursor this function did not issue.
+        ServiceError: ``SESSION_UNAVAILABLE`` when the directory cannot be read.
+    """
+    floor = None if query.cursor is None else _parse_cursor(query.cursor)
+    project = None if query.project_dir is None else os.path.realpath(query.project_dir)
     try:
-        fd = open_regular(META, os.O_RDONLY, dir_fd=dir_fd)
+        root_fd = os.open(root, _ROOT_FLAGS)
     except FileNotFoundError:
-        return None, True
+        return {"sessions": [], "next_cursor": None, "incomplete": False}
     except OSError:
-        return None, False  # a symlink or special file, refused without blocking
+        raise unavailable() from None
+    found: list[tuple[int, str, dict[str, object]]] = []
     try:
-        data = pread_all(fd, META_MAX_BYTES + 1, 0)
+        try:
+            names, incomplete = (index or SessionIndex()).candidates(root_fd)
+        except OSError:
+            raise unavailable() from None
+        for name in names:
+            entry, complete = _library_entry(root_fd, name)
+            incomplete |= not complete
+            if entry is not None and _matches(entry[1], query, project):
+                found.append((entry[0], name, entry[1]))
+    finally:
+        os.close(root_fd)
+    found.sort(key=lambda e: (-e[0], e[1]))
+    if floor is not None:
+        found = [e for e in found if (-e[0], e[1]) > (-floor[0], floor[1])]
+    page = found[: query.limit]
+    more = len(found) > query.limit
+    return {
+        "sessions": [e[2] for e in page],
+        "next_cursor": f"{page[-1][0]}:{page[-1][1]}" if more else None,
+        "incomplete": incomplete,
+    }
+
+
+def _library_entry(root_fd: int, name: str) -> tuple[tuple[int, dict[str, object]] | None, bool]:
+    try:
+        dir_fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
     except OSError:
+        return None, False
+    try:
+        info = os.stat(HISTORY, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode):
+            return None, False
+        meta, complete = read_meta(dir_fd)
+        item = library_item(name, meta, info.st_mtime_ns)
+    except (OSError, ValueError, OverflowError):
         return None, False
     finally:
-        os.close(fd)
-    if len(data) > META_MAX_BYTES:
-        return None, False
-    try:
-        meta = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None, False
-    if not isinstance(meta, dict):
-        return None, False
-    return sanitize_title(meta.get("title")), True
+        os.close(dir_fd)
+    return (info.st_mtime_ns, item), complete

@@ -7,7 +7,7 @@ Each session is one directory ``<sessions_dir>/<session_id>/`` holding::
     history.jsonl  append-only records (see ``records``), one compact JSON object a line
     append.lock    flock: exclusive around each append/repair, shared around each read
     lease.lock     flock: exclusive service writer lease, held while a service is attached
-    meta.json      optional sidecar {"v":1,"title":...} written atomically
+    meta.json      optional sidecar: title, project directory, archived flag (``meta``)
 
 Locks are ``fcntl.flock`` on files opened with ``O_NOFOLLOW``; the kernel drops them when
 the holding process dies, so a crashed (even ``kill -9``) holder never blocks others. Lock
@@ -51,8 +51,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
-import orjson
-
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.idempotency import valid_idempotency_key
@@ -70,7 +68,6 @@ from magi_code.sessions.fileio import (
     REMOVING_PREFIX,
     close_all,
     complete_prefix,
-    exists_at,
     holding,
     last_valid_seq,
     pread_all,
@@ -79,7 +76,15 @@ from magi_code.sessions.fileio import (
     write_all,
 )
 from magi_code.sessions.ids import new_session_id, validate_session_id
-from magi_code.sessions.listing import SessionIndex, check_page_limit, list_sessions
+from magi_code.sessions.listing import (
+    LibraryQuery,
+    SessionIndex,
+    check_page_limit,
+    library_item,
+    library_page,
+    list_sessions,
+)
+from magi_code.sessions.meta import encode_meta, read_meta, update_meta
 from magi_code.sessions.outcomes import TurnOutcome, scan_turn
 from magi_code.sessions.projection import (
     History,
@@ -103,8 +108,8 @@ from magi_code.sessions.records import (
     encode_record,
     now_rfc3339,
 )
-from magi_code.sessions.titles import title_from_prompt
-from magi_code.storage.files import atomic_write, open_regular
+from magi_code.sessions.titles import sanitize_title, title_from_prompt
+from magi_code.storage.files import open_regular
 from magi_code.storage.mounts import MOUNT_TABLE, local_lookup, mounts_inside, read_mounts
 
 # One record line; larger records would crowd the replay window (tools must bound output).
@@ -403,9 +408,17 @@ class WriterLease:
         title = title_from_prompt(text)
         if title is None:
             return
+
+        def first_title(meta: dict[str, object]) -> dict[str, object] | None:
+            return None if meta.get("title") is not None else {**meta, "title": title}
+
         # Best effort: a title is optional display metadata and must never fail a turn.
-        with contextlib.suppress(OSError):
-            atomic_write(self._session_dir / META, orjson.dumps({"v": 1, "title": title}))
+        with contextlib.suppress(OSError, ServiceError):
+            dir_fd = os.open(self._session_dir, DIR_FLAGS)
+            try:
+                update_meta(self._session_dir, dir_fd, first_title)
+            finally:
+                os.close(dir_fd)
             self._has_title = True
 
     def release(self) -> None:
@@ -441,8 +454,10 @@ class SessionStore:
             self.COMMIT_THREADS, thread_name_prefix="mc-session-commit"
         )
 
-    def create(self) -> str:
-        """Create a session with its header durably written and return its new ID.
+    def create(self, project_dir: Path | None = None) -> str:
+        """Create a session with its header durably written and return its new ID;
+        ``project_dir`` (the creating client's launch directory) is recorded in its
+        sidecar, symlinks resolved.
 
         Raises:
             ServiceError: ``SESSION_UNAVAILABLE`` when the store cannot be written.
@@ -452,27 +467,32 @@ class SessionStore:
             for _ in range(8):
                 session_id = new_session_id()
                 if not os.path.lexists(self._root / session_id):
-                    self._build(session_id)
+                    self._build(session_id, project_dir)
                     return session_id
         except OSError:
             raise unavailable() from None
         raise unavailable()
 
-    def _build(self, session_id: str) -> None:
+    def _build(self, session_id: str, project_dir: Path | None) -> None:
         staging = self._root / (NEW_PREFIX + session_id)
         os.mkdir(staging, DIR_MODE)
+        files = (LEASE_LOCK, APPEND_LOCK, HISTORY, *((META,) if project_dir else ()))
         try:
             dir_fd = os.open(staging, DIR_FLAGS)
             try:
                 created = now_rfc3339()
                 header = {"type": "header", "session_id": session_id, "created_at": created}
-                for name in (LEASE_LOCK, APPEND_LOCK, HISTORY):
+                contents = {HISTORY: encode_record(header, 0, created)}
+                if project_dir is not None:
+                    project = os.path.realpath(project_dir)
+                    contents[META] = encode_meta({"project_dir": project})
+                for name in files:
                     fd = open_regular(
                         name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd, mode=FILE_MODE
                     )
                     try:
-                        if name == HISTORY:
-                            write_all(fd, encode_record(header, 0, created))
+                        if name in contents:
+                            write_all(fd, contents[name])
                             os.fsync(fd)
                     finally:
                         os.close(fd)
@@ -481,7 +501,7 @@ class SessionStore:
                 os.close(dir_fd)
             os.rename(staging, self._root / session_id)
         except BaseException:
-            for name in (LEASE_LOCK, APPEND_LOCK, HISTORY):
+            for name in files:
                 with contextlib.suppress(OSError):
                     os.unlink(staging / name)
             with contextlib.suppress(OSError):
@@ -544,7 +564,7 @@ class SessionStore:
             with holding(lock_fd, fcntl.LOCK_EX, WRITER_LOCK_WAIT):
                 repair_torn_tail(history_fd)
                 next_seq = last_valid_seq(history_fd) + 1
-            has_title = exists_at(dir_fd, META)
+            has_title = read_meta(dir_fd)[0].get("title") is not None
         except ServiceError:
             close_all(fds)
             raise
@@ -917,3 +937,47 @@ class SessionStore:
         return list_sessions(
             self._root, after, limit, self._index, page_past_budget=page_past_budget
         )
+
+    def library(self, query: LibraryQuery) -> dict[str, object]:
+        """One page of the session library; see ``listing.library_page``."""
+        return library_page(self._root, query, self._index)
+
+    def rename(self, session_id: object, title: str) -> dict[str, object]:
+        """Give a session an explicit title (sanitized as every title; it wins over the
+        one taken from the first prompt) and return its library entry.
+
+        Raises:
+            ValueError: nothing displayable remains of ``title``.
+            ServiceError: as ``set_archived``.
+        """
+        clean = sanitize_title(title)
+        if clean is None:
+            raise ValueError("empty title")
+        return self._change_meta(session_id, lambda m: {**m, "title": clean, "title_set": True})
+
+    def set_archived(self, session_id: object, archived: bool) -> dict[str, object]:
+        """Archive (hide from the default lists) or unarchive a session and return its
+        library entry. Needs no writer lease: a session open elsewhere may be archived.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE`` for a missing
+                session or unwritable metadata; ``SESSION_BUSY`` while its append lock
+                stays held.
+        """
+        return self._change_meta(session_id, lambda m: {**m, "archived": archived})
+
+    def _change_meta(
+        self, session_id: object, change: Callable[[dict[str, object]], dict[str, object]]
+    ) -> dict[str, object]:
+        name = validate_session_id(session_id)
+        if not self.exists(name):
+            raise unavailable()
+        dir_fd = self._open_dir(name)
+        try:
+            meta = update_meta(self._root / name, dir_fd, change)
+            info = os.stat(HISTORY, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            raise unavailable() from None
+        finally:
+            os.close(dir_fd)
+        return library_item(name, meta, info.st_mtime_ns)
