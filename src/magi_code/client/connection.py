@@ -21,7 +21,7 @@ import itertools
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeGuard, cast
+from typing import Any, Final, Literal, TypeGuard, cast
 
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol import envelope
@@ -39,6 +39,7 @@ from .errors import (
     DeadlineExceeded,
     GrantsError,
     OutcomeUnknown,
+    SessionError,
     SteerError,
 )
 from .starter import ensure_daemon
@@ -55,6 +56,8 @@ from .types import (
     Grants,
     Overloaded,
     ResponseEnvelope,
+    SessionInfo,
+    SessionsPage,
     SnapshotItem,
     SnapshotPage,
     ToolDetail,
@@ -76,12 +79,17 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "grants_revoke": ("grants_result", "grants_error"),
     "approval_policy": ("approval_policy_result", "approval_error"),
     "steer": ("steer_result", "steer_error"),
+    "sessions_list": ("sessions_result", "session_error"),
+    "session_rename": ("session_result", "session_error"),
+    "session_archive": ("session_result", "session_error"),
+    "session_unarchive": ("session_result", "session_error"),
 }
 # The exception a call's failure frame raises (DaemonError for the others).
 _FAILURES: Final[dict[str, type[DaemonError]]] = {
     "approval_error": ApprovalError,
     "grants_error": GrantsError,
     "steer_error": SteerError,
+    "session_error": SessionError,
 }
 _ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
 
@@ -498,6 +506,64 @@ class Client:
         ):
             raise self._fail_protocol("grants_result without project grants")
         return cast(Grants, {k: frame.get(k) for k in ("session", "project", "project_honoured")})
+
+    # -- the session library ---------------------------------------------------------------
+
+    async def list_sessions(
+        self,
+        *,
+        project_dir: str | None = None,
+        title: str | None = None,
+        archived: bool | Literal["all"] = False,
+        cursor: str | None = None,
+        limit: int = 32,
+    ) -> SessionsPage:
+        """One page of the session library, most recent activity first (RFC-0002 §6.10).
+
+        Filters: ``project_dir`` (the directory a session was created in; sessions older
+        than that record match none), ``title`` (a case-insensitive substring),
+        ``archived`` (False: not archived; True: archived only; ``"all"``). Pass the
+        page's ``next_cursor`` as ``cursor`` for the next one. Raises
+        :class:`SessionError` (``invalid_request``, ``session_unavailable``).
+        """
+        frame: dict[str, Any] = {"t": "sessions_list", "archived": archived, "limit": limit}
+        for name, value in (("project_dir", project_dir), ("title", title), ("cursor", cursor)):
+            if value is not None:
+                frame[name] = value
+        answer = await self._call_id(frame)
+        sessions, next_cursor = answer.get("sessions"), answer.get("next_cursor")
+        if not isinstance(sessions, list) or not all(isinstance(s, dict) for s in sessions):
+            raise self._fail_protocol("sessions_result without a session list")
+        if not isinstance(next_cursor, str | None):
+            raise self._fail_protocol("sessions_result with an invalid cursor")
+        return SessionsPage(
+            sessions=cast(list[SessionInfo], sessions),
+            next_cursor=next_cursor,
+            incomplete=answer.get("incomplete") is True,
+        )
+
+    async def rename_session(self, session_id: str, title: str) -> SessionInfo:
+        """Give the session an explicit title (it wins over the first prompt's; stored
+        sanitized, at most 80 characters). Raises :class:`SessionError`."""
+        return await self._session_change(
+            {"t": "session_rename", "session_id": session_id, "title": title}
+        )
+
+    async def archive_session(self, session_id: str) -> SessionInfo:
+        """Hide the session from the default lists (never deleted). Raises
+        :class:`SessionError`."""
+        return await self._session_change({"t": "session_archive", "session_id": session_id})
+
+    async def unarchive_session(self, session_id: str) -> SessionInfo:
+        """Show an archived session in the default lists again. Raises
+        :class:`SessionError`."""
+        return await self._session_change({"t": "session_unarchive", "session_id": session_id})
+
+    async def _session_change(self, frame: dict[str, Any]) -> SessionInfo:
+        session = (await self._call_id(frame)).get("session")
+        if not isinstance(session, dict):
+            raise self._fail_protocol("session_result without a session")
+        return cast(SessionInfo, session)
 
     # -- events -----------------------------------------------------------------------------
 

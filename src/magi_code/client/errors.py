@@ -60,7 +60,8 @@ class DaemonError(Exception):
     (``framing_error``, ``unknown_frame``, ``protocol_error``, ``internal_error``; also
     used when *this* client finds the daemon's frames invalid), or of the answer to one
     request (``attach_error``, ``snapshot_error``, ``grant_error``, ``control_error``,
-    ``request_error``, ``approval_error``, ``grants_error``, ``steer_error``).
+    ``request_error``, ``approval_error``, ``grants_error``, ``steer_error``,
+    ``session_error``).
     """
 
     def __init__(self, message: str, code: str | None = None) -> None:
@@ -101,3 +102,9 @@ class SteerError(DaemonError):
     ``invalid_request``."""
 
     text: str | None = None
+
+
+class SessionError(DaemonError):
+    """A session library call was refused (RFC-0002 §6.10): ``invalid_request`` (bad
+    arguments, a cursor the daemon did not issue, a title with nothing displayable),
+    ``invalid_session_id``, ``session_unavailable`` or ``session_busy``."""

@@ -24,7 +24,7 @@ from collections.abc import (
     Sequence,
 )
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from magi_code.protocol.v2 import Role
 from magi_code.storage.launch import LaunchContext
@@ -39,6 +39,8 @@ from .types import (
     Event,
     Grants,
     ResponseEnvelope,
+    SessionInfo,
+    SessionsPage,
     SnapshotItem,
 )
 
@@ -191,6 +193,32 @@ class SyncClient:
         self, approval_id: str, decision: str, *, timeout: float | None = None
     ) -> ApprovalResolved:
         return self._run(self._client.answer_approval(approval_id, decision), timeout)
+
+    def list_sessions(
+        self,
+        *,
+        project_dir: str | None = None,
+        title: str | None = None,
+        archived: bool | Literal["all"] = False,
+        cursor: str | None = None,
+        limit: int = 32,
+        timeout: float | None = None,
+    ) -> SessionsPage:
+        page = self._client.list_sessions(
+            project_dir=project_dir, title=title, archived=archived, cursor=cursor, limit=limit
+        )
+        return self._run(page, timeout)
+
+    def rename_session(
+        self, session_id: str, title: str, *, timeout: float | None = None
+    ) -> SessionInfo:
+        return self._run(self._client.rename_session(session_id, title), timeout)
+
+    def archive_session(self, session_id: str, *, timeout: float | None = None) -> SessionInfo:
+        return self._run(self._client.archive_session(session_id), timeout)
+
+    def unarchive_session(self, session_id: str, *, timeout: float | None = None) -> SessionInfo:
+        return self._run(self._client.unarchive_session(session_id), timeout)
 
     def grants_list(self, session_id: str | None = None, *, timeout: float | None = None) -> Grants:
         return self._run(self._client.grants_list(session_id), timeout)

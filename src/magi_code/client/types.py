@@ -136,6 +136,22 @@ class Grants(TypedDict):
     project_honoured: bool  # the project is trusted, so its allow rules count
 
 
+class SessionInfo(TypedDict):
+    """One session of the library (RFC-0002 §6.10)."""
+
+    session_id: str
+    title: str | None  # the explicit title (rename), else the first prompt's
+    updated_at: str  # last activity (RFC 3339, UTC)
+    project_dir: str | None  # where it was created; None for sessions older than that
+    archived: bool
+
+
+class SessionsPage(TypedDict):
+    sessions: list[SessionInfo]  # most recent activity first
+    next_cursor: str | None  # None on the last page
+    incomplete: bool  # some sessions could not be examined or read
+
+
 class SnapshotItem(TypedDict):
     """One turn the daemon knows: running, or finished within retention."""
 

@@ -27,6 +27,7 @@ from magi_code.dataclass import dataclass, field
 from magi_code.protocol import envelope
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.sessions.ids import validate_session_id
+from magi_code.sessions.listing import LibraryQuery
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns import failures
 
@@ -404,6 +405,30 @@ class PersistentCoordinator:
             raise
         bodies = [{"cursor": item.cursor, **item.body} for item in items]
         return valid, bodies, history.before, history.gap
+
+    # -- the session library (RFC-0002 §6.10) ---------------------------------------------
+
+    async def session_library(self, query: LibraryQuery) -> dict[str, object]:
+        """A library page. Raises :class:`BadCursor`, or ServiceError
+        (``session_unavailable``)."""
+        if self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        return await asyncio.to_thread(self.sessions.store.library, query)
+
+    async def change_session(
+        self, kind: str, session_id: str, title: str | None
+    ) -> dict[str, object]:
+        """``session_rename`` (``title``), ``session_archive`` or ``session_unarchive``:
+        the session's library entry after the change. Raises ValueError (a title with
+        nothing displayable) or ServiceError (``invalid_session_id``,
+        ``session_unavailable``, ``session_busy``)."""
+        if self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        store = self.sessions.store
+        if title is not None:
+            return await asyncio.to_thread(store.rename, session_id, title)
+        archived = kind == "session_archive"
+        return await asyncio.to_thread(store.set_archived, session_id, archived)
 
 
 def _turn_started(event: TurnEvent) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from magi_code.protocol.deadlines import deadline_passed
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.frames import FrameError
 from magi_code.protocol.v2 import Code
+from magi_code.sessions.listing import BadCursor as BadLibraryCursor
+from magi_code.sessions.listing import LibraryQuery
 
 from .control_role import answer_control
 from .outbound import Outbound
@@ -103,6 +105,8 @@ class PersistentRole:
                     self._control_answer(frame)
                 elif isinstance(frame, v2.Steer):
                     self._steer(frame)
+                elif isinstance(frame, v2.SessionsList | v2.SessionChange):
+                    await self._library(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
@@ -216,6 +220,25 @@ class PersistentRole:
             self.peer.send(v2.frame_error("grants_error", frame.id, Code.GRANTS_UNAVAILABLE))
             return
         self.peer.send({"t": "grants_result", "id": frame.id, **grants})
+
+    async def _library(self, frame: v2.SessionsList | v2.SessionChange) -> None:
+        """The session library (§6.10): a page, or one session's metadata changed."""
+        try:
+            if isinstance(frame, v2.SessionsList):
+                query = LibraryQuery(
+                    frame.project_dir, frame.title, frame.archived, frame.cursor, frame.limit
+                )
+                page = await self.core.session_library(query)
+                self.peer.send({"t": "sessions_result", "id": frame.id, **page})
+                return
+            item = await self.core.change_session(frame.kind, frame.session_id, frame.title)
+        except (BadLibraryCursor, ValueError):
+            self.peer.send(v2.frame_error("session_error", frame.id, Code.INVALID_REQUEST))
+            return
+        except ServiceError as exc:
+            self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
+            return
+        self.peer.send({"t": "session_result", "id": frame.id, "session": item})
 
     async def _session_policy(self, frame: v2.SessionPolicy) -> None:
         policy = cast(Policy | None, frame.policy)

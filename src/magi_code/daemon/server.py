@@ -82,6 +82,7 @@ CAPABILITIES: Final = (
     "session.watch",
     "control.handover",
     "turn.steer",
+    "session.library",
 )
 
 

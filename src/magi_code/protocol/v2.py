@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, cast
 
 from magi_code.protocol.framing import fits_record
 from magi_code.protocol.idempotency import valid_idempotency_key
-from magi_code.protocol.limits import MAX_STRING_BYTES
+from magi_code.protocol.limits import MAX_SESSION_PAGE_ITEMS, MAX_STRING_BYTES
 
 PROTOCOL_VERSION: Final = 2
 SUPPORTED_VERSIONS: Final = (2,)
@@ -25,6 +25,9 @@ MAX_DELTA_INTERVAL_MS: Final = 10_000
 MAX_FILTER_TURN_IDS: Final = 256
 MAX_CURSOR_BYTES: Final = 128
 MAX_PATH_BYTES: Final = 4096
+# A ``sessions_list`` title filter and a ``session_rename`` title, in characters (a
+# title itself is cut to 80 when stored).
+MAX_TITLE_FILTER: Final = 1024
 MAX_BUILD_ID_CHARS: Final = 128
 MAX_CLIENT_VERSION_CHARS: Final = 64
 
@@ -114,6 +117,10 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "control_request",
             "control_answer",
             "steer",
+            "sessions_list",
+            "session_rename",
+            "session_archive",
+            "session_unarchive",
         }
     ),
     "control": frozenset({"control"}),
@@ -161,6 +168,9 @@ SERVER_FRAMES: Final = frozenset(
         "control_changed",
         "steer_result",
         "steer_error",
+        "sessions_result",
+        "session_result",
+        "session_error",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -418,6 +428,43 @@ class GrantsList(_Frozen):
         self._set(id, session_id)
 
 
+class SessionsList(_Frozen):
+    """``sessions_list``: a session library page (§6.10)."""
+
+    __slots__ = ("id", "project_dir", "title", "archived", "cursor", "limit")  # noqa: RUF023
+    id: object
+    project_dir: str | None
+    title: str | None
+    archived: bool | str
+    cursor: str | None
+    limit: int
+
+    def __init__(
+        self,
+        id: object,
+        project_dir: str | None,
+        title: str | None,
+        archived: bool | str,
+        cursor: str | None,
+        limit: int,
+    ) -> None:
+        self._set(id, project_dir, title, archived, cursor, limit)
+
+
+class SessionChange(_Frozen):
+    """``session_rename`` (with ``title``), ``session_archive``, ``session_unarchive``
+    (``kind`` is its ``t``; §6.10)."""
+
+    __slots__ = ("kind", "id", "session_id", "title")  # noqa: RUF023
+    kind: str
+    id: object
+    session_id: str
+    title: str | None
+
+    def __init__(self, kind: str, id: object, session_id: str, title: str | None) -> None:
+        self._set(kind, id, session_id, title)
+
+
 class SessionPolicy(_Frozen):
     """``approval_policy``: the session's own approval policy (None: the settings')."""
 
@@ -557,6 +604,8 @@ ClientFrame = (
     | SessionFrame
     | ControlAnswer
     | Steer
+    | SessionsList
+    | SessionChange
 )
 
 
@@ -703,6 +752,10 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _control_answer(frame)
         case "steer":
             return _steer(frame)
+        case "sessions_list":
+            return _sessions_list(frame)
+        case "session_rename" | "session_archive" | "session_unarchive":
+            return _session_change(kind, frame)
         case _:
             return _attach(frame)
 
@@ -784,6 +837,34 @@ def _fs_result(frame: Mapping[str, Any]) -> FsResult:
     if not isinstance(content, str | None) or not isinstance(error, str | None):
         raise Fatal(Code.PROTOCOL_ERROR)
     return FsResult(fs_id, content, None if error is None else error[:MAX_FS_ERROR_CHARS])
+
+
+def _sessions_list(frame: Mapping[str, Any]) -> SessionsList:
+    fid, project_dir, title = frame.get("id"), frame.get("project_dir"), frame.get("title")
+    archived, cursor = frame.get("archived", False), frame.get("cursor")
+    limit = frame.get("limit", MAX_SESSION_PAGE_ITEMS)
+    ok = (
+        (project_dir is None or _is_path(project_dir))
+        and (title is None or (isinstance(title, str) and 0 < len(title) <= MAX_TITLE_FILTER))
+        and archived in (False, True, "all")
+        and type(archived) in (bool, str)
+        and _optional_id(cursor, MAX_CURSOR_BYTES)
+        and _is_int(limit)
+        and 0 < limit <= MAX_SESSION_PAGE_ITEMS
+    )
+    if not ok:
+        raise Rejected(frame_error("session_error", fid, Code.INVALID_REQUEST))
+    return SessionsList(fid, project_dir, title, archived, cursor, limit)
+
+
+def _session_change(kind: str, frame: Mapping[str, Any]) -> SessionChange:
+    fid, session_id, title = frame.get("id"), frame.get("session_id"), frame.get("title")
+    ok = _optional_id(session_id)
+    if kind == "session_rename":
+        ok = ok and isinstance(title, str) and 0 < len(title) <= MAX_TITLE_FILTER
+    if not ok or not isinstance(session_id, str):
+        raise Rejected(frame_error("session_error", fid, Code.INVALID_REQUEST))
+    return SessionChange(kind, fid, session_id, title if kind == "session_rename" else None)
 
 
 def _grants_list(frame: Mapping[str, Any]) -> GrantsList:
