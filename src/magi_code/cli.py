@@ -111,15 +111,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     sessions = commands.add_parser(
         "sessions",
-        help="list, show or remove the sessions of this MC_HOME",
-        description="The sessions of this MC_HOME (every project's), read and removed "
+        help="list, show, rename, archive or remove the sessions of this MC_HOME",
+        description="The sessions of this MC_HOME (every project's), read, changed and removed "
         "through the session store; works whether or not a daemon runs.",
     )
     session_actions = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
     session_list = session_actions.add_parser(
-        "list", help="every session, oldest first: ID, last activity (UTC) and title"
+        "list",
+        help="sessions not archived, the most recent activity last: ID, last activity "
+        "(UTC) and title",
+        description="Sessions, least recent activity first. Sessions created before "
+        "magi-code recorded their project match no --project.",
     )
     session_list.add_argument("--json", action="store_true", help="print JSON")
+    session_list.add_argument(
+        "--project", metavar="DIR", help="only sessions created in this project directory"
+    )
+    session_list.add_argument(
+        "--title", metavar="TEXT", help="only sessions whose title contains TEXT (any case)"
+    )
+    session_list.add_argument("--archived", action="store_true", help="only archived sessions")
     session_show = session_actions.add_parser(
         "show",
         help="a session's conversation as text",
@@ -135,6 +146,22 @@ def _parser() -> argparse.ArgumentParser:
         "is one holding files that are not yours.",
     )
     session_rm.add_argument("session_ids", metavar="ID", nargs="+", help="session IDs")
+    session_rename = session_actions.add_parser(
+        "rename",
+        help="give a session a title",
+        description="Give a session a title of your own; it replaces the one taken from "
+        "the first prompt. Works on a session a running magi-code has open.",
+    )
+    session_rename.add_argument("session_ids", metavar="ID", nargs=1, help="a session ID")
+    session_rename.add_argument("title", metavar="TITLE", help="the new title (80 characters)")
+    for name, what in (
+        ("archive", "hide sessions from the default lists (nothing is deleted)"),
+        ("unarchive", "show archived sessions in the default lists again"),
+    ):
+        archive = session_actions.add_parser(
+            name, help=what, description=what[0].upper() + what[1:] + "."
+        )
+        archive.add_argument("session_ids", metavar="ID", nargs="+", help="session IDs")
     grants = commands.add_parser(
         "grants",
         help="list or revoke the approval grants of this project and its sessions",
@@ -270,8 +297,15 @@ def _run_command(args: argparse.Namespace) -> int:
     if args.command == "sessions":
         from magi_code.daemonctl import sessions
 
-        ids = getattr(args, "session_ids", [])
-        return sessions.main(ctx, args.action, ids, as_json=getattr(args, "json", False))
+        return sessions.main(
+            ctx,
+            args.action,
+            getattr(args, "session_ids", []),
+            as_json=getattr(args, "json", False),
+            project=getattr(args, "project", None),
+            title=getattr(args, "title", None),
+            archived=getattr(args, "archived", False),
+        )
     if args.command == "grants":
         from magi_code.daemonctl import grants
 

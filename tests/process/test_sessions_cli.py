@@ -1,4 +1,4 @@
-"""``magi-code sessions list|show|rm`` against sessions real turns wrote, beside a running
+"""``magi-code sessions list|show|rm|rename|archive|unarchive`` against sessions real
 service (embedded, or the daemon behind the shim): what is listed and shown, what is
 removed, and what is refused while a service holds the session's lease."""
 
@@ -50,7 +50,7 @@ def test_list_and_show_the_sessions_turns_left(home: Path, project: Path) -> Non
     broken = _session_line(failed.stderr)
 
     listed = _listed(home)
-    assert list(listed) == sorted([answered, broken])  # ID order: creation order
+    assert list(listed) == sorted([answered, broken])  # the most recent activity last
     assert listed[answered]["title"] == "what is here?"
     assert listed[broken]["title"] == "this will fail"
     text = magi(home, "sessions", "list")
@@ -151,3 +151,73 @@ def test_rm_never_removes_another_users_file(home: Path, project: Path) -> None:
     result = magi(home, "sessions", "rm", session_id)
     assert result.returncode == 1 and "not yours" in result.stderr
     assert meta.is_file() and (meta.parent / "history.jsonl").is_file()
+
+
+async def test_library_commands_beside_a_service_holding_the_session(
+    home: Path, project: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    elsewhere = _make_session(home, other)  # a --prompt run in another project
+    async with running_service(home, project) as service:
+        held = (await service.request("session.create"))["payload"]["session_id"]
+
+        mine = _library(home, "--project", str(project))
+        assert [s["session_id"] for s in mine] == [held]
+        assert mine[0]["project_dir"] == str(project.resolve())
+        assert mine[0]["archived"] is False
+        relative = magi(home, "sessions", "list", "--json", "--project", ".", cwd=other)
+        assert [s["session_id"] for s in json.loads(relative.stdout)["sessions"]] == [elsewhere]
+        # The most recent activity last.
+        assert [s["session_id"] for s in _library(home)] == [elsewhere, held]
+
+        # Metadata needs no lease: the session the service holds is renamed and archived.
+        renamed = magi(home, "sessions", "rename", held, "Parser\x07 work")
+        assert renamed.returncode == 0, renamed.stderr
+        assert renamed.stdout == f"Renamed {held}\n"
+        assert [s["session_id"] for s in _library(home, "--title", "PARSER")] == [held]
+        text = magi(home, "sessions", "list", "--title", "parser").stdout
+        assert text.endswith("  Parser work\n")
+        listing = await service.request("session.list")
+        titles = {s["session_id"]: s["title"] for s in listing["payload"]["sessions"]}
+        assert titles[held] == "Parser work"
+
+        archived = magi(home, "sessions", "archive", held)
+        assert archived.returncode == 0 and archived.stdout == f"Archived {held}\n"
+        assert [s["session_id"] for s in _library(home)] == [elsewhere]
+        assert [s["session_id"] for s in _library(home, "--archived")] == [held]
+        listing = await service.request("session.list")
+        assert [s["session_id"] for s in listing["payload"]["sessions"]] == [elsewhere]
+        # Archived, not deleted: its holder still replays it.
+        assert (await service.request("session.replay", session_id=held))["error"] is None
+
+        unarchived = magi(home, "sessions", "unarchive", held)
+        assert unarchived.returncode == 0 and unarchived.stdout == f"Unarchived {held}\n"
+        assert {s["session_id"] for s in _library(home)} == {elsewhere, held}
+        none = magi(home, "sessions", "list", "--title", "no such title")
+        assert none.returncode == 0 and none.stdout == "No matching sessions.\n"
+
+
+def test_library_commands_name_what_is_wrong(home: Path, project: Path) -> None:
+    session = _make_session(home, project)
+    missing = "ses_00000000000000000000000000"
+    bad = magi(home, "sessions", "archive", "../escape", missing, session)
+    assert bad.returncode == 1 and bad.stdout == f"Archived {session}\n"
+    assert bad.stderr.splitlines() == [
+        "magi-code: ../escape: not a session ID",
+        f"magi-code: {missing}: no such session in this MC_HOME",
+    ]
+    empty = magi(home, "sessions", "rename", session, " \x07 ")
+    assert empty.returncode == 1
+    assert empty.stderr == f"magi-code: {session}: the title has nothing to show\n"
+    assert "usage: magi-code sessions rename" in magi(home, "sessions", "rename", session).stderr
+
+
+def _library(home: Path, *filters: str) -> list[dict[str, object]]:
+    result = magi(home, "sessions", "list", "--json", *filters)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["incomplete"] is False
+    sessions = document["sessions"]
+    assert isinstance(sessions, list)
+    return sessions

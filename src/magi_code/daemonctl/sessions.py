@@ -1,10 +1,13 @@
-"""``magi-code sessions list|show|rm``: the sessions of this ``MC_HOME`` from a terminal.
+"""``magi-code sessions list|show|rm|rename|archive|unarchive``: the sessions of this
+``MC_HOME`` from a terminal.
 
 Read and removed through the session store itself (``sessions.store``), the same files,
 locks and leases every service uses, so these work alike whether or not a daemon runs:
 
-- ``list``: every session, in ID order (which is creation order), with its last activity
-  and title, paged through ``session.list``'s own listing.
+- ``list``: every session not archived, least recent activity first (the most recent
+  last, nearest the prompt), with its last activity and title, paged through the session
+  library (``SessionStore.library``, as RFC-0002's ``sessions_list``); ``--project``,
+  ``--title`` and ``--archived`` filter as its filters do.
 - ``show ID``: the conversation as ``session.replay`` projects it (the summary of a
   compacted past, user and assistant messages, how each turn that did not complete
   ended), with the agent's tool calls between the messages. Like replay it reads the
@@ -13,6 +16,9 @@ locks and leases every service uses, so these work alike whether or not a daemon
   session that a service has open is refused: a frontend's attachment, a turn running
   (a daemon's detached turns included), ``--prompt`` meanwhile. Nothing that is not
   this user's is touched.
+- ``rename ID TITLE``, ``archive ID…``, ``unarchive ID…``: change the session's metadata
+  (``SessionStore.rename``/``set_archived``). Metadata is not history: no writer lease is
+  taken, so a session a frontend has open can be renamed or archived (it keeps running).
 
 Output is for the person at the terminal: text from the history has its control
 characters removed, so it cannot drive the terminal. Exit status: 0; 1 when a session
@@ -21,8 +27,10 @@ could not be shown or any could not be removed (one ``magi-code: …`` line each
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import orjson
@@ -30,6 +38,7 @@ import orjson
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_SESSION_PAGE_ITEMS
 from magi_code.protocol.text import one_line, without_hidden
+from magi_code.sessions.listing import LibraryQuery
 from magi_code.sessions.records import ToolCallRecord, ToolResultRecord
 from magi_code.sessions.store import ForeignEntries, SessionStore, Transcript
 from magi_code.storage.launch import LaunchContext
@@ -62,33 +71,56 @@ def _reason(exc: ServiceError) -> str:
     return REASONS.get(exc.code, exc.code.value)
 
 
-def main(ctx: LaunchContext, action: str, session_ids: Sequence[str], *, as_json: bool) -> int:
+def main(
+    ctx: LaunchContext,
+    action: str,
+    session_ids: Sequence[str],
+    *,
+    as_json: bool = False,
+    project: str | None = None,
+    title: str | None = None,
+    archived: bool = False,
+) -> int:
+    """Run one action; ``title`` is the filter of ``list`` and the new title of
+    ``rename``, ``project`` a directory relative to the current one or absolute."""
     store = SessionStore(ctx.sessions_dir)
     if action == "list":
-        return list_sessions(store, as_json=as_json)
+        directory = None if project is None else os.path.abspath(project)
+        query = LibraryQuery(directory, title, archived)
+        return list_sessions(store, query, as_json=as_json)
     if action == "show":
         return show(store, session_ids[0])
+    if action == "rename":
+        assert title is not None
+        return change(store, session_ids, lambda sid: store.rename(sid, title), "Renamed")
+    if action in ("archive", "unarchive"):
+        archived = action == "archive"
+        done = "Archived" if archived else "Unarchived"
+        return change(store, session_ids, lambda sid: store.set_archived(sid, archived), done)
     return remove(store, session_ids)
 
 
-def _all_sessions(store: SessionStore) -> tuple[list[dict[str, Any]], bool]:
+def _all_sessions(store: SessionStore, query: LibraryQuery) -> tuple[list[dict[str, Any]], bool]:
     sessions: list[dict[str, Any]] = []
     incomplete = False
-    after = None
+    cursor = None
     while True:
-        page: dict[str, Any] = store.list_sessions(after, MAX_SESSION_PAGE_ITEMS)
+        page: dict[str, Any] = store.library(
+            replace(query, cursor=cursor, limit=MAX_SESSION_PAGE_ITEMS)
+        )
         sessions += page["sessions"]
         incomplete |= page["incomplete"]
-        after = page["next_after"]
-        if not page["truncated"]:
+        cursor = page["next_cursor"]
+        if cursor is None:
             return sessions, incomplete
 
 
-def list_sessions(store: SessionStore, *, as_json: bool) -> int:
+def list_sessions(store: SessionStore, query: LibraryQuery, *, as_json: bool) -> int:
     try:
-        sessions, incomplete = _all_sessions(store)
+        sessions, incomplete = _all_sessions(store, query)
     except ServiceError:
         return _fail("the sessions directory of this MC_HOME cannot be read")
+    sessions.reverse()  # the most recent last
     if as_json:
         document = {"sessions": sessions, "incomplete": incomplete}
         sys.stdout.write(orjson.dumps(document).decode() + "\n")
@@ -97,7 +129,10 @@ def list_sessions(store: SessionStore, *, as_json: bool) -> int:
         title = entry["title"] or "(no title)"
         sys.stdout.write(f"{entry['session_id']}  {entry['updated_at']}  {title}\n")
     if not sessions:
-        sys.stdout.write("No sessions in this MC_HOME.\n")
+        filtered = query != LibraryQuery()
+        sys.stdout.write(
+            "No matching sessions.\n" if filtered else "No sessions in this MC_HOME.\n"
+        )
     if incomplete:
         sys.stderr.write("magi-code: some sessions could not be read and are not listed\n")
     return 0
@@ -126,6 +161,25 @@ def remove(store: SessionStore, session_ids: Sequence[str]) -> int:
             code = _fail(f"{session_id}: it could not be removed ({exc.strerror})")
         else:
             sys.stdout.write(f"Removed {session_id}\n")
+    return code
+
+
+def change(
+    store: SessionStore,
+    session_ids: Sequence[str],
+    apply: Callable[[str], dict[str, object]],
+    done: str,
+) -> int:
+    code = 0
+    for session_id in session_ids:
+        try:
+            apply(session_id)
+        except ServiceError as exc:
+            code = _fail(f"{_shown(session_id)}: {_reason(exc)}")
+        except ValueError:
+            code = _fail(f"{session_id}: the title has nothing to show")
+        else:
+            sys.stdout.write(f"{done} {session_id}\n")
     return code
 
 
