@@ -1,5 +1,5 @@
 """``magi-code sessions list|show|rm|rename|archive|unarchive`` against sessions real
-service (embedded, or the daemon behind the shim): what is listed and shown, what is
+turns wrote, beside a running service (embedded, or the daemon behind the shim): what is listed and shown, what is
 removed, and what is refused while a service holds the session's lease."""
 
 from __future__ import annotations
