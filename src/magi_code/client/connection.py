@@ -518,7 +518,7 @@ class Client:
         cursor: str | None = None,
         limit: int = 32,
     ) -> SessionsPage:
-        """One page of the session library, most recent activity first (RFC-0002 §6.10).
+        """One page of the session library, most recent activity first (RFC-0002 §6.11).
 
         Filters: ``project_dir`` (the directory a session was created in; sessions older
         than that record match none), ``title`` (a case-insensitive substring),

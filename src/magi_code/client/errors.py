@@ -105,6 +105,6 @@ class SteerError(DaemonError):
 
 
 class SessionError(DaemonError):
-    """A session library call was refused (RFC-0002 §6.10): ``invalid_request`` (bad
+    """A session library call was refused (RFC-0002 §6.11): ``invalid_request`` (bad
     arguments, a cursor the daemon did not issue, a title with nothing displayable),
     ``invalid_session_id``, ``session_unavailable`` or ``session_busy``."""

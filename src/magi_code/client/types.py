@@ -137,7 +137,7 @@ class Grants(TypedDict):
 
 
 class SessionInfo(TypedDict):
-    """One session of the library (RFC-0002 §6.10)."""
+    """One session of the library (RFC-0002 §6.11)."""
 
     session_id: str
     title: str | None  # the explicit title (rename), else the first prompt's

@@ -406,7 +406,7 @@ class PersistentCoordinator:
         bodies = [{"cursor": item.cursor, **item.body} for item in items]
         return valid, bodies, history.before, history.gap
 
-    # -- the session library (RFC-0002 §6.10) ---------------------------------------------
+    # -- the session library (RFC-0002 §6.11) ---------------------------------------------
 
     async def session_library(self, query: LibraryQuery) -> dict[str, object]:
         """A library page. Raises :class:`BadCursor`, or ServiceError

@@ -222,7 +222,7 @@ class PersistentRole:
         self.peer.send({"t": "grants_result", "id": frame.id, **grants})
 
     async def _library(self, frame: v2.SessionsList | v2.SessionChange) -> None:
-        """The session library (§6.10): a page, or one session's metadata changed."""
+        """The session library (§6.11): a page, or one session's metadata changed."""
         try:
             if isinstance(frame, v2.SessionsList):
                 query = LibraryQuery(

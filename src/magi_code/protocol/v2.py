@@ -429,7 +429,7 @@ class GrantsList(_Frozen):
 
 
 class SessionsList(_Frozen):
-    """``sessions_list``: a session library page (§6.10)."""
+    """``sessions_list``: a session library page (§6.11)."""
 
     __slots__ = ("id", "project_dir", "title", "archived", "cursor", "limit")  # noqa: RUF023
     id: object
@@ -453,7 +453,7 @@ class SessionsList(_Frozen):
 
 class SessionChange(_Frozen):
     """``session_rename`` (with ``title``), ``session_archive``, ``session_unarchive``
-    (``kind`` is its ``t``; §6.10)."""
+    (``kind`` is its ``t``; §6.11)."""
 
     __slots__ = ("kind", "id", "session_id", "title")  # noqa: RUF023
     kind: str

@@ -234,7 +234,7 @@ def _summarize(root_fd: int, name: str) -> tuple[dict[str, object] | None, bool]
     }, complete
 
 
-# -- the session library (RFC-0002 §6.10): every examined session, by last activity -----
+# -- the session library (RFC-0002 §6.11): every examined session, by last activity -----
 
 ARCHIVED_FILTERS: Final = (False, True, "all")
 

@@ -1,5 +1,5 @@
 """The session library through the client library against a real daemon (RFC-0002
-§6.10): sessions record the project of the client that created them; ``list_sessions``
+§6.11): sessions record the project of the client that created them; ``list_sessions``
 filters by project, title and archived state, most recent activity first, paged by
 cursor; ``rename_session`` and ``archive_session`` work on a session another client holds
 open; archived sessions leave the default v2 and v1 lists and come back when unarchived;

@@ -1,5 +1,5 @@
 """The session library on real files: recorded project, rename, archive, library pages
-by last activity with filters and cursors (RFC-0002 §6.10, docs/sessions.md)."""
+by last activity with filters and cursors (RFC-0002 §6.11, docs/sessions.md)."""
 
 from __future__ import annotations
 
