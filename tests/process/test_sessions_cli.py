@@ -1,6 +1,7 @@
 """``magi-code sessions list|show|rm|rename|archive|unarchive`` against sessions real
-turns wrote, beside a running service (embedded, or the daemon behind the shim): what is listed and shown, what is
-removed, and what is refused while a service holds the session's lease."""
+turns wrote, beside a running service (embedded, or the daemon behind the shim): what is
+listed (filtered, by last activity) and shown, what is removed, what is refused while a
+service holds the session's lease, and that renaming and archiving need no lease."""
 
 from __future__ import annotations
 
