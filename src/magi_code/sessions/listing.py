@@ -1,4 +1,9 @@
-"""``session.list``: bounded directory scan, ordered pages, sanitized titles.
+"""``session.list`` and the session library: bounded directory scan, ordered pages,
+sanitized titles.
+
+``session.list`` pages by session ID and leaves archived sessions out (``meta``); the
+library (``library_page``, RFC-0002 §6.10) orders every examined session by last activity
+and filters by recorded project, title and archived state.
 
 Every scan examines at most ``MAX_SESSION_LIST_SCAN_ENTRIES`` directory entries
 (session or not), in directory order. A larger directory is ``limit_exceeded`` for a v1
