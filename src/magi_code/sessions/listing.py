@@ -2,7 +2,7 @@
 sanitized titles.
 
 ``session.list`` pages by session ID and leaves archived sessions out (``meta``); the
-library (``library_page``, RFC-0002 §6.10) orders every examined session by last activity
+library (``library_page``, RFC-0002 §6.11) orders every examined session by last activity
 and filters by recorded project, title and archived state.
 
 Every scan examines at most ``MAX_SESSION_LIST_SCAN_ENTRIES`` directory entries

@@ -1,4 +1,4 @@
-"""The session library frames (RFC-0002 §6.10): what a persistent client may send, and
+"""The session library frames (RFC-0002 §6.11): what a persistent client may send, and
 that malformed ones are answered ``session_error`` ``invalid_request`` (never fatal)."""
 
 from __future__ import annotations
