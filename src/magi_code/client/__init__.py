@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     )
     from magi_code.client.errors import (
         ApprovalError,
+        ControlError,
+        ControlRefused,
         DaemonDraining,
         DaemonError,
         DaemonTimeout,
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
         OutcomeUnknown,
         SessionError,
         SteerError,
+        WatchError,
     )
     from magi_code.client.starter import DaemonStartError
     from magi_code.client.sync import SyncClient
@@ -44,7 +47,9 @@ if TYPE_CHECKING:
         ApprovalResolved,
         AttachResult,
         AttachStatus,
+        ControlChanged,
         ControlGranted,
+        ControlRequested,
         ControlStatus,
         ErrorInfo,
         Event,
@@ -60,6 +65,12 @@ if TYPE_CHECKING:
         SnapshotItem,
         SnapshotPage,
         ToolDetail,
+        TurnStarted,
+        Watched,
+        WatchedApproval,
+        WatchedEvent,
+        WatchOverloaded,
+        WatchResult,
     )
     from magi_code.client.v1stream import StreamViolation, V1StreamValidator
     from magi_code.protocol.v2 import Role
@@ -110,6 +121,17 @@ _HOMES = {
     "V1StreamValidator": "magi_code.client.v1stream",
     "Role": "magi_code.protocol.v2",
     "LaunchContext": "magi_code.storage.launch",
+    "ControlError": "magi_code.client.errors",
+    "ControlRefused": "magi_code.client.errors",
+    "WatchError": "magi_code.client.errors",
+    "ControlChanged": "magi_code.client.types",
+    "ControlRequested": "magi_code.client.types",
+    "TurnStarted": "magi_code.client.types",
+    "WatchOverloaded": "magi_code.client.types",
+    "WatchResult": "magi_code.client.types",
+    "Watched": "magi_code.client.types",
+    "WatchedApproval": "magi_code.client.types",
+    "WatchedEvent": "magi_code.client.types",
 }
 
 __all__ = [
@@ -121,7 +143,11 @@ __all__ = [
     "AttachStatus",
     "Channel",
     "Client",
+    "ControlChanged",
+    "ControlError",
     "ControlGranted",
+    "ControlRefused",
+    "ControlRequested",
     "ControlStatus",
     "DaemonDraining",
     "DaemonError",
@@ -152,7 +178,14 @@ __all__ = [
     "StreamViolation",
     "SyncClient",
     "ToolDetail",
+    "TurnStarted",
     "V1StreamValidator",
+    "WatchError",
+    "WatchOverloaded",
+    "WatchResult",
+    "Watched",
+    "WatchedApproval",
+    "WatchedEvent",
     "connect_channel",
     "new_idempotency_key",
     "socket_for",

@@ -34,6 +34,8 @@ from .buffer import EventBuffer
 from .channel import Channel, socket_for
 from .errors import (
     ApprovalError,
+    ControlError,
+    ControlRefused,
     DaemonError,
     DaemonUnavailable,
     DeadlineExceeded,
@@ -41,6 +43,7 @@ from .errors import (
     OutcomeUnknown,
     SessionError,
     SteerError,
+    WatchError,
 )
 from .starter import ensure_daemon
 from .types import (
@@ -48,7 +51,9 @@ from .types import (
     ApprovalResolved,
     AttachResult,
     AttachStatus,
+    ControlChanged,
     ControlGranted,
+    ControlRequested,
     ControlStatus,
     Event,
     EventEnvelope,
@@ -61,6 +66,11 @@ from .types import (
     SnapshotItem,
     SnapshotPage,
     ToolDetail,
+    TurnStarted,
+    Watched,
+    WatchedApproval,
+    WatchOverloaded,
+    WatchResult,
 )
 
 MAX_QUEUED_EVENTS: Final = 1024
@@ -83,13 +93,22 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "session_rename": ("session_result", "session_error"),
     "session_archive": ("session_result", "session_error"),
     "session_unarchive": ("session_result", "session_error"),
+    "watch": ("watch_result", "watch_error"),
+    "unwatch": ("unwatched", "watch_error"),
+    "control_request": ("control_granted", "grant_error"),
+    "control_release": ("control_released", "grant_error"),
+    "control_answer": ("control_answered", "grant_error"),
 }
+# Calls answered in parts: the first frame's type, then the continuations'.
+_PARTS: Final = {"attach": "attach_more", "watch": "watch_more"}
 # The exception a call's failure frame raises (DaemonError for the others).
 _FAILURES: Final[dict[str, type[DaemonError]]] = {
     "approval_error": ApprovalError,
     "grants_error": GrantsError,
     "steer_error": SteerError,
     "session_error": SessionError,
+    "grant_error": ControlError,
+    "watch_error": WatchError,
 }
 _ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
 
@@ -124,9 +143,9 @@ class _Request:
 class _Call:
     sent: str
     future: asyncio.Future[dict[str, Any]]
-    status: str | None = None  # attach: set by attach_result
+    first: dict[str, Any] | None = None  # a call answered in parts: its first frame
     approval_id: str | None = None  # approval_answer: settled by its approval_resolved too
-    events: list[EventEnvelope] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Client:
@@ -410,8 +429,74 @@ class Client:
         turns = frame.get("turns")
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
             raise self._fail_protocol("control_granted without a turn list")
+        return self._granted(frame, session_id)
+
+    async def request_control(self, session_id: str) -> ControlGranted:
+        """Ask for a session another connected client controls (RFC-0002 §6.1).
+
+        Answered at once like :meth:`take_control` when the session is free, released,
+        held by this client or by a lost one. Otherwise its controller gets
+        :class:`ControlRequested` and this call waits for its answer: granted, or
+        :class:`ControlRefused`; unanswered for the daemon's request timeout (30 s by
+        default) it is granted as soon as no turn runs on the session. Other calls of
+        this client go on meanwhile. Raises :class:`ControlError` (``session_busy``: a
+        request already waits, or a v1 shim holds the session; ``limit_exceeded``; ...).
+        """
+        frame = await self._call_id({"t": "control_request", "session_id": session_id})
+        return self._granted(frame, session_id)
+
+    async def release_control(self, session_id: str) -> None:
+        """Give up this client's hold of the session (idempotent). With no turn running it
+        is free at once; during a turn anyone may take it, and it is freed when the turn
+        ends. A waiting :meth:`request_control` of another client is granted."""
+        await self._call_id({"t": "control_release", "session_id": session_id})
+
+    async def answer_control(self, session_id: str, grant: bool) -> None:
+        """Answer a :class:`ControlRequested` for a session this client controls: ``True``
+        hands the session (with its running turn) to the requester, ``False`` refuses.
+        Raises :class:`ControlError` (``invalid_request``) when no request waits."""
+        frame = {"t": "control_answer", "session_id": session_id, "grant": grant}
+        await self._call_id(frame)
+
+    def _granted(self, frame: dict[str, Any], session_id: str) -> ControlGranted:
+        turns = frame.get("turns")
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise self._fail_protocol("control_granted without a turn list")
         granted = frame.get("session_id", session_id)
         return cast(ControlGranted, {"session_id": granted, "turns": turns})
+
+    # -- watching --------------------------------------------------------------------------
+
+    async def watch(self, session_id: str, after_cursor: str | None = None) -> WatchResult:
+        """Watch a session (RFC-0002 §6.9): its history after ``after_cursor`` (from the
+        start without it), then, through :meth:`events`, every turn any client runs on it
+        and its session events, as :class:`Watched` values.
+
+        Each turn comes either in the history or live (from :class:`TurnStarted` and its
+        ``turn.started``), never both and none missing. To resume later, watch again from
+        the last history cursor received. Watching a watched session again replaces the
+        watch. Raises :class:`WatchError` (``resync_required``, ``limit_exceeded``: more
+        than 1,024 history items, page them with ``session.replay`` first; ...).
+        """
+        frame: dict[str, Any] = {"t": "watch", "session_id": session_id}
+        if after_cursor is not None:
+            frame["after_cursor"] = after_cursor
+        answer = await self._call_id(frame)
+        first = answer["first"]
+        before, gap = first.get("before_cursor"), first.get("gap")
+        if not isinstance(before, str) or not isinstance(gap, bool):
+            raise self._fail_protocol("watch_result without before_cursor and gap")
+        return WatchResult(
+            session_id=_text_or_none(first.get("session_id")) or session_id,
+            items=answer["events"],
+            before_cursor=before,
+            gap=gap,
+        )
+
+    async def unwatch(self, session_id: str) -> None:
+        """Stop watching the session (a session not watched is answered the same). Frames
+        the daemon sent before the answer may still arrive."""
+        await self._call_id({"t": "unwatch", "session_id": session_id})
 
     async def answer_file(
         self, request: FileRequest, *, content: str | None = None, error: str | None = None
@@ -708,6 +793,15 @@ class Client:
                 raise _Broken(DaemonError(message, code))
             case "request_error":
                 self._request_error(frame)
+            case "watch_message" | "watch_event":
+                if (watched := _watched(frame)) is not None:
+                    await self._events.put(watched)
+            case "watch_overloaded":
+                await self._events.put(WatchOverloaded(_session_of(frame)))
+            case "control_requested":
+                await self._events.put(_control_requested(frame))
+            case "control_changed":
+                await self._events.put(_control_changed(frame))
             case "approval_request":
                 await self._events.put(_approval_request(frame))
             case "approval_resolved":
@@ -763,7 +857,7 @@ class Client:
         if call is None:
             return  # the answer to a call nobody waits for any more
         result, failure = _ANSWERS[call.sent]
-        continuation = kind == "attach_more" and call.sent == "attach"
+        continuation = kind == _PARTS.get(call.sent)
         if kind not in (result, failure) and not continuation:
             raise _protocol_error(f"{kind!r} answering a {call.sent!r} frame")
         if kind == failure:
@@ -771,9 +865,11 @@ class Client:
             code = frame.get("code")
             code = code if isinstance(code, str) else None
             error = _FAILURES.get(kind, DaemonError)
+            if code == Code.CONTROL_REFUSED:
+                error = ControlRefused
             _settle(call.future, exception=error(f"{call.sent} failed ({code})", code))
             return
-        if call.sent != "attach":
+        if call.sent not in _PARTS:
             del self._calls[frame_id]
             _settle(call.future, result=frame)
             return
@@ -782,17 +878,19 @@ class Client:
             raise _protocol_error(f"{kind} without an event list")
         if not isinstance(more, bool):
             raise _protocol_error(f"{kind} with an invalid 'more'")
-        if kind == "attach_result":
-            status = frame.get("status")
-            if call.status is not None or status not in _ATTACH_STATUSES:
-                raise _protocol_error("an unexpected attach_result")
-            call.status = status
-        elif call.status is None:
-            raise _protocol_error("attach_more before attach_result")
-        call.events.extend(cast(list[EventEnvelope], events))
+        if kind == result:
+            if call.first is not None or (
+                kind == "attach_result" and frame.get("status") not in _ATTACH_STATUSES
+            ):
+                raise _protocol_error(f"an unexpected {kind}")
+            call.first = frame
+        elif call.first is None:
+            raise _protocol_error(f"{kind} before {result}")
+        call.events.extend(events)
         if not more:
             del self._calls[frame_id]
-            _settle(call.future, result={"status": call.status, "events": call.events})
+            answer = {"status": call.first.get("status"), "first": call.first}
+            _settle(call.future, result={**answer, "events": call.events})
 
 
 def _tool_detail(frame: dict[str, Any]) -> ToolDetail:
@@ -817,6 +915,75 @@ def _file_request(frame: dict[str, Any]) -> FileRequest:
         raise _protocol_error("an invalid fs_request")
     fs_id, turn_id, session_id = cast(list[str], ids)
     return FileRequest(fs_id, turn_id, session_id, op, path, content)
+
+
+def _session_of(frame: dict[str, Any]) -> str:
+    session_id = frame.get("session_id")
+    if not isinstance(session_id, str):
+        raise _protocol_error(f"{frame['t']} without a session ID")
+    return session_id
+
+
+def _control_requested(frame: dict[str, Any]) -> ControlRequested:
+    by, timeout_ms = frame.get("by"), frame.get("timeout_ms")
+    if not isinstance(by, str) or not _is_int(timeout_ms):
+        raise _protocol_error("an invalid control_requested")
+    return ControlRequested(_session_of(frame), by, timeout_ms)
+
+
+def _control_changed(frame: dict[str, Any]) -> ControlChanged:
+    controller = frame.get("controller")
+    if not isinstance(controller, str | None):
+        raise _protocol_error("an invalid control_changed")
+    return ControlChanged(_session_of(frame), controller)
+
+
+def _watched(frame: dict[str, Any]) -> Watched | None:
+    """A ``watch_message`` (a watched turn's event) or ``watch_event`` as a value; None
+    for a session event of a name this client does not know."""
+    session_id = _session_of(frame)
+    if frame["t"] == "watch_message":
+        message = frame.get("message")
+        if not (
+            isinstance(message, dict)
+            and message.get("kind") == "event"
+            and isinstance(message.get("event"), str)
+            and isinstance(message.get("payload"), dict)
+        ):
+            raise _protocol_error("a watch_message without a v1 event envelope")
+        return Watched(session_id, cast(EventEnvelope, message))
+    match frame.get("event"):
+        case "turn_started":
+            turn_id, by, prompt = frame.get("turn_id"), frame.get("by"), frame.get("prompt")
+            complete = frame.get("complete", True)
+            if not all(isinstance(v, str) for v in (turn_id, by, prompt)) or not isinstance(
+                complete, bool
+            ):
+                raise _protocol_error("an invalid turn_started")
+            return Watched(
+                session_id,
+                TurnStarted(
+                    session_id, cast(str, turn_id), cast(str, by), cast(str, prompt), complete
+                ),
+            )
+        case "control_changed":
+            return Watched(session_id, _control_changed(frame))
+        case "control_requested":
+            return Watched(session_id, _control_requested(frame))
+        case "approval_requested":
+            request = _approval_request(frame)
+            return Watched(
+                session_id, WatchedApproval(session_id, request.turn_id, request=request)
+            )
+        case "approval_resolved":
+            resolved, turn_id = _resolved(frame), frame.get("turn_id")
+            if resolved is None or not isinstance(turn_id, str):
+                raise _protocol_error("an invalid approval_resolved")
+            return Watched(session_id, WatchedApproval(session_id, turn_id, resolved=resolved))
+        case str():
+            return None  # a session event this client does not know (a newer daemon's)
+        case _:
+            raise _protocol_error("a watch_event without an event name")
 
 
 def _settle(

@@ -108,3 +108,20 @@ class SessionError(DaemonError):
     """A session library call was refused (RFC-0002 §6.11): ``invalid_request`` (bad
     arguments, a cursor the daemon did not issue, a title with nothing displayable),
     ``invalid_session_id``, ``session_unavailable`` or ``session_busy``."""
+
+
+class ControlError(DaemonError):
+    """``take_control``, ``request_control``, ``release_control`` or ``answer_control``
+    was refused (``grant_error``: ``session_busy``, ``invalid_request``,
+    ``limit_exceeded``, the v1 session codes, ...)."""
+
+
+class ControlRefused(ControlError):
+    """The session's controller refused a ``request_control`` (``control_refused``), or
+    the request could not be granted."""
+
+
+class WatchError(DaemonError):
+    """``watch``/``unwatch`` was refused: ``resync_required`` (the cursor does not match
+    the session's history: watch from the start or a ``session.replay`` cursor),
+    ``limit_exceeded``, ``invalid_request`` or a v1 session code."""

@@ -42,6 +42,7 @@ from .types import (
     SessionInfo,
     SessionsPage,
     SnapshotItem,
+    WatchResult,
 )
 
 T = TypeVar("T")
@@ -182,6 +183,25 @@ class SyncClient:
 
     def take_control(self, session_id: str, *, timeout: float | None = None) -> ControlGranted:
         return self._run(self._client.take_control(session_id), timeout)
+
+    def request_control(self, session_id: str, *, timeout: float | None = None) -> ControlGranted:
+        """:meth:`Client.request_control` (it may wait for the controller's answer)."""
+        return self._run(self._client.request_control(session_id), timeout)
+
+    def release_control(self, session_id: str, *, timeout: float | None = None) -> None:
+        self._run(self._client.release_control(session_id), timeout)
+
+    def answer_control(self, session_id: str, grant: bool, *, timeout: float | None = None) -> None:
+        self._run(self._client.answer_control(session_id, grant), timeout)
+
+    def watch(
+        self, session_id: str, after_cursor: str | None = None, *, timeout: float | None = None
+    ) -> WatchResult:
+        """:meth:`Client.watch`: the history; live events arrive through :meth:`events`."""
+        return self._run(self._client.watch(session_id, after_cursor), timeout)
+
+    def unwatch(self, session_id: str, *, timeout: float | None = None) -> None:
+        self._run(self._client.unwatch(session_id), timeout)
 
     def control(self, op: str, *, timeout: float | None = None) -> dict[str, Any]:
         return self._run(self._client.control(op), timeout)

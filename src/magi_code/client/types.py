@@ -117,9 +117,101 @@ class ApprovalResolved:
     by: str
 
 
-Event = EventEnvelope | Overloaded | ToolDetail | FileRequest | ApprovalRequest | ApprovalResolved
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """A turn started on a watched session (RFC-0002 §6.9): ``by`` is the starting
+    connection's ``<client_name>#<n>``. Its events follow as :class:`Watched` envelopes,
+    from ``turn.started`` (``complete`` is False when its earliest ones were evicted)."""
+
+    session_id: str
+    turn_id: str
+    by: str
+    prompt: str
+    complete: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ControlChanged:
+    """The session's controller changed: ``controller`` is the new one's label, None when
+    it was released. Sent to a controller that lost the session to a request, and (inside
+    :class:`Watched`) to the session's watchers."""
+
+    session_id: str
+    controller: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRequested:
+    """``by`` asks for a session. Received directly, this client controls it: answer with
+    ``answer_control(session_id, grant)`` within ``timeout_ms``, or it is granted once no
+    turn runs. Inside :class:`Watched` it is for information only."""
+
+    session_id: str
+    by: str
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedApproval:
+    """An approval request of a watched session's turn was asked (``request``) or
+    settled (``resolved``; ``turn_id`` names its turn). Read-only: answer only the
+    :class:`ApprovalRequest` a client gets because it is attached to the turn."""
+
+    session_id: str
+    turn_id: str
+    request: ApprovalRequest | None = None
+    resolved: ApprovalResolved | None = None
+
+
+WatchedEvent = EventEnvelope | TurnStarted | ControlChanged | ControlRequested | WatchedApproval
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """Something that happened on a session this client watches (RFC-0002 §6.9): a turn
+    event (a v1 event envelope, ``turn.started`` to ``turn.terminal``) or a session
+    event. It only informs: a client that also started or follows the turn gets its own
+    copy of the turn's events besides."""
+
+    session_id: str
+    event: WatchedEvent
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOverloaded:
+    """The daemon ended the watch of ``session_id`` (its frames met a full outbound
+    queue): nothing more of it arrives. Watch again from the last history cursor."""
+
+    session_id: str
+
+
+class WatchResult(TypedDict):
+    """The answer to ``watch``: the session's history after the cursor (``session.replay``
+    items with their ``cursor``s, every part joined), up to the first turn delivered live
+    through ``events()`` as :class:`Watched`."""
+
+    session_id: str
+    items: list[dict[str, Any]]
+    before_cursor: str  # the cursor just before the first item
+    gap: bool
+
+
+Event = (
+    EventEnvelope
+    | Overloaded
+    | ToolDetail
+    | FileRequest
+    | ApprovalRequest
+    | ApprovalResolved
+    | Watched
+    | WatchOverloaded
+    | ControlChanged
+    | ControlRequested
+)
 """What :meth:`magi_code.client.Client.events` yields (the details, file requests and
-approval notices only on a client that asked for them)."""
+approval notices only on a client that asked for them; :class:`Watched` and
+:class:`WatchOverloaded` only while it watches; :class:`ControlRequested` and
+:class:`ControlChanged` only while it controls a session another client asks for)."""
 
 
 class GrantRules(TypedDict):

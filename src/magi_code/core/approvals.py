@@ -9,6 +9,8 @@ later gets every pending request of that turn or session again (:meth:`follow`,
 :meth:`resend_session`). The first answer from an attached connection settles it and
 every attached connection gets ``approval_resolved``; a later answer gets
 ``approval_already_resolved``. The deadline, and the turn's end (cancel), settle it too.
+The session's watchers are told both (:attr:`ApprovalService.observe`, read-only: they
+answer only if attached).
 
 Each request is recorded in the session's history when asked and when settled (record
 type ``approval``, the bounded subject only). Session grants ("allow for this session")
@@ -92,6 +94,8 @@ class ApprovalService:
         self._followers: dict[str, set[int]] = {}
         self._grants: dict[str, Rules] = {}
         self._policies: dict[str, Policy] = {}
+        # Session events for the session's watchers (``approval_requested``/``_resolved``).
+        self.observe: Callable[[str, dict[str, Any]], None] = lambda _session, _event: None
 
     # -- connections -----------------------------------------------------------------------
 
@@ -115,6 +119,12 @@ class ApprovalService:
         for pending in list(self._pending.values()):
             if pending.run.session_id == session_id:
                 self._send(conn_id, pending.frame())
+
+    def pending_events(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's pending requests as ``approval_requested`` session events."""
+        return [
+            _requested(p.frame()) for p in self._pending.values() if p.run.session_id == session_id
+        ]
 
     def _targets(self, run: TurnRun) -> set[int]:
         attached = {run.conn.conn_id, run.attachment.owner}
@@ -140,6 +150,7 @@ class ApprovalService:
         log.info("approval requested kind=%s", request.kind)
         for conn_id in self._targets(run):
             self._send(conn_id, pending.frame())
+        self.observe(run.session_id, _requested(pending.frame()))
         try:
             decision, by = await asyncio.wait_for(asyncio.shield(pending.future), timeout)
         except TimeoutError:
@@ -187,6 +198,9 @@ class ApprovalService:
         }
         for conn_id in self._targets(pending.run):
             self._send(conn_id, frame)
+        event = {"event": "approval_resolved", "session_id": pending.run.session_id}
+        event |= {"turn_id": pending.run.turn_id} | {k: v for k, v in frame.items() if k != "t"}
+        self.observe(pending.run.session_id, event)
 
     def turn_ended(self, turn_id: str) -> None:
         self._followers.pop(turn_id, None)
@@ -292,6 +306,11 @@ class TurnApprover:
 
     def stop_turn(self) -> None:
         self._run.cancel()
+
+
+def _requested(frame: dict[str, Any]) -> dict[str, Any]:
+    """An ``approval_request`` frame as a watchers' ``approval_requested`` event."""
+    return {"event": "approval_requested"} | {k: v for k, v in frame.items() if k != "t"}
 
 
 def _subject(summary: Mapping[str, Any]) -> str:

@@ -83,6 +83,7 @@ class PersistentCoordinator:
         self.approvals = self.turns.approvals if self.turns is not None else ApprovalService()
         self.relay = self.turns.relay if self.turns is not None else ToolRelay()
         self.watchers = SessionWatch()
+        self.approvals.observe = self.watchers.session
         self.handover = (
             Handover(self.sessions, self._hand_over) if self.sessions is not None else None
         )
@@ -393,6 +394,9 @@ class PersistentCoordinator:
             sink.session(_turn_started(log_.events[0]) | {"complete": log_.evicted_upto < 0})
             for event in log_.events:
                 sink.turn(event)
+        # And their approval requests still waiting (settled ones arrive as resolved).
+        for asked in self.approvals.pending_events(valid):
+            sink.session(asked)
         try:
             history = await asyncio.to_thread(self.sessions.store.history, valid, after)
             if history is None:
