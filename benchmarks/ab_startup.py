@@ -1,0 +1,134 @@
+"""Paired A/B of spawn -> ``initialize`` between builds, in one start-up mode.
+
+    .venv/bin/python benchmarks/ab_startup.py [--pairs N] [--mode MODE] SPEC SPEC [SPEC ...]
+
+Each ``SPEC`` is ``NAME=PYTHON``: an interpreter whose environment has the build to
+measure installed (for another commit: ``git worktree add ../base <rev>; make -C ../base
+.venv/.installed-stamp``, then ``base=../base/.venv/bin/python now=.venv/bin/python``).
+``MODE`` is ``warm`` (the default mode as a frontend meets it most: the shim, to a daemon
+that already runs, kept by another shim of the same build that stays connected), ``cold``
+(the shim with no daemon running: its ``initialize`` starts one; the daemon is gone before
+the next sample) or ``embedded``. Each sample is a new process, from its creation to its
+``initialize`` response; it is then stopped (stdin EOF).
+
+This machine's speed drifts, so the builds' samples alternate (A, B, B, A, ...): each pair
+meets the same phase. Printed per build: the median and quartiles of its spawn ->
+``initialize`` times, and the median and quartiles of its per-pair ratios to the first
+``SPEC``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from benchlib import (
+    DAEMON_ENV,
+    EMBEDDED_ENV,
+    ServiceProcess,
+    Workspace,
+    daemon_process,
+    daemon_workspace,
+    run_with_daemons,
+    running_service,
+    stop_service,
+    workspace,
+)
+
+MODES = ("warm", "cold", "embedded")
+DAEMON_EXIT_TIMEOUT = 30.0
+
+
+@dataclass
+class Build:
+    name: str
+    python: str
+    times: list[float] = field(default_factory=list)
+
+
+def parse_spec(spec: str) -> Build:
+    name, sep, python = spec.partition("=")
+    if not sep or not name or not python:
+        raise argparse.ArgumentTypeError(f"not NAME=PYTHON: {spec!r}")
+    # Absolute, as given: a virtual environment's interpreter is a link not to follow.
+    return Build(name, os.path.abspath(python))
+
+
+async def sample(build: Build, ws: Workspace, mode: str) -> float:
+    """Seconds from spawning the service to reading its ``initialize`` response."""
+    env = EMBEDDED_ENV if mode == "embedded" else DAEMON_ENV
+    start = time.perf_counter()
+    service = await ServiceProcess.start(
+        ws.home, ws.project, env, checks=False, python=build.python
+    )
+    try:
+        await service.initialize()
+        took = time.perf_counter() - start
+        daemon = daemon_process(ws) if mode == "cold" else None
+    finally:
+        await stop_service(service)
+    if daemon is not None:
+        # The last shim of the home stops its daemon: the next sample starts cold again.
+        await asyncio.to_thread(daemon.wait, DAEMON_EXIT_TIMEOUT)
+    return took
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    low, middle, high = statistics.quantiles(values, n=4)
+    return low, middle, high
+
+
+async def main(args: argparse.Namespace) -> None:
+    builds: list[Build] = args.builds
+    print(f"== ab_startup: spawn -> initialize, {args.mode}, {args.pairs} pairs, alternating")
+    async with contextlib.AsyncExitStack() as stack:
+        places: list[Workspace] = []
+        for build in builds:
+            ws = stack.enter_context(workspace() if args.mode == "embedded" else daemon_workspace())
+            places.append(ws)
+            if args.mode == "warm":
+                # Starts this build's daemon and keeps it running between the samples.
+                await stack.enter_async_context(
+                    running_service(ws, DAEMON_ENV, python=build.python)
+                )
+            # One unmeasured sample each: the files it reads are then in the page cache.
+            await sample(build, ws, args.mode)
+        pairs = list(zip(builds, places, strict=True))
+        for pair in range(args.pairs):
+            for build, ws in pairs[:: 1 if pair % 2 == 0 else -1]:
+                build.times.append(await sample(build, ws, args.mode))
+    first = builds[0]
+    for build in builds:
+        low, middle, high = quartiles(build.times)
+        print(
+            f"   {build.name}: median {middle * 1e3:.1f} ms "
+            f"(quartiles {low * 1e3:.1f} .. {high * 1e3:.1f})"
+        )
+    for build in builds[1:]:
+        low, middle, high = quartiles(
+            [a / b for a, b in zip(build.times, first.times, strict=True)]
+        )
+        print(
+            f"   {build.name} / {first.name}: median ratio {middle:.3f} "
+            f"(quartiles {low:.3f} .. {high:.3f})"
+        )
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--pairs", type=int, default=30, help="samples per build (default 30)")
+    parser.add_argument("--mode", choices=MODES, default="warm", help="start-up mode")
+    parser.add_argument("builds", nargs="+", type=parse_spec, metavar="SPEC")
+    args = parser.parse_args()
+    if len(args.builds) < 2 or args.pairs < 2:
+        parser.error("give two SPECs or more and --pairs 2 or more")
+    return args
+
+
+if __name__ == "__main__":
+    run_with_daemons(main, __doc__ or "", arguments())
