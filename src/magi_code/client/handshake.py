@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.endpoint.paths import (
@@ -16,19 +17,17 @@ from magi_code.endpoint.paths import (
     read_info_file,
     runtime_dir_of,
     socket_name_of,
-    socket_path_of,
+    socket_path,
     state_dir_of,
     verify_private_dir,
 )
 from magi_code.protocol.v2 import Launch, Role, hello
-from magi_code.storage.process import current_umask, home_of, spelled
+from magi_code.storage.process import current_umask, home_of
 from magi_code.version import package_version
 
 from .errors import DaemonDraining, DaemonError, DaemonTimeout, DaemonUnavailable, ForeignDaemon
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from magi_code.storage.launch import LaunchContext
 
 # A daemon that accepted the connection answers hello in milliseconds; one that does not
@@ -42,15 +41,13 @@ def launch_of(ctx: LaunchContext) -> Launch:
 
 def process_launch() -> Launch:
     """This process's launch context, as ``launch_of(LaunchContext.from_process())`` says
-    it, without building one (the stdio shim imports neither pathlib nor dataclasses)."""
+    it, without building one (the stdio shim imports no dataclasses)."""
     env = dict(os.environ)
-    return Launch(home_of(env), os.getcwd(), env, current_umask())
+    return Launch(str(home_of(env)), os.getcwd(), env, current_umask())
 
 
 def context_of(launch: Launch) -> LaunchContext:
     """The :class:`LaunchContext` of a launch (the inverse of :func:`launch_of`)."""
-    from pathlib import Path
-
     from magi_code.storage.launch import LaunchContext
 
     return LaunchContext(Path(launch.mc_home), Path(launch.project_dir), launch.env, launch.umask)
@@ -58,17 +55,15 @@ def context_of(launch: Launch) -> LaunchContext:
 
 def socket_for(ctx: LaunchContext) -> Path:
     """The socket the daemon of ``ctx.mc_home`` bound (from ``daemon.json``), or the default."""
-    from pathlib import Path
-
-    return Path(daemon_socket(str(ctx.mc_home), ctx.env))
+    return daemon_socket(ctx.mc_home, ctx.env)
 
 
-def daemon_socket(mc_home: str, env: Mapping[str, str]) -> str:
-    """:func:`socket_for` of an ``MC_HOME`` and environment, as a string."""
-    default = socket_path_of(runtime_dir_of(mc_home, env), socket_name_of(mc_home, env))
-    info = read_info_file(os.path.join(state_dir_of(mc_home), INFO_NAME))
+def daemon_socket(mc_home: Path | str, env: Mapping[str, str]) -> Path:
+    """:func:`socket_for` of an ``MC_HOME`` and environment."""
+    default = socket_path(runtime_dir_of(mc_home, env), socket_name_of(mc_home, env))
+    info = read_info_file(state_dir_of(mc_home) / INFO_NAME)
     recorded = info.get("socket") if info else None
-    return spelled(recorded) if isinstance(recorded, str) else default
+    return Path(recorded) if isinstance(recorded, str) else default
 
 
 def check_socket_dir(socket_path: Path | str) -> None:

@@ -23,30 +23,16 @@ never for protocol output.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import stat
 import sys
 from collections.abc import Mapping
+from hashlib import sha256
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from magi_code.storage.process import joined, spelled
-
-# CPython's own SHA-256 (what hashlib falls back to): hashlib loads OpenSSL first, ~2 ms
-# of every shim start for one short digest. The module is ``_sha256`` on 3.11 and
-# ``_sha2`` from 3.12 on.
-try:
-    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]
-except ImportError:
-    try:
-        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]
-    except ImportError:
-        from hashlib import sha256 as _sha256
-
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from magi_code.storage.launch import LaunchContext
 
 APP_DIR_NAME: Final = "magi-code"
@@ -115,39 +101,32 @@ class RuntimePaths:
         return self.state_dir / INFO_NAME
 
 
-# The resolution works on strings (``os.path``), for the stdio shim: importing pathlib
-# would cost every shim start ~5 ms. The Path API below wraps the same functions.
+# Of a launch context; the ``*_of`` functions below take an ``MC_HOME`` and an environment
+# (the stdio shim states its launch context without building a ``LaunchContext``).
 
 
 def runtime_paths(ctx: LaunchContext, *, platform: str = sys.platform) -> RuntimePaths:
-    from pathlib import Path
-
-    home = os.fspath(ctx.mc_home)
     return RuntimePaths(
-        state_dir=Path(state_dir_of(home)),
-        socket_dir=Path(runtime_dir_of(home, ctx.env, platform=platform)),
-        socket_name=socket_name_of(home, ctx.env),
+        state_dir=state_dir_of(ctx.mc_home),
+        socket_dir=runtime_dir_of(ctx.mc_home, ctx.env, platform=platform),
+        socket_name=socket_name_of(ctx.mc_home, ctx.env),
     )
 
 
 def socket_name(ctx: LaunchContext) -> str:
-    return socket_name_of(os.fspath(ctx.mc_home), ctx.env)
+    return socket_name_of(ctx.mc_home, ctx.env)
 
 
 def state_dir(ctx: LaunchContext) -> Path:
-    from pathlib import Path
-
-    return Path(state_dir_of(os.fspath(ctx.mc_home)))
+    return state_dir_of(ctx.mc_home)
 
 
 def runtime_dir(ctx: LaunchContext, *, platform: str = sys.platform) -> Path:
     """The socket directory for ``ctx`` (pure resolution: nothing is created)."""
-    from pathlib import Path
-
-    return Path(runtime_dir_of(os.fspath(ctx.mc_home), ctx.env, platform=platform))
+    return runtime_dir_of(ctx.mc_home, ctx.env, platform=platform)
 
 
-def socket_name_of(mc_home: str, env: Mapping[str, str]) -> str:
+def socket_name_of(mc_home: Path | str, env: Mapping[str, str]) -> str:
     """``daemon-<hash>.sock`` in a shared ``MC_RUNTIME_DIR``; else ``daemon.sock``.
 
     Every other socket dir is already private to one ``MC_HOME`` (named by its hash, or
@@ -160,60 +139,44 @@ def socket_name_of(mc_home: str, env: Mapping[str, str]) -> str:
 
 def home_hash(mc_home: Path | str) -> str:
     """Short stable name for one ``MC_HOME`` (resolved, so aliases share one daemon)."""
-    digest = _sha256(os.fsencode(resolved_path(os.fspath(mc_home))))
-    return str(digest.hexdigest())[:_HASH_CHARS]
+    return sha256(os.fsencode(Path(mc_home).resolve())).hexdigest()[:_HASH_CHARS]
 
 
-def resolved_path(path: str) -> str:
-    """``str(pathlib.Path(path).resolve())``: symlinks resolved, a symlink loop refused."""
-    resolved = os.path.realpath(path)
-    try:
-        os.stat(resolved)
-    except OSError as exc:
-        # Not strict: only a loop is an error (realpath stops at one silently).
-        if exc.errno == errno.ELOOP:
-            raise RuntimeError(f"Symlink loop from {exc.filename!r}") from None
-    return resolved
+def state_dir_of(mc_home: Path | str) -> Path:
+    return Path(mc_home).resolve() / "run"
 
 
-def state_dir_of(mc_home: str) -> str:
-    return joined(resolved_path(mc_home), "run")
-
-
-def runtime_dir_of(mc_home: str, env: Mapping[str, str], *, platform: str = sys.platform) -> str:
+def runtime_dir_of(
+    mc_home: Path | str, env: Mapping[str, str], *, platform: str = sys.platform
+) -> Path:
     """The socket directory of ``mc_home`` (pure resolution: nothing is created)."""
     override = env.get(RUNTIME_DIR_ENV)
     if override:
         if not override.startswith("/"):
             message = f"{RUNTIME_DIR_ENV} must be an absolute path"
             raise UnsafeRuntimeDir(message, message)
-        directory = spelled(override)
-        socket_path_of(directory, socket_name_of(mc_home, env))
+        directory = Path(override)
+        socket_path(directory, socket_name_of(mc_home, env))
         return directory
     name = home_hash(mc_home)
-    candidates: list[str] = []
+    candidates: list[Path] = []
     base_var = "TMPDIR" if platform == "darwin" else "XDG_RUNTIME_DIR"
     base = _trusted_base(env.get(base_var))
     if base is not None:
-        candidates.append(joined(base, f"{APP_DIR_NAME}/{name}"))
+        candidates.append(base / APP_DIR_NAME / name)
     candidates.append(state_dir_of(mc_home))
     for candidate in candidates:
         if socket_path_fits(candidate):
             return candidate
-    return f"/tmp/{APP_DIR_NAME}-{os.geteuid()}/{name}"
+    return Path(f"/tmp/{APP_DIR_NAME}-{os.geteuid()}", name)
 
 
-def socket_path_fits(directory: Path | str, name: str = SOCKET_NAME) -> bool:
-    return len(os.fsencode(joined(os.fspath(directory), name))) <= MAX_SOCKET_PATH_BYTES
+def socket_path_fits(directory: Path, name: str = SOCKET_NAME) -> bool:
+    return len(os.fsencode(directory / name)) <= MAX_SOCKET_PATH_BYTES
 
 
 def socket_path(directory: Path, name: str = SOCKET_NAME) -> Path:
-    socket_path_of(os.fspath(directory), name)
-    return directory / name
-
-
-def socket_path_of(directory: str, name: str = SOCKET_NAME) -> str:
-    path = joined(directory, name)
+    path = directory / name
     if not socket_path_fits(directory, name):
         fix = f"set {RUNTIME_DIR_ENV} to a shorter private directory"
         raise SocketPathTooLong(
@@ -223,7 +186,7 @@ def socket_path_of(directory: str, name: str = SOCKET_NAME) -> str:
     return path
 
 
-def _trusted_base(value: str | None) -> str | None:
+def _trusted_base(value: str | None) -> Path | None:
     """``value`` when it is an absolute directory owned by us with no group/other access."""
     if not value or not os.path.isabs(value):
         return None
@@ -233,7 +196,7 @@ def _trusted_base(value: str | None) -> str | None:
         return None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         return None
-    return spelled(value)
+    return Path(value)
 
 
 def ensure_private_dir(path: Path) -> None:
@@ -339,10 +302,10 @@ def _verify_ancestors(path: Path | str) -> None:
 
 def read_info(paths: RuntimePaths) -> dict[str, object] | None:
     """The daemon's ``daemon.json`` (pid, version, socket, ...), or None if unreadable."""
-    return read_info_file(os.fspath(paths.info))
+    return read_info_file(paths.info)
 
 
-def read_info_file(path: str) -> dict[str, object] | None:
+def read_info_file(path: Path) -> dict[str, object] | None:
     """``daemon.json`` at ``path``, or None if unreadable.
 
     The json module, not orjson: importing orjson costs every shim start ~10 ms.

@@ -14,6 +14,7 @@ The hello, the failures and the meaning of the daemon's answer are the client's 
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -92,7 +93,7 @@ def connect(launch: Launch, *, build: str | None, timeout: float = CONNECT_TIMEO
     try:
         sock.settimeout(timeout)
         try:
-            sock.connect(path)
+            sock.connect(os.fspath(path))
         except OSError as exc:
             raise connect_failure(exc, path, timeout) from None
         if not check_peer(sock):

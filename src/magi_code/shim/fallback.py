@@ -63,7 +63,6 @@ def log_fallback(launch: Launch, reason: str) -> None:
     """One line in ``daemon.log`` of ``launch.mc_home``, in the daemon's format, when its
     state directory is usable; else nothing (the stderr line is all there is)."""
     import logging
-    from pathlib import Path
 
     from magi_code import logs
     from magi_code.endpoint.paths import LOG_NAME, ensure_private_dir, state_dir_of
@@ -72,7 +71,7 @@ def log_fallback(launch: Launch, reason: str) -> None:
     if logs.level(launch.env, logging.INFO) > logging.WARNING:
         return
     try:
-        state = Path(state_dir_of(launch.mc_home))
+        state = state_dir_of(launch.mc_home)
         ensure_private_dir(state)
         # A FIFO or symlink planted as the log is refused, never waited on.
         fd = open_regular(state / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND)

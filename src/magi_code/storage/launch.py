@@ -37,7 +37,7 @@ class LaunchContext:
     def from_process(cls) -> LaunchContext:
         env = dict(os.environ)
         return cls(
-            mc_home=Path(home_of(env)),
+            mc_home=home_of(env),
             project_dir=Path.cwd(),
             env=env,
             umask=current_umask(),

@@ -1,14 +1,15 @@
-"""This process's launch context as plain strings: ``MC_HOME``, the mask, path spelling.
+"""This process's ``MC_HOME`` and file-mode creation mask.
 
-Import-light on purpose (no pathlib, no dataclasses): the stdio shim states its launch
-context in every start, and :class:`~magi_code.storage.launch.LaunchContext` is built
-from the same functions, so both spell every path the same way.
+The stdio shim states its launch context from these without building a
+:class:`~magi_code.storage.launch.LaunchContext` (no dataclasses), which is built from the
+same functions, so both name the same home.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 
 def current_umask() -> int:
@@ -31,34 +32,8 @@ def current_umask() -> int:
     return old
 
 
-def spelled(path: str) -> str:
-    """``str(pathlib.PurePosixPath(path))``: empty and ``.`` parts dropped, ``..`` kept,
-    and a leading ``//`` (exactly two slashes) preserved, as POSIX allows."""
-    if path.startswith("//") and not path.startswith("///"):
-        root = "//"
-    else:
-        root = "/" if path.startswith("/") else ""
-    return root + "/".join(part for part in path.split("/") if part and part != ".") or "."
-
-
-def joined(base: str, relative: str) -> str:
-    """``str(pathlib.PurePosixPath(base) / relative)`` for a ``relative`` that is not
-    absolute."""
-    base, rest = spelled(base), spelled(relative)
-    if rest == ".":
-        return base
-    if base == ".":
-        return rest
-    return base + rest if base.endswith("/") else f"{base}/{rest}"
-
-
-def absolute(path: str) -> str:
-    """``str(pathlib.Path(path).absolute())``: relative to the working directory, with
-    nothing resolved."""
-    return spelled(path) if path.startswith("/") else joined(os.getcwd(), path)
-
-
-def home_of(env: Mapping[str, str]) -> str:
-    """The absolute ``MC_HOME`` of an environment: ``$MC_HOME``, else ``~/.magi-code``."""
-    home = env.get("MC_HOME") or joined(env.get("HOME") or os.path.expanduser("~"), ".magi-code")
-    return absolute(home)
+def home_of(env: Mapping[str, str]) -> Path:
+    """The absolute ``MC_HOME`` of an environment: ``$MC_HOME``, else ``~/.magi-code``
+    (relative to the working directory, nothing resolved)."""
+    home = env.get("MC_HOME") or Path(env.get("HOME") or os.path.expanduser("~"), ".magi-code")
+    return Path(home).absolute()

@@ -21,13 +21,11 @@ from magi_code.endpoint.paths import (
     UnsafeRuntimeDir,
     ensure_private_dir,
     home_hash,
-    resolved_path,
     runtime_dir,
     runtime_dir_of,
     runtime_paths,
     socket_name_of,
     socket_path,
-    socket_path_of,
     state_dir,
     verify_private_dir,
 )
@@ -304,7 +302,7 @@ def test_the_shared_socket_name_is_within_the_path_bound(home: Path) -> None:
         runtime_paths(ctx(home, **{RUNTIME_DIR_ENV: str(fits) + "r"}))
 
 
-# --- the string resolution the shim uses ------------------------------------------------
+# --- the resolution the shim uses (an MC_HOME and an environment) ------------------
 
 
 def test_home_hash_is_the_sha256_of_the_resolved_home(tmp_path: Path) -> None:
@@ -316,25 +314,12 @@ def test_home_hash_is_the_sha256_of_the_resolved_home(tmp_path: Path) -> None:
     assert home_hash(alias) == home_hash(str(real)) == expected
 
 
-def test_resolved_path_is_pathlibs_resolve_and_refuses_a_symlink_loop(tmp_path: Path) -> None:
-    (tmp_path / "d").mkdir()
-    (tmp_path / "l").symlink_to(tmp_path / "d")
-    for path in (tmp_path / "l", tmp_path / "l" / "missing", tmp_path / "l" / ".." / "d"):
-        assert resolved_path(str(path)) == str(path.resolve())
-    (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    with pytest.raises(RuntimeError, match="loop"):
-        (tmp_path / "loop").resolve()
-    with pytest.raises(RuntimeError, match="loop"):
-        resolved_path(str(tmp_path / "loop"))
-
-
-def test_the_string_socket_path_is_the_runtime_paths_one(
+def test_the_shims_socket_path_is_the_runtime_paths_one(
     home: Path, private_base: Path, short_tmp: Path
 ) -> None:
     for env in ({}, {"XDG_RUNTIME_DIR": str(private_base)}, {RUNTIME_DIR_ENV: str(short_tmp)}):
         paths = runtime_paths(ctx(home, **env))
-        expected = str(paths.socket)
-        assert daemon_socket(str(home), env) == expected
-        assert socket_path_of(runtime_dir_of(str(home), env), socket_name_of(str(home), env)) == (
-            expected
+        assert daemon_socket(str(home), env) == paths.socket
+        assert socket_path(runtime_dir_of(str(home), env), socket_name_of(str(home), env)) == (
+            paths.socket
         )
