@@ -9,12 +9,15 @@ measure installed (for another commit: ``git worktree add ../base <rev>; make -C
 that already runs, kept by another shim of the same build that stays connected), ``cold``
 (the shim with no daemon running: its ``initialize`` starts one; the daemon is gone before
 the next sample) or ``embedded``. Each sample is a new process, from its creation to its
-``initialize`` response; it is then stopped (stdin EOF).
+``initialize`` response; it is then stopped (stdin EOF). Beside that time, the CPU
+(user + system) the start cost by then: the new process's, and in ``cold`` mode the
+daemon's too (which may include the start of its warm-up of the HTTP stack, begun once it
+was ready). It moves much less with the machine's load than the time does.
 
 This machine's speed drifts, so the builds' samples alternate (A, B, B, A, ...): each pair
 meets the same phase. Printed per build: the median and quartiles of its spawn ->
-``initialize`` times, and the median and quartiles of its per-pair ratios to the first
-``SPEC``.
+``initialize`` times and CPU, and the median and quartiles of its per-pair ratios to the
+first ``SPEC``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import psutil
 from benchlib import (
     DAEMON_ENV,
     EMBEDDED_ENV,
@@ -49,6 +53,7 @@ class Build:
     name: str
     python: str
     times: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
 
 
 def parse_spec(spec: str) -> Build:
@@ -59,8 +64,14 @@ def parse_spec(spec: str) -> Build:
     return Build(name, os.path.abspath(python))
 
 
-async def sample(build: Build, ws: Workspace, mode: str) -> float:
-    """Seconds from spawning the service to reading its ``initialize`` response."""
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+async def sample(build: Build, ws: Workspace, mode: str) -> tuple[float, float]:
+    """Seconds from spawning the service to reading its ``initialize`` response, and the
+    CPU seconds the start cost by then."""
     env = EMBEDDED_ENV if mode == "embedded" else DAEMON_ENV
     start = time.perf_counter()
     service = await ServiceProcess.start(
@@ -70,12 +81,14 @@ async def sample(build: Build, ws: Workspace, mode: str) -> float:
         await service.initialize()
         took = time.perf_counter() - start
         daemon = daemon_process(ws) if mode == "cold" else None
+        cpu = cpu_seconds(psutil.Process(service.proc.pid))
+        cpu += cpu_seconds(daemon) if daemon is not None else 0.0
     finally:
         await stop_service(service)
     if daemon is not None:
         # The last shim of the home stops its daemon: the next sample starts cold again.
         await asyncio.to_thread(daemon.wait, DAEMON_EXIT_TIMEOUT)
-    return took
+    return took, cpu
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -101,22 +114,25 @@ async def main(args: argparse.Namespace) -> None:
         pairs = list(zip(builds, places, strict=True))
         for pair in range(args.pairs):
             for build, ws in pairs[:: 1 if pair % 2 == 0 else -1]:
-                build.times.append(await sample(build, ws, args.mode))
+                took, cpu = await sample(build, ws, args.mode)
+                build.times.append(took)
+                build.cpu.append(cpu)
     first = builds[0]
-    for build in builds:
-        low, middle, high = quartiles(build.times)
-        print(
-            f"   {build.name}: median {middle * 1e3:.1f} ms "
-            f"(quartiles {low * 1e3:.1f} .. {high * 1e3:.1f})"
-        )
-    for build in builds[1:]:
-        low, middle, high = quartiles(
-            [a / b for a, b in zip(build.times, first.times, strict=True)]
-        )
-        print(
-            f"   {build.name} / {first.name}: median ratio {middle:.3f} "
-            f"(quartiles {low:.3f} .. {high:.3f})"
-        )
+    for label, of in (("time", lambda b: b.times), ("CPU", lambda b: b.cpu)):
+        for build in builds:
+            low, middle, high = quartiles(of(build))
+            print(
+                f"   {build.name}, {label}: median {middle * 1e3:.1f} ms "
+                f"(quartiles {low * 1e3:.1f} .. {high * 1e3:.1f})"
+            )
+        for build in builds[1:]:
+            low, middle, high = quartiles(
+                [a / b for a, b in zip(of(build), of(first), strict=True)]
+            )
+            print(
+                f"   {build.name} / {first.name}, {label}: median ratio {middle:.3f} "
+                f"(quartiles {low:.3f} .. {high:.3f})"
+            )
 
 
 def arguments() -> argparse.Namespace:
