@@ -351,11 +351,10 @@ def _run_in_process() -> int:
     ctx = LaunchContext.from_process()
     _configure_logging()
 
-    # ``initialize`` is answered before the domain services are loaded (composition).
-    from magi_code.composition import build_embedded_coordinator
+    from magi_code.composition import build_coordinator
     from magi_code.stdio.adapter import serve_stdio
 
-    return _finished(uvloop.run(serve_stdio(build_embedded_coordinator, ctx)))
+    return _finished(uvloop.run(serve_stdio(build_coordinator, ctx)))
 
 
 def _run_acp() -> int:

@@ -1,9 +1,7 @@
 """What the real service processes import, read from ``python -X importtime``.
 
-``-X importtime`` writes one line per module to stderr as each import finishes. For the
-embedded service, stderr and stdout share one pipe, so the import lines before the
-``initialize`` response in that stream are exactly the imports done before the response
-was written (the adapter writes it in one ``write``). For the daemon, a foreground
+``-X importtime`` writes one line per module to stderr as each import finishes. The
+embedded service serves a turn and its whole stderr is read. For the daemon, a foreground
 ``daemon run`` under ``-X importtime`` serves a turn through a shim, is stopped, and its
 whole stderr is read.
 """
@@ -28,24 +26,6 @@ from tests.support.service import running_service, service_env
 STEP_TIMEOUT = 30.0
 # The MCP SDK and what only it brings; none of it belongs to a turn without MCP servers.
 MCP_SDK = ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette", "uvicorn", "cryptography")
-# Not needed to answer ``initialize``: the HTTP stack, settings, providers, the runtime.
-NOT_FOR_INITIALIZE = (
-    *MCP_SDK,
-    "anyio",
-    "httpx",
-    "httpcore",
-    "h11",
-    "magi_code.providers",
-    "magi_code.turns",
-    "magi_code.tools",
-    "magi_code.config",
-    "magi_code.core.turns",
-    "magi_code.core.configuration",
-    "magi_code.core.auth",
-    "magi_code.sessions",
-)
-# Constants only (the failure labels the adapter reports): no import of their own.
-LIGHT = ("magi_code.turns", "magi_code.turns.failures")
 
 
 def imported(lines: list[str]) -> list[str]:
@@ -72,7 +52,7 @@ def _request(request_id: str, method: str, payload: dict[str, object] | None = N
     return orjson.dumps(envelope.request(request_id, method, payload)) + b"\n"
 
 
-async def test_embedded_initialize_imports_no_sdk_nor_runtime_and_a_turn_never_the_sdk(
+async def test_an_embedded_turn_without_mcp_servers_never_imports_the_sdk(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
@@ -126,12 +106,9 @@ async def test_embedded_initialize_imports_no_sdk_nor_runtime_and_a_turn_never_t
             await proc.wait()
     terminal = messages[-1]
     assert terminal["payload"]["status"] == "completed", terminal
-    early = imported(before)
-    assert "magi_code.core.service_info" in early  # the check sees the start-up imports
-    assert [name for name in among(early, NOT_FOR_INITIALIZE) if name not in LIGHT] == []
-    late = imported(after)
-    assert "magi_code.core.turns" in late and "httpcore" in late  # loaded, after the answer
-    assert among(early + late, MCP_SDK) == []
+    names = imported(before + after)
+    assert "magi_code.core.turns" in names and "httpcore" in names  # the check sees them
+    assert among(names, MCP_SDK) == []
 
 
 async def importtime_daemon(home: Path, cwd: Path | None = None) -> asyncio.subprocess.Process:

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import magi_code
-from magi_code.composition import LATER_MODULES
 
 # Top-level packages that must not be loaded by importing the CLI module.
 HEAVY_FOR_CLI = (
@@ -73,22 +72,6 @@ def test_importing_the_cli_loads_no_heavy_module(tmp_path: Path) -> None:
     assert "magi_code.cli" in modules
     assert present(modules, HEAVY_FOR_CLI) == []
     assert present(modules, ("asyncio", "magi_code.composition", "magi_code.core")) == []
-
-
-def test_the_embedded_service_answers_initialize_without_locks_or_the_http_stack(
-    tmp_path: Path,
-) -> None:
-    # What `--app service` (embedded) imports before it reads its first request; the rest
-    # loads in the background once that answer is written (composition.DeferredDomains).
-    code = (
-        "import uvloop\n"
-        "from magi_code.composition import build_embedded_coordinator\n"
-        "from magi_code.stdio.adapter import serve_stdio\n"
-        "from magi_code.storage.launch import LaunchContext\n"
-    )
-    modules = loaded_after(code, tmp_path)
-    assert "magi_code.core.service_info" in modules
-    assert present(modules, ("filelock", "httpx", "psutil", "magi_code.sessions")) == []
 
 
 def test_the_mcp_module_and_a_toolset_without_servers_load_no_sdk(tmp_path: Path) -> None:
@@ -149,21 +132,16 @@ def test_the_daemon_preload_loads_the_product_but_no_sdk_and_warming_the_http_st
     assert present(modules, HTTPX_CLI) == []
 
 
-def test_the_embedded_services_are_built_without_what_a_first_turn_does_not_need(
-    tmp_path: Path,
-) -> None:
+def test_the_services_are_built_without_the_mcp_sdk(tmp_path: Path) -> None:
     code = (
         "from pathlib import Path\n"
         "from magi_code import composition\n"
         "from magi_code.storage.launch import LaunchContext\n"
-        "for name in composition.LOAD_STEPS:\n"
-        "    __import__(name)\n"
         f"composition._domain_services(LaunchContext(Path({str(tmp_path)!r}), Path('.'), {{}}))\n"
     )
     modules = loaded_after(code, tmp_path)
     assert "magi_code.core.turns" in modules and "httpx" in modules
-    later = ("magi_code.protocol.v2", *LATER_MODULES)
-    assert present(modules, (*later, *HTTPX_CLI, *MCP_SDK)) == []
+    assert present(modules, (*HTTPX_CLI, *MCP_SDK)) == []
 
 
 def test_no_product_module_uses_the_httpx_command_line() -> None:

@@ -1,9 +1,9 @@
 """The route facts of every v1 operation and event, as the coordinator applies them.
 
 Generated from the declarations in ``protocol/schema/definitions.py`` (the block below;
-``tests/unit/protocol/test_schema.py`` rewrites it when it is stale): the coordinator and
-the embedded service's stand-ins read these few facts at start-up without loading the
-payload shapes. Domain services supply only each operation's validator and handler.
+``tests/unit/protocol/test_schema.py`` rewrites it when it is stale): the coordinator
+reads these few facts at start-up without loading the payload shapes. Domain services
+supply only each operation's validator and handler.
 """
 
 from __future__ import annotations

@@ -180,12 +180,12 @@ def service_directories(mc_home: str, envs: Iterable[Mapping[str, str]]) -> tupl
     found: list[str] = [mc_home]
     for env in envs:
         home = home_of(env)
-        found.append(home)
+        found.append(str(home))
         for name in (RUNTIME_DIR_ENV, "XDG_RUNTIME_DIR"):
             if env.get(name, "").startswith("/"):
                 found.append(env[name])
         try:
-            found.append(runtime_dir_of(home, env))
+            found.append(str(runtime_dir_of(home, env)))
         except (UnsafeRuntimeDir, RuntimeError):  # an unusable override or a symlink loop
             pass
     resolved = {os.path.realpath(path) for path in found}
