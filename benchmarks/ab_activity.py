@@ -1,6 +1,7 @@
 """Paired A/B of ``bench_activity.py``'s tool-heavy turn, between builds or modes.
 
-    .venv/bin/python benchmarks/ab_activity.py [--pairs N] [--shape RxC] SPEC SPEC [SPEC ...]
+    .venv/bin/python benchmarks/ab_activity.py [--pairs N] [--shape RxC] [--chunk-delay S]
+        SPEC SPEC [SPEC ...]
 
 Each ``SPEC`` is ``NAME=PYTHON[:MODE]``: ``PYTHON`` is an interpreter whose environment
 has the build to measure installed, and ``MODE`` is ``daemon`` (the default) or
@@ -15,6 +16,11 @@ with its own ``MC_HOME``, project and fake provider (the fake provider of this c
 the same for all), and their turns alternate (A, B, B, A, ...): each pair of turns meets
 the same phase. Printed per build: the median activity events/s and event-loop CPU per
 turn, and the median and quartiles of its per-pair ratios to the first ``SPEC``.
+
+``--chunk-delay S`` makes every tool-call reply a paced one: 50 one-character text chunks,
+``S`` seconds apart, before its calls (0.02: a reply takes about a second, as a real
+provider's does), so the ratios are those of a turn against a provider that paces its
+stream.
 """
 
 from __future__ import annotations
@@ -80,7 +86,10 @@ def add_shape(parser: argparse.ArgumentParser) -> None:
 async def main(args: argparse.Namespace) -> None:
     builds: list[Build] = args.builds
     replies, calls = args.shape
-    print(f"== ab_activity: {replies} x {calls}, {args.pairs} pairs, turns alternating")
+    print(
+        f"== ab_activity: {replies} x {calls}, chunk delay {args.chunk_delay} s, "
+        f"{args.pairs} pairs, turns alternating"
+    )
     async with contextlib.AsyncExitStack() as stack:
         running: list[tuple[Build, ServiceProcess, FakeProvider, psutil.Process]] = []
         for build in builds:
@@ -96,7 +105,9 @@ async def main(args: argparse.Namespace) -> None:
         await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
         for pair in range(args.pairs):
             for build, service, fake, loop_owner in running[:: 1 if pair % 2 == 0 else -1]:
-                rate, cpu = await measured_turn(service, fake, loop_owner, replies, calls)
+                rate, cpu = await measured_turn(
+                    service, fake, loop_owner, replies, calls, args.chunk_delay
+                )
                 build.rates.append(rate)
                 build.loop_cpu.append(cpu)
     first = builds[0]
@@ -126,6 +137,9 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--pairs", type=int, default=40, help="turns per build (default 40)")
     add_shape(parser)
+    parser.add_argument(
+        "--chunk-delay", type=float, default=0.0, help="seconds before each SSE chunk (default 0)"
+    )
     parser.add_argument("builds", nargs="+", type=parse_spec, metavar="SPEC")
     args = parser.parse_args()
     if len(args.builds) < 2 or args.pairs < 2:

@@ -68,15 +68,20 @@ from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
 LIST_ARGUMENTS = orjson.dumps({"pattern": "**/*.py"}).decode()
 
 
-def tool_reply(calls: int, round_no: int) -> dict[str, Any]:
+def tool_reply(calls: int, round_no: int, chunk_delay: float = 0.0) -> dict[str, Any]:
+    """A reply of ``calls`` ``list_files`` calls. With a ``chunk_delay``, a provider that
+    paces its stream: the calls follow :data:`PACED_CHUNKS` one-character text chunks,
+    each sent ``chunk_delay`` seconds after the one before."""
     tool_calls = [
         {"call_id": f"call-{round_no}-{i}", "name": "list_files", "arguments": LIST_ARGUMENTS}
         for i in range(calls)
     ]
-    return {"text": [], "tool_calls": tool_calls}
+    text = ["."] * PACED_CHUNKS if chunk_delay else []
+    return {"text": text, "tool_calls": tool_calls, "chunk_delay": chunk_delay}
 
 
 FINAL_REPLY = {"text": ["Done."]}
+PACED_CHUNKS = 50
 
 
 async def timed_turn(service: ServiceProcess) -> tuple[float, dict[str, int]]:
@@ -182,10 +187,12 @@ async def measured_turn(
     loop_owner: psutil.Process,
     replies: int,
     calls: int,
+    chunk_delay: float = 0.0,
 ) -> tuple[float, float]:
     """One tool-heavy turn (``replies`` replies of ``calls`` ``list_files`` calls, then the
     final text): its activity events/s and the CPU of ``loop_owner``'s event loop."""
-    await fake.enqueue(*(tool_reply(calls, r) for r in range(replies)), FINAL_REPLY)
+    replies_sent = (tool_reply(calls, r, chunk_delay) for r in range(replies))
+    await fake.enqueue(*replies_sent, FINAL_REPLY)
     before = loop_cpu_seconds(loop_owner)
     elapsed, counts = await timed_turn(service)
     return counts["activity"] / elapsed, loop_cpu_seconds(loop_owner) - before
