@@ -28,9 +28,19 @@ import os
 import stat
 import sys
 from collections.abc import Mapping
-from hashlib import sha256
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
+
+# CPython's own SHA-256 (what hashlib falls back to): hashlib loads OpenSSL first, ~1.5 ms
+# of every shim start for one short digest (docs/performance.md). The module is
+# ``_sha256`` on 3.11 and ``_sha2`` from 3.12 on.
+try:
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]
+except ImportError:
+    try:
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]
+    except ImportError:
+        from hashlib import sha256 as _sha256
 
 if TYPE_CHECKING:
     from magi_code.storage.launch import LaunchContext
@@ -139,7 +149,8 @@ def socket_name_of(mc_home: Path | str, env: Mapping[str, str]) -> str:
 
 def home_hash(mc_home: Path | str) -> str:
     """Short stable name for one ``MC_HOME`` (resolved, so aliases share one daemon)."""
-    return sha256(os.fsencode(Path(mc_home).resolve())).hexdigest()[:_HASH_CHARS]
+    digest = _sha256(os.fsencode(Path(mc_home).resolve()))
+    return str(digest.hexdigest())[:_HASH_CHARS]
 
 
 def state_dir_of(mc_home: Path | str) -> Path:

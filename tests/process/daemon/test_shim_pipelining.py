@@ -1,8 +1,8 @@
 """The stdio shim forwards records as they arrive (a window of 32 in flight) and keeps v1's
 order: a pipelining frontend reads through the shim exactly the bytes embedded mode
 writes, a request ID is free again as soon as its answer was read, and the warm path of
-``--app service`` imports no asyncio, uvloop, httpx or filelock, nor dataclasses or
-orjson.
+``--app service`` imports no asyncio, uvloop, httpx or filelock, nor dataclasses, orjson
+or hashlib.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from tests.support.service import ServiceProcess, service_env
 
 EMBEDDED = {"MC_SERVICE_MODE": "embedded"}
 # Top-level modules the warm shim never imports: the event loop and the HTTP stack, and
-# what its launch context and frames once cost each start (dataclasses and what it
-# imports, orjson and what it imports). pathlib and hashlib it does import: ~5 ms, a few
-# per cent of a warm start (docs/performance.md).
+# what its launch context, frames and build identity once cost each start (dataclasses
+# and what it imports, orjson and what it imports, OpenSSL). pathlib it does import: ~4
+# ms, under a tenth of a warm start (docs/performance.md).
 HEAVY = (
     "asyncio",
     "uvloop",
@@ -35,6 +35,8 @@ HEAVY = (
     "ast",
     "orjson",
     "uuid",
+    "hashlib",
+    "_hashlib",
 )
 # Product modules it never imports: the dataclass LaunchContext (it states its launch
 # context as strings) and the starter (only a cold start needs it).
