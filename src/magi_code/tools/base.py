@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar
 
 import orjson
 
@@ -128,6 +128,32 @@ class Tool(Protocol):
     def parameters(self) -> Mapping[str, object]: ...
 
     async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome: ...
+
+
+class WrappedTool:
+    """A tool around another: the same name, description and parameters, and every other
+    attribute (``server_name``, ``tool_name`` of MCP tools) the wrapped tool's; a
+    subclass defines ``run`` around ``self._tool.run``."""
+
+    def __init__(self, tool: Tool) -> None:
+        self._tool = tool
+
+    @property
+    def name(self) -> str:
+        return self._tool.name
+
+    @property
+    def description(self) -> str:
+        return self._tool.description
+
+    @property
+    def parameters(self) -> Mapping[str, object]:
+        return self._tool.parameters
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._tool, attribute)
 
 
 class ToolInputError(Exception):

@@ -33,7 +33,7 @@ from magi_code.config.settings import Scope, update_settings
 from magi_code.dataclass import dataclass
 from magi_code.protocol.text import redact_secrets, truncate_utf8
 from magi_code.storage.launch import LaunchContext
-from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome
+from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, WrappedTool
 from magi_code.tools.paths import display_path, project_root, resolve_in_project
 
 from . import activity
@@ -393,29 +393,12 @@ class ApprovalGate:
             self.approver.grant_session(kind, value)
 
 
-class GatedTool:
+class GatedTool(WrappedTool):
     """A tool whose calls pass the turn's :class:`ApprovalGate` first."""
 
     def __init__(self, tool: Tool, gate: ApprovalGate) -> None:
-        self._tool = tool
+        super().__init__(tool)
         self._gate = gate
-
-    @property
-    def name(self) -> str:
-        return self._tool.name
-
-    @property
-    def description(self) -> str:
-        return self._tool.description
-
-    @property
-    def parameters(self) -> Mapping[str, object]:
-        return self._tool.parameters
-
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._tool, attribute)
 
     async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
         if not self._gate.checks:

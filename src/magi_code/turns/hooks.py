@@ -46,6 +46,7 @@ from magi_code.tools.base import (
     ToolContext,
     ToolInputError,
     ToolOutcome,
+    WrappedTool,
     bound_text,
 )
 from magi_code.tools.environment import child_environment
@@ -252,32 +253,12 @@ def _event_file(document: Mapping[str, Any]) -> int:
             os.unlink(path)
 
 
-class HookedTool:
-    """A tool with the turn's ``pre_tool_use`` and ``post_tool_use`` hooks around each call.
-
-    Everything else (``server_name``, ``tool_name`` of MCP tools) is the wrapped tool's.
-    """
+class HookedTool(WrappedTool):
+    """A tool with the turn's ``pre_tool_use`` and ``post_tool_use`` hooks around each call."""
 
     def __init__(self, tool: Tool, hooks: TurnHooks) -> None:
-        self._tool = tool
+        super().__init__(tool)
         self._hooks = hooks
-
-    @property
-    def name(self) -> str:
-        return self._tool.name
-
-    @property
-    def description(self) -> str:
-        return self._tool.description
-
-    @property
-    def parameters(self) -> Mapping[str, object]:
-        return self._tool.parameters
-
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._tool, attribute)
 
     async def run(self, arguments: Mapping[str, object], ctx: ToolContext) -> ToolOutcome:
         message = await self._hooks.pre_tool_use(self.name, arguments)
