@@ -32,20 +32,6 @@ pytestmark = pytest.mark.both_modes
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "mc-home"  # the mode matrix stops the daemon of this home
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    path = tmp_path / "project"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def fake():
     with FakeProviderServer() as server:
         yield server

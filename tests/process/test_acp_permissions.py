@@ -34,20 +34,6 @@ KINDS = ["allow_once", "allow_always", "reject_once", "reject_always"]
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "mc-home"  # the mode matrix stops the daemon of this home
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    path = tmp_path / "project"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def fake() -> Iterator[FakeProviderServer]:
     with FakeProviderServer() as server:
         yield server
