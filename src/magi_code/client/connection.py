@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, TypeGuard, cast
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol import envelope
 from magi_code.protocol.frames import FrameError
-from magi_code.protocol.v2 import MAX_FILTER_TURN_IDS, MESSAGES, SERVER_FRAMES, Code, Role
+from magi_code.protocol.v2 import MAX_FILTER_TURN_IDS, MESSAGES, Code, Role, server_frame_type
 from magi_code.storage.launch import LaunchContext
 from magi_code.version import build_id
 
@@ -324,7 +324,7 @@ class Client:
 
     async def control(self, op: str) -> dict[str, Any]:
         """``status``, ``stop`` or ``restart``; the result map (see also :meth:`status`)."""
-        frame = await self._call_id({"t": "control", "op": op})
+        frame = await self._call_id("control", {"op": op})
         result = frame.get("result")
         if not isinstance(result, dict):
             raise self._fail_protocol("control_result without a result map")
@@ -349,7 +349,7 @@ class Client:
         """
         if isinstance(turn_ids, str):
             raise TypeError("turn_ids must be an iterable of turn IDs, not one string")
-        base: dict[str, Any] = {"t": "snapshot"}
+        base: dict[str, Any] = {}
         if session_id is not None:
             base["session_id"] = session_id
         if project_dir is not None:
@@ -367,7 +367,7 @@ class Client:
                     frame["turn_ids"] = group
                 if cursor is not None:
                     frame["cursor"] = cursor
-                page = self._page(await self._call_id(frame))
+                page = self._page(await self._call_id("snapshot", frame))
                 yield page
                 cursor = page["next_cursor"]
                 if cursor is None:
@@ -402,13 +402,12 @@ class Client:
         (``unknown_turn``, ``invalid_request``, ``session_busy``).
         """
         frame: dict[str, Any] = {
-            "t": "attach",
             "turn_id": turn_id,
             "after_sequence": after_sequence,
         }
         if session_id is not None:
             frame["session_id"] = session_id
-        answer = await self._call_id(frame)
+        answer = await self._call_id("attach", frame)
         return AttachResult(
             turn_id=turn_id,
             status=cast(AttachStatus, answer["status"]),
@@ -425,7 +424,7 @@ class Client:
         :meth:`attach`); raises :class:`DaemonError` with ``code`` (e.g.
         ``session_busy``) otherwise.
         """
-        frame = await self._call_id({"t": "take_control", "session_id": session_id})
+        frame = await self._call_id("take_control", {"session_id": session_id})
         turns = frame.get("turns")
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
             raise self._fail_protocol("control_granted without a turn list")
@@ -442,21 +441,21 @@ class Client:
         this client go on meanwhile. Raises :class:`ControlError` (``session_busy``: a
         request already waits, or a v1 shim holds the session; ``limit_exceeded``; ...).
         """
-        frame = await self._call_id({"t": "control_request", "session_id": session_id})
+        frame = await self._call_id("control_request", {"session_id": session_id})
         return self._granted(frame, session_id)
 
     async def release_control(self, session_id: str) -> None:
         """Give up this client's hold of the session (idempotent). With no turn running it
         is free at once; during a turn anyone may take it, and it is freed when the turn
         ends. A waiting :meth:`request_control` of another client is granted."""
-        await self._call_id({"t": "control_release", "session_id": session_id})
+        await self._call_id("control_release", {"session_id": session_id})
 
     async def answer_control(self, session_id: str, grant: bool) -> None:
         """Answer a :class:`ControlRequested` for a session this client controls: ``True``
         hands the session (with its running turn) to the requester, ``False`` refuses.
         Raises :class:`ControlError` (``invalid_request``) when no request waits."""
-        frame = {"t": "control_answer", "session_id": session_id, "grant": grant}
-        await self._call_id(frame)
+        frame = {"session_id": session_id, "grant": grant}
+        await self._call_id("control_answer", frame)
 
     def _granted(self, frame: dict[str, Any], session_id: str) -> ControlGranted:
         turns = frame.get("turns")
@@ -478,10 +477,10 @@ class Client:
         watch. Raises :class:`WatchError` (``resync_required``, ``limit_exceeded``: more
         than 1,024 history items, page them with ``session.replay`` first; ...).
         """
-        frame: dict[str, Any] = {"t": "watch", "session_id": session_id}
+        frame: dict[str, Any] = {"session_id": session_id}
         if after_cursor is not None:
             frame["after_cursor"] = after_cursor
-        answer = await self._call_id(frame)
+        answer = await self._call_id("watch", frame)
         first = answer["first"]
         before, gap = first.get("before_cursor"), first.get("gap")
         if not isinstance(before, str) or not isinstance(gap, bool):
@@ -496,7 +495,7 @@ class Client:
     async def unwatch(self, session_id: str) -> None:
         """Stop watching the session (a session not watched is answered the same). Frames
         the daemon sent before the answer may still arrive."""
-        await self._call_id({"t": "unwatch", "session_id": session_id})
+        await self._call_id("unwatch", {"session_id": session_id})
 
     async def answer_file(
         self, request: FileRequest, *, content: str | None = None, error: str | None = None
@@ -527,8 +526,8 @@ class Client:
         Raises :class:`ApprovalError` (``unknown_approval``: no such request this
         connection is attached to, or a decision not offered; ``invalid_request``).
         """
-        frame = {"t": "approval_answer", "approval_id": approval_id, "decision": decision}
-        resolved = _resolved(await self._call_id(frame, approval_id=approval_id))
+        frame = {"approval_id": approval_id, "decision": decision}
+        resolved = _resolved(await self._call_id("approval_answer", frame, approval_id=approval_id))
         if resolved is None:
             raise self._fail_protocol("an invalid approval_already_resolved")
         return resolved
@@ -536,7 +535,7 @@ class Client:
     async def grants_list(self, session_id: str | None = None) -> Grants:
         """The session's grants (``allow_session`` answers; with ``session_id``) and the
         project settings' allow rules of this connection's project (RFC-0002 §6.7)."""
-        return self._grants(await self._call_id({"t": "grants_list", "session_id": session_id}))
+        return self._grants(await self._call_id("grants_list", {"session_id": session_id}))
 
     async def grants_revoke(
         self, scope: str, kind: str, value: Sequence[str] | str, *, session_id: str | None = None
@@ -549,14 +548,13 @@ class Client:
         Raises :class:`GrantsError` (``invalid_request``, ``grants_unavailable``).
         """
         frame: dict[str, Any] = {
-            "t": "grants_revoke",
             "scope": scope,
             "kind": kind,
             "value": value if isinstance(value, str) else list(value),
         }
         if session_id is not None:
             frame["session_id"] = session_id
-        return self._grants(await self._call_id(frame))
+        return self._grants(await self._call_id("grants_revoke", frame))
 
     async def set_session_policy(self, session_id: str, policy: str | None) -> str | None:
         """Give the session its own approval policy (``auto``, ``ask``, ``read_only``;
@@ -566,8 +564,8 @@ class Client:
         Returns the policy the session's calls in this connection's project get now (None
         if the settings cannot be read). Raises :class:`ApprovalError` (``invalid_request``).
         """
-        frame = {"t": "approval_policy", "session_id": session_id, "policy": policy}
-        return _text_or_none((await self._call_id(frame)).get("effective"))
+        frame = {"session_id": session_id, "policy": policy}
+        return _text_or_none((await self._call_id("approval_policy", frame)).get("effective"))
 
     # -- steering --------------------------------------------------------------------------
 
@@ -580,7 +578,7 @@ class Client:
         written and ``error.text`` holds the text), ``unknown_turn``, ``invalid_request``.
         """
         try:
-            await self._call_id({"t": "steer", "turn_id": turn_id, "text": text})
+            await self._call_id("steer", {"turn_id": turn_id, "text": text})
         except SteerError as exc:
             exc.text = text
             raise
@@ -611,11 +609,11 @@ class Client:
         page's ``next_cursor`` as ``cursor`` for the next one. Raises
         :class:`SessionError` (``invalid_request``, ``session_unavailable``).
         """
-        frame: dict[str, Any] = {"t": "sessions_list", "archived": archived, "limit": limit}
+        frame: dict[str, Any] = {"archived": archived, "limit": limit}
         for name, value in (("project_dir", project_dir), ("title", title), ("cursor", cursor)):
             if value is not None:
                 frame[name] = value
-        answer = await self._call_id(frame)
+        answer = await self._call_id("sessions_list", frame)
         sessions, next_cursor = answer.get("sessions"), answer.get("next_cursor")
         if not isinstance(sessions, list) or not all(isinstance(s, dict) for s in sessions):
             raise self._fail_protocol("sessions_result without a session list")
@@ -631,21 +629,21 @@ class Client:
         """Give the session an explicit title (it wins over the first prompt's; stored
         sanitized, at most 80 characters). Raises :class:`SessionError`."""
         return await self._session_change(
-            {"t": "session_rename", "session_id": session_id, "title": title}
+            "session_rename", {"session_id": session_id, "title": title}
         )
 
     async def archive_session(self, session_id: str) -> SessionInfo:
         """Hide the session from the default lists (never deleted). Raises
         :class:`SessionError`."""
-        return await self._session_change({"t": "session_archive", "session_id": session_id})
+        return await self._session_change("session_archive", {"session_id": session_id})
 
     async def unarchive_session(self, session_id: str) -> SessionInfo:
         """Show an archived session in the default lists again. Raises
         :class:`SessionError`."""
-        return await self._session_change({"t": "session_unarchive", "session_id": session_id})
+        return await self._session_change("session_unarchive", {"session_id": session_id})
 
-    async def _session_change(self, frame: dict[str, Any]) -> SessionInfo:
-        session = (await self._call_id(frame)).get("session")
+    async def _session_change(self, kind: str, fields: dict[str, Any]) -> SessionInfo:
+        session = (await self._call_id(kind, fields)).get("session")
         if not isinstance(session, dict):
             raise self._fail_protocol("session_result without a session")
         return cast(SessionInfo, session)
@@ -697,14 +695,14 @@ class Client:
         return error
 
     async def _call_id(
-        self, frame: dict[str, Any], *, approval_id: str | None = None
+        self, kind: str, fields: dict[str, Any], *, approval_id: str | None = None
     ) -> dict[str, Any]:
         self._check_open()
         frame_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._calls[frame_id] = _Call(frame["t"], future, approval_id=approval_id)
+        self._calls[frame_id] = _Call(kind, future, approval_id=approval_id)
         try:
-            await self.channel.send({**frame, "id": frame_id})
+            await self.channel.send({"t": kind, **fields, "id": frame_id})
         except FrameError as exc:
             self._calls.pop(frame_id, None)
             raise ValueError(f"the frame cannot be sent: {exc}") from None
@@ -766,8 +764,8 @@ class Client:
         self._events.close(error)
 
     async def _dispatch(self, frame: dict[str, Any]) -> None:
-        kind = frame.get("t")
-        if not isinstance(kind, str) or kind not in SERVER_FRAMES:
+        kind = server_frame_type(frame)
+        if kind is None:
             raise _Broken(
                 DaemonError("the daemon sent an unknown frame type", Code.UNKNOWN_FRAME.value)
             )
@@ -794,10 +792,10 @@ class Client:
             case "request_error":
                 self._request_error(frame)
             case "watch_message" | "watch_event":
-                if (watched := _watched(frame)) is not None:
+                if (watched := _watched(kind, frame)) is not None:
                     await self._events.put(watched)
             case "watch_overloaded":
-                await self._events.put(WatchOverloaded(_session_of(frame)))
+                await self._events.put(WatchOverloaded(_session_of(kind, frame)))
             case "control_requested":
                 await self._events.put(_control_requested(frame))
             case "control_changed":
@@ -917,10 +915,10 @@ def _file_request(frame: dict[str, Any]) -> FileRequest:
     return FileRequest(fs_id, turn_id, session_id, op, path, content)
 
 
-def _session_of(frame: dict[str, Any]) -> str:
+def _session_of(kind: str, frame: dict[str, Any]) -> str:
     session_id = frame.get("session_id")
     if not isinstance(session_id, str):
-        raise _protocol_error(f"{frame['t']} without a session ID")
+        raise _protocol_error(f"{kind} without a session ID")
     return session_id
 
 
@@ -928,21 +926,21 @@ def _control_requested(frame: dict[str, Any]) -> ControlRequested:
     by, timeout_ms = frame.get("by"), frame.get("timeout_ms")
     if not isinstance(by, str) or not _is_int(timeout_ms):
         raise _protocol_error("an invalid control_requested")
-    return ControlRequested(_session_of(frame), by, timeout_ms)
+    return ControlRequested(_session_of("control_requested", frame), by, timeout_ms)
 
 
 def _control_changed(frame: dict[str, Any]) -> ControlChanged:
     controller = frame.get("controller")
     if not isinstance(controller, str | None):
         raise _protocol_error("an invalid control_changed")
-    return ControlChanged(_session_of(frame), controller)
+    return ControlChanged(_session_of("control_changed", frame), controller)
 
 
-def _watched(frame: dict[str, Any]) -> Watched | None:
+def _watched(kind: str, frame: dict[str, Any]) -> Watched | None:
     """A ``watch_message`` (a watched turn's event) or ``watch_event`` as a value; None
     for a session event of a name this client does not know."""
-    session_id = _session_of(frame)
-    if frame["t"] == "watch_message":
+    session_id = _session_of(kind, frame)
+    if kind == "watch_message":
         message = frame.get("message")
         if not (
             isinstance(message, dict)

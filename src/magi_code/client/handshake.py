@@ -21,7 +21,7 @@ from magi_code.endpoint.paths import (
     state_dir_of,
     verify_private_dir,
 )
-from magi_code.protocol.v2 import Launch, Role, hello
+from magi_code.protocol.v2 import Launch, Role, decode_refused, hello, server_frame_type
 from magi_code.storage.process import current_umask, home_of
 from magi_code.version import package_version
 
@@ -131,8 +131,9 @@ def welcome_of(first: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     if first is None:
         raise closed_early()
-    if first.get("t") == "refused":
-        code = first.get("code")
+    refusal = decode_refused(first)
+    if refusal is not None:
+        code = refusal.code
         if code == "draining":
             raise DaemonDraining("the daemon is stopping")
         if code == "tool_process":
@@ -141,10 +142,8 @@ def welcome_of(first: Mapping[str, Any] | None) -> dict[str, Any]:
                 "agent's tools cannot use the daemon",
                 code,
             )
-        raise DaemonError(
-            f"the daemon refused the connection ({code})", code if isinstance(code, str) else None
-        )
-    if first.get("t") != "welcome":
+        raise DaemonError(f"the daemon refused the connection ({code})", code)
+    if server_frame_type(first) != "welcome":
         raise DaemonError("the daemon answered with an unexpected frame", "protocol_error")
     return dict(first)
 

@@ -1121,3 +1121,88 @@ def watch_event(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def overloaded(turn_id: str, after_sequence: int) -> dict[str, Any]:
     return {"t": "overloaded", "turn_id": turn_id, "after_sequence": after_sequence}
+
+
+# -- daemon frames, as a client reads them -------------------------------------------------
+
+
+def server_frame_type(frame: Mapping[str, Any]) -> str | None:
+    """The type of a frame the daemon sent, or None for a type no daemon sends."""
+    kind = frame.get("t")
+    return kind if isinstance(kind, str) and kind in SERVER_FRAMES else None
+
+
+class Refused(_Frozen):
+    """A ``refused`` answer to ``hello``; ``code`` is None when it names none."""
+
+    __slots__ = ("code",)
+    code: str | None
+
+    def __init__(self, code: str | None) -> None:
+        self._set(code)
+
+
+class Output(_Frozen):
+    """Bytes for a shim's stdout. ``seq`` is echoed in ``written`` as sent; ``failures``
+    is the raw failed-turn list (the shim bounds what it prints of it); ``answers`` marks
+    the output answering a forwarded record."""
+
+    __slots__ = ("data", "seq", "failures", "answers")  # noqa: RUF023
+    data: bytes
+    seq: object
+    failures: object
+    answers: bool
+
+    def __init__(self, data: bytes, seq: object, failures: object, answers: bool) -> None:
+        self._set(data, seq, failures, answers)
+
+
+class Next(_Frozen):
+    """A forwarded record was handed to a worker: it is answered later."""
+
+    __slots__ = ()
+
+
+class End(_Frozen):
+    """The daemon ends the bridged service; ``detail`` explains an ``output_error``."""
+
+    __slots__ = ("status", "detail")  # noqa: RUF023
+    status: str | None
+    detail: str | None
+
+    def __init__(self, status: str | None, detail: str | None) -> None:
+        self._set(status, detail)
+
+
+ShimFrame = Output | Next | End
+
+
+def decode_refused(frame: Mapping[str, Any]) -> Refused | None:
+    """The ``refused`` frame as a value, or None for a frame of another type."""
+    if server_frame_type(frame) != "refused":
+        return None
+    code = frame.get("code")
+    return Refused(code if isinstance(code, str) else None)
+
+
+def decode_shim_frame(frame: Mapping[str, Any]) -> ShimFrame | None:
+    """A frame a ``v1_shim`` connection receives after ``welcome``, or None for any other
+    frame (or an ``output`` without bytes): the shim treats it as a lost connection."""
+    match server_frame_type(frame):
+        case "output":
+            data = frame.get("data")
+            if not isinstance(data, bytes):
+                return None
+            return Output(
+                data, frame.get("seq"), frame.get("failures"), frame.get("answers") is True
+            )
+        case "next":
+            return Next()
+        case "end":
+            status, detail = frame.get("status"), frame.get("detail")
+            return End(
+                status if isinstance(status, str) else None,
+                detail if isinstance(detail, str) else None,
+            )
+        case _:
+            return None

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
+from magi_code.protocol.v2 import End, Next, Output, decode_shim_frame
 from magi_code.turns.failures import MAX_LABEL_BYTES, MAX_REMEDY_BYTES, describe
 
 WINDOW_RECORDS: Final = 32
@@ -137,25 +138,22 @@ class ShimCore:
         for frame in frames:
             if self.exit_code is not None:
                 return
-            kind = frame.get("t")
-            data = frame.get("data")
-            if kind == "output" and isinstance(data, bytes):
-                if not self.output_failed:
-                    self._stdout += data
-                self._acks.append(frame.get("seq"))
-                self._report_failures(frame.get("failures"))
-                if frame.get("answers") is True:
+            match decode_shim_frame(frame):
+                case Output() as output:
+                    if not self.output_failed:
+                        self._stdout += output.data
+                    self._acks.append(output.seq)
+                    self._report_failures(output.failures)
+                    if output.answers:
+                        self._answered()
+                case Next():
                     self._answered()
-            elif kind == "next":
-                self._answered()
-            elif kind == "end":
-                status = frame.get("status")
-                detail = frame.get("detail")
-                if status == "output_error" and detail:
-                    self._diagnostics.append(f"output error: {detail}; stopping")
-                self.exit_code = 0 if status == "ok" and not self.output_failed else 1
-            else:
-                self.lost()
+                case End(status=status, detail=detail):
+                    if status == "output_error" and detail:
+                        self._diagnostics.append(f"output error: {detail}; stopping")
+                    self.exit_code = 0 if status == "ok" and not self.output_failed else 1
+                case None:
+                    self.lost()
         self._forward()  # answers free the window (held while a write is outstanding)
 
     def lost(self) -> None:
