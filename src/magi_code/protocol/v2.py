@@ -2,8 +2,10 @@
 
 Sans-IO: :mod:`magi_code.protocol.frames` turns bytes into bounded msgpack maps; this
 module turns a map a client sent into a typed frame (or a :class:`Fatal` / :class:`Rejected`
-answer), and builds every frame the daemon sends. Codes and their fixed messages are
-:class:`Code`; messages never carry request data, paths or secrets.
+answer), builds every frame the daemon sends, and reads the daemon's frames back for
+clients (the frame type, and typed values for the frames the handshake and the shim act
+on). Codes and their fixed messages are :class:`Code`; messages never carry request
+data, paths or secrets.
 """
 
 from __future__ import annotations
