@@ -15,7 +15,6 @@ import json
 import shlex
 import shutil
 import socket
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from magi_code.turns.failures import REMEDIES, SANDBOX_UNAVAILABLE
 from tests.process.turn_support import run_turn, write_settings
 from tests.support import service
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, RecordedRequest, Reply
+from tests.support.sandbox_python import PYTHON
 from tests.support.service import running_service
 
 # Both modes: tools are spawned by the embedded service or by the daemon.
@@ -127,7 +127,7 @@ async def test_workspace_write_confines_shell_commands(
         f'import socket; socket.create_connection(("127.0.0.1", {listener.port}), timeout=10); '
         'print("CONNECTED")'
     )
-    connect = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"
+    connect = f"{shlex.quote(PYTHON)} -c {shlex.quote(script)}"
     escaped = outside / "escaped.txt"
     fake.enqueue(
         Reply(

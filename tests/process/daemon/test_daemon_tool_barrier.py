@@ -41,6 +41,7 @@ from tests.process.daemon.support import status
 from tests.process.turn_support import run_turn, write_settings
 from tests.support import service
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, RecordedRequest, Reply
+from tests.support.sandbox_python import PYTHON, importable_in
 from tests.support.service import running_service
 
 pytestmark = pytest.mark.skipif(
@@ -277,9 +278,10 @@ async def test_a_detached_tool_process_cannot_stop_the_daemon(
     out = project / "detached.out"
     async with running_service(home, project) as svc:
         daemon = await asyncio.to_thread(status, home)
-        client = " ".join(
+        pythonpath = importable_in(project)
+        client = "PYTHONPATH=" + " ".join(
             shlex.quote(word)
-            for word in (sys.executable, str(script), _recorded_socket(home), str(home), "stop")
+            for word in (pythonpath, PYTHON, str(script), _recorded_socket(home), str(home), "stop")
         )
         # The detached client outlives the shell's process group; the shell waits for its
         # answer (a sandbox ends with its shell).
@@ -311,7 +313,7 @@ async def test_detached_tool_processes_are_reaped_and_end_with_the_daemon(
 ) -> None:
     write_settings(home, fake, sandbox=level)
     marker = f"mc-detached-{secrets.token_hex(6)}"
-    sleeper = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(600)' {marker}"
+    sleeper = f"{shlex.quote(PYTHON)} -c 'import time; time.sleep(600)' {marker}"
     fake.enqueue(
         Reply(
             text=[],
@@ -353,7 +355,7 @@ async def test_sandboxed_commands_die_with_a_killed_daemon(
 ) -> None:
     write_settings(home, fake, sandbox="workspace_write")
     marker = f"mc-sandboxed-{secrets.token_hex(6)}"
-    sleeper = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(600)' {marker}"
+    sleeper = f"{shlex.quote(PYTHON)} -c 'import time; time.sleep(600)' {marker}"
     fake.enqueue(Reply(text=[], tool_calls=[_shell("long", sleeper)]), Reply(text=["never"]))
     async with running_service(home, project) as svc:
         response = await svc.request("turn.start", {"prompt": "run for long"})

@@ -8,13 +8,13 @@ import asyncio
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from tests.support.sandbox_python import PYTHON
 
 from magi_code.tools.sandbox import Sandbox, bubblewrap, service_directories
 from magi_code.tools.shell import run_shell
@@ -76,7 +76,7 @@ async def test_a_detached_process_ends_with_its_command(root: Path) -> None:
     # The detached sleeper says it runs (a file in the project), then the command ends.
     sleeper = "import pathlib, time; pathlib.Path('started').touch(); time.sleep(600)"
     command = (
-        f'setsid -f {sys.executable} -c "{sleeper}" {marker}; '
+        f'setsid -f {PYTHON} -c "{sleeper}" {marker}; '
         "for i in $(seq 600); do test -e started && break; sleep 0.05; done; echo waited"
     )
     out = await _run(sandbox, root, command)
