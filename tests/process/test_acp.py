@@ -11,6 +11,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 from acp import schema
@@ -24,6 +25,7 @@ from tests.process.turn_support import (
     tool_reply,
     write_settings,
 )
+from tests.support.fake_oauth import FakeOAuthIssuer
 from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.service import running_service, service_env
 
@@ -297,3 +299,62 @@ async def test_bad_input_gets_json_rpc_errors_and_the_agent_goes_on(
     )
     (ok,) = [a for a in answers if "result" in a]
     assert ok["id"] == 6 and ok["result"]["protocolVersion"] == 1
+
+
+def _codex_env(issuer: FakeOAuthIssuer, fake: FakeProviderServer, browser: str) -> dict[str, str]:
+    return {
+        "MC_CODEX_AUTH_ISSUER": issuer.url,
+        "MC_OAUTH_CALLBACK_PORT": "0",
+        "MC_CODEX_BASE_URL": fake.base_url,
+        "BROWSER": browser,  # the browser `authenticate` opens (Python's webbrowser)
+    }
+
+
+async def test_codex_login_without_a_browser_gives_the_address_then_a_codex_prompt_runs(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    (home / "settings.json").write_text(orjson.dumps({"provider": "openai-codex"}).decode())
+    fake.enqueue(Reply(text=("codex ", "says hi")))
+    with FakeOAuthIssuer(account_id="acct-acp") as issuer:
+        async with acp_agent(home, project, _codex_env(issuer, fake, "false")) as (conn, _ed):
+            await conn.initialize(protocol_version=1)
+            # No browser could be opened ("false" fails): the answer gives the address.
+            with pytest.raises(RequestError) as asked:
+                await conn.authenticate(method_id="codex-login")
+            assert asked.value.code == -32000
+            assert isinstance(asked.value.data, dict)
+            url = asked.value.data["url"]
+            assert url.startswith(issuer.url) and url in str(asked.value)
+            # The person opens it elsewhere; the issuer redirects to the loopback listener.
+            async with httpx.AsyncClient(follow_redirects=True, timeout=30) as browser:
+                assert (await browser.get(url)).status_code == 200
+            assert await conn.authenticate(method_id="codex-login") is not None
+            session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+            answer = await conn.prompt(session_id=session_id, prompt=_prompt("hi"))
+            assert answer.stop_reason == "end_turn"
+    sent = fake.requests[-1]
+    assert sent.path.endswith("/responses")
+    assert sent.headers["chatgpt-account-id"] == "acct-acp"
+    assert [r for r in issuer.requests if r.path.endswith("/token")]
+
+
+async def test_codex_login_with_a_browser_answers_once_signed_in(
+    home: Path, project: Path, fake: FakeProviderServer, tmp_path: Path
+) -> None:
+    # A "browser" that follows the address to the loopback callback, as a person would.
+    script = tmp_path / "browser.py"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, httpx\n"
+        "sys.exit(httpx.get(sys.argv[1], follow_redirects=True, timeout=30).status_code != 200)\n"
+    )
+    script.chmod(0o755)
+    with FakeOAuthIssuer() as issuer:
+        env = _codex_env(issuer, fake, str(script))
+        async with acp_agent(home, project, env) as (conn, _editor):
+            await conn.initialize(protocol_version=1)
+            assert await conn.authenticate(method_id="codex-login") is not None
+            # Ready now: answered from the credential store, no second login.
+            assert await conn.authenticate(method_id="codex-login") is not None
+    authorizations = [r for r in issuer.requests if "/authorize" in r.path]
+    assert len(authorizations) == 1

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
+from magi_code.auth.browser import open_browser
 from magi_code.client import (
     ApprovalRequest,
     ApprovalResolved,
@@ -63,7 +64,8 @@ AUTH_METHODS: Final = [
     {
         "id": "codex-login",
         "name": "ChatGPT account (Codex)",
-        "description": "Sign in with `magi-code login` (opens a browser).",
+        "description": "Sign in to ChatGPT in a browser. If none can be opened, the answer "
+        "gives the address to open; authenticate again once signed in.",
     },
 ]
 
@@ -110,6 +112,16 @@ class Session:
     rejected: set[str] = field(default_factory=set)
 
 
+@dataclass(slots=True)
+class Login:
+    """The Codex login this adapter started (``auth.login.start``), followed by its events."""
+
+    client: Client
+    request_id: str
+    url: asyncio.Future[str]
+    outcome: asyncio.Future[str]  # the terminal state
+
+
 class Agent:
     def __init__(self, ctx: LaunchContext, mode: str) -> None:
         self.backend = Backend(ctx, mode, self._on_event)
@@ -117,6 +129,8 @@ class Agent:
         self.client_capabilities: dict[str, Any] = {}
         self.peer: rpc.Peer | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # file requests being answered
+        self.login: Login | None = None
+        self._logins = 0
         self.requests: dict[str, rpc.Handler] = {
             "initialize": self.initialize,
             "authenticate": self.authenticate,
@@ -168,12 +182,94 @@ class Agent:
         providers = status["providers"]
         if any(p["ready"] and p["auth_method"] in wanted for p in providers):
             return {}
-        remedy = (
-            "set the provider's key variable, or run `magi-code login --provider anthropic`"
-            if method_id == "api-key"
-            else "run `magi-code login` in a terminal (it opens a browser)"
+        if method_id == "codex-login":
+            return await self._codex_login(client)
+        raise RpcError(
+            rpc.AUTH_REQUIRED,
+            "Authentication required: set the provider's key variable, "
+            "or run `magi-code login --provider anthropic`",
         )
-        raise RpcError(rpc.AUTH_REQUIRED, f"Authentication required: {remedy}")
+
+    async def _codex_login(self, client: Client) -> dict[str, Any]:
+        """Start the core's loopback login (or join the one running) and open a browser.
+
+        With a browser open, the answer waits for the login's end (the core ends it after
+        its callback window); without one, it is at once an error giving the address, and
+        a later ``authenticate`` waits for the login that goes on meanwhile.
+        """
+        login = self.login
+        if login is None or login.client is not client:
+            login = await self._start_login(client)
+            done, _ = await asyncio.wait(
+                [login.url, login.outcome], return_when=asyncio.FIRST_COMPLETED
+            )
+            if login.url in done and not await asyncio.to_thread(open_browser, login.url.result()):
+                url = login.url.result()
+                raise RpcError(
+                    rpc.AUTH_REQUIRED,
+                    f"Open this address in a browser to sign in to ChatGPT, then "
+                    f"authenticate again: {url}",
+                    {"url": url},
+                )
+        state = await asyncio.shield(login.outcome)
+        if state == "exchange_succeeded":
+            return {}
+        raise RpcError(
+            rpc.AUTH_REQUIRED,
+            f"The ChatGPT login did not complete ({state}); authenticate again",
+            {"state": state},
+        )
+
+    async def _start_login(self, client: Client) -> Login:
+        loop = asyncio.get_running_loop()
+        self._logins += 1
+        # Known before the request is sent: its events may reach the pump before its reply.
+        login = Login(
+            client, f"acp-login-{self._logins}", loop.create_future(), loop.create_future()
+        )
+        self.login = login
+        try:
+            reply = await client.request(
+                "auth.login.start", {"provider_id": "openai-codex"}, request_id=login.request_id
+            )
+        except (DaemonUnavailable, DaemonError) as exc:
+            self.login = None
+            raise RpcError(
+                rpc.INTERNAL_ERROR,
+                "The connection to the service ended",
+                {"code": getattr(exc, "code", None)},
+            ) from None
+        error = reply["error"]
+        if error is not None:
+            self.login = None
+            if error["code"] == "auth_busy":
+                raise RpcError(
+                    rpc.AUTH_REQUIRED,
+                    "Another magi-code login is in progress; finish it, then authenticate again",
+                    {"code": "auth_busy"},
+                )
+            raise _v1_error(error)
+        return login
+
+    def _login_event(self, client: Client, event: Any) -> bool:
+        """Feed this adapter's login from its events (or its connection's end)."""
+        login = self.login
+        if login is None or login.client is not client:
+            return False
+        if event is None:
+            state = "connection_ended"
+        elif event["request_id"] != login.request_id:
+            return False
+        elif event["event"] == "auth.login.progress":
+            if event["payload"]["state"] == "authorization_url" and not login.url.done():
+                login.url.set_result(event["payload"]["url"])
+            return True
+        else:
+            state = event["payload"]["state"]
+        if not login.outcome.done():
+            login.outcome.set_result(state)
+        self.login = None
+        return event is not None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -363,6 +459,8 @@ class Agent:
         self.peer.notify("session/update", {"sessionId": session_id, "update": update})
 
     def _on_event(self, client: Client, event: Any) -> None:
+        if isinstance(event, dict | None) and self._login_event(client, event):
+            return
         if event is None:  # the connection ended: no running prompt will hear more
             for ended in self.sessions.values():
                 if ended.client is client and ended.queue is not None:

@@ -36,6 +36,7 @@ from typing import Any, Final
 import orjson
 
 from magi_code.auth import login as login_flow
+from magi_code.auth.browser import open_browser
 from magi_code.auth.login import EXCHANGE_SUCCEEDED, CodexLogin
 from magi_code.auth.operations import logout as remove_credentials
 from magi_code.auth.readiness import provider_status
@@ -84,7 +85,7 @@ def _fail(message: str, code: int = 1) -> int:
 def login(ctx: LaunchContext, provider: str, *, no_browser: bool) -> int:
     if provider == ANTHROPIC_PROVIDER_ID:
         return _store_anthropic_key(ctx)
-    return asyncio.run(_codex_login(ctx, open_browser=not no_browser))
+    return asyncio.run(_codex_login(ctx, browser=not no_browser))
 
 
 def _store_anthropic_key(ctx: LaunchContext) -> int:
@@ -135,7 +136,7 @@ class _Terminal:
         self.input_closed = False  # standard input reached its end
 
 
-async def _codex_login(ctx: LaunchContext, *, open_browser: bool) -> int:
+async def _codex_login(ctx: LaunchContext, *, browser: bool) -> int:
     url_shown = asyncio.Event()
     terminal = _Terminal()
 
@@ -147,8 +148,8 @@ async def _codex_login(ctx: LaunchContext, *, open_browser: bool) -> int:
                 "If the browser runs on another machine, paste the address it ends on here.\n"
             )
             sys.stdout.flush()
-            if open_browser:
-                _open_browser(str(extra["url"]))
+            if browser:
+                open_browser(str(extra["url"]))
             url_shown.set()
 
     def interrupt() -> None:
@@ -216,13 +217,6 @@ async def _pasted_callback(flow: CodexLogin, url_shown: asyncio.Event, terminal:
 def _set_once(future: asyncio.Future[str], value: str) -> None:
     if not future.done():
         future.set_result(value)
-
-
-def _open_browser(url: str) -> None:
-    import webbrowser
-
-    with contextlib.suppress(Exception):
-        webbrowser.open(url, new=1)
 
 
 def logout(ctx: LaunchContext, provider: str) -> int:
