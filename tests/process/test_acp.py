@@ -358,3 +358,26 @@ async def test_codex_login_with_a_browser_answers_once_signed_in(
             assert await conn.authenticate(method_id="codex-login") is not None
     authorizations = [r for r in issuer.requests if "/authorize" in r.path]
     assert len(authorizations) == 1
+
+
+async def test_a_codex_login_that_fails_is_an_error_with_its_state(
+    home: Path, project: Path, fake: FakeProviderServer, tmp_path: Path
+) -> None:
+    # A "browser" that comes back to the loopback callback with another login's state.
+    script = tmp_path / "browser.py"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, httpx\n"
+        "from urllib.parse import parse_qs, urlsplit\n"
+        "back = parse_qs(urlsplit(sys.argv[1]).query)['redirect_uri'][0]\n"
+        "httpx.get(back, params={'code': 'c0de', 'state': 'not-this-one'}, timeout=30)\n"
+    )
+    script.chmod(0o755)
+    with FakeOAuthIssuer() as issuer:
+        async with acp_agent(home, project, _codex_env(issuer, fake, str(script))) as (conn, _e):
+            await conn.initialize(protocol_version=1)
+            with pytest.raises(RequestError) as failed:
+                await conn.authenticate(method_id="codex-login")
+    assert failed.value.code == -32000
+    assert failed.value.data == {"state": "callback_failed"}
+    assert not (home / "auth.json").exists()

@@ -4,7 +4,9 @@
 frontend can run a turn on it between prompts); ``session/prompt`` is one ``turn.start``
 whose events stream back as ``session/update`` notifications; ``session/load`` streams
 ``session.replay`` back; ``session/cancel`` is ``turn.cancel``. ACP session IDs are the v1
-session IDs, so every frontend sees the same sessions.
+session IDs, so every frontend sees the same sessions. ``authenticate`` with
+``codex-login`` is the core's ``auth.login.start``, with the browser opened here (the
+adapter runs on the user's machine; the core never opens one).
 
 Approvals: every core connection answers approval requests. A request of the running
 prompt's turn reaches ``Agent.prompt``'s event loop (through the same queue as the turn's
