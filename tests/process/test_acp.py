@@ -342,10 +342,15 @@ async def test_codex_login_with_a_browser_answers_once_signed_in(
     home: Path, project: Path, fake: FakeProviderServer, tmp_path: Path
 ) -> None:
     # A "browser" that follows the address to the loopback callback, as a person would.
+    # Browsers write to their stdout: it must not be the agent's (the ACP channel), so
+    # this one opens nothing unless its standard streams are /dev/null.
     script = tmp_path / "browser.py"
     script.write_text(
         f"#!{sys.executable}\n"
-        "import sys, httpx\n"
+        "import os, sys, httpx\n"
+        "null = os.stat(os.devnull)\n"
+        "if not all(os.path.samestat(os.fstat(fd), null) for fd in (0, 1)):\n"
+        "    sys.exit(1)\n"
         "sys.exit(httpx.get(sys.argv[1], follow_redirects=True, timeout=30).status_code != 200)\n"
     )
     script.chmod(0o755)

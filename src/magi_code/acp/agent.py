@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from magi_code.auth.browser import open_browser
+from magi_code.auth.browser import open_browser_apart
 from magi_code.client import (
     ApprovalRequest,
     ApprovalResolved,
@@ -205,7 +205,7 @@ class Agent:
             done, _ = await asyncio.wait(
                 [login.url, login.outcome], return_when=asyncio.FIRST_COMPLETED
             )
-            if login.url in done and not await asyncio.to_thread(open_browser, login.url.result()):
+            if login.url in done and not await open_browser_apart(login.url.result()):
                 url = login.url.result()
                 raise RpcError(
                     rpc.AUTH_REQUIRED,
