@@ -36,6 +36,7 @@ from benchlib import (
     EMBEDDED_ENV,
     ServiceProcess,
     Workspace,
+    compile_package,
     daemon_process,
     daemon_workspace,
     run_with_daemons,
@@ -102,6 +103,7 @@ async def main(args: argparse.Namespace) -> None:
     async with contextlib.AsyncExitStack() as stack:
         places: list[Workspace] = []
         for build in builds:
+            compile_package(build.python)
             ws = stack.enter_context(workspace() if args.mode == "embedded" else daemon_workspace())
             places.append(ws)
             if args.mode == "warm":

@@ -41,6 +41,7 @@ from benchlib import (
     FakeProvider,
     ServiceProcess,
     Workspace,
+    compile_package,
     daemon_command,
     daemon_process,
     daemon_workspace,
@@ -311,6 +312,7 @@ async def cold_daemon_phase(args: argparse.Namespace, fake: FakeProvider) -> Non
 
 async def main(args: argparse.Namespace) -> None:
     heading("bench_startup: start-up, first turn, exit, idle memory", args.quick)
+    compile_package()
     await python_scale(samples_count(args))
     async with FakeProvider.running() as fake:
         await embedded_phase(args, fake)

@@ -18,6 +18,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -144,6 +145,22 @@ def run_with_daemons(
 
 
 # -- output ---------------------------------------------------------------------------------
+
+
+# ``py_compile`` writes the files even under ``PYTHONDONTWRITEBYTECODE=1``.
+COMPILE_PACKAGE = (
+    "import compileall, importlib.util; "
+    "spec = importlib.util.find_spec('magi_code'); "
+    "compileall.compile_dir(spec.submodule_search_locations[0], quiet=1)"
+)
+
+
+def compile_package(python: str = sys.executable) -> None:
+    """Write the bytecode of the ``magi_code`` that ``python`` imports, before start-ups
+    are measured: an editable install has none, and under ``PYTHONDONTWRITEBYTECODE=1``
+    (set in some environments) every process would otherwise compile the package from
+    source (on a cold start, the shim's and the daemon's share: ~200 ms more)."""
+    subprocess.run([python, "-c", COMPILE_PACKAGE], check=True, stdout=subprocess.DEVNULL)
 
 
 def heading(title: str, quick: bool) -> None:
