@@ -318,8 +318,14 @@ async def main(args: argparse.Namespace) -> None:
                     run.snapshots(client),
                     *(run.frontend(i) for i in range(FRONTENDS)),
                 )
-                await asyncio.sleep(1.0)  # the last turns' children are reaped
-                final = dict(await client.status())
+                # The last turns' children are reaped; an orphan the daemon adopted is
+                # reaped once it has been a zombie for a second. One still there after
+                # 10 s is a finding.
+                for _ in range(40):
+                    await asyncio.sleep(0.25)
+                    final = dict(await client.status())
+                    if final["zombies"] == 0 and not any(final["children"].values()):
+                        break
             print_slopes(rows)
             totals = ", ".join(f"{k} {v}" for k, v in sorted(run.stats.totals.items()))
             print(f"   turns {run.stats.started:,}: {totals}")
