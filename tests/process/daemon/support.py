@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import psutil
 
-from magi_code.client import Client
+from magi_code.client import ApprovalRequest, Client
 from magi_code.endpoint.paths import RuntimePaths, runtime_paths
 from magi_code.storage.launch import LaunchContext
 from tests.process.turn_support import replay_all
@@ -120,3 +120,28 @@ def end_foreground(home: Path, procs: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+async def answered_turn(
+    client: Client, decision: str, session_id: str | None = None
+) -> tuple[dict[str, Any], ApprovalRequest | None]:
+    """Start a turn (its replies already enqueued), answer every approval request of it
+    with ``decision``, and wait for its end: (the ``turn.terminal`` payload, the last
+    request asked, or None)."""
+    started = await client.request("turn.start", {"prompt": "go"}, session_id=session_id)
+    assert started["payload"] is not None, started
+    turn_id = started["payload"]["turn_id"]
+    asked = None
+    async with asyncio.timeout(30):
+        while True:
+            event = await client.next_event()
+            assert event is not None
+            if isinstance(event, ApprovalRequest):
+                asked = event
+                await client.answer_approval(event.approval_id, decision)
+            elif (
+                isinstance(event, dict)
+                and event["event"] == "turn.terminal"
+                and event["payload"]["turn_id"] == turn_id
+            ):
+                return dict(event["payload"]), asked

@@ -22,7 +22,7 @@ from magi_code.client import (
     GrantsError,
     SyncClient,
 )
-from tests.process.daemon.support import context
+from tests.process.daemon.support import answered_turn, context
 from tests.process.turn_support import (
     body_text,
     posted_bodies,
@@ -153,23 +153,8 @@ def test_the_sync_client_answers_a_request(
 async def _run(client: Client, fake: FakeProviderServer, session_id: str, command: str) -> bool:
     """Run a turn whose model runs ``command``; whether it was asked (then allowed once)."""
     _enqueue(fake, command)
-    started = await client.request("turn.start", {"prompt": "go"}, session_id=session_id)
-    assert started["payload"] is not None, started
-    turn_id = started["payload"]["turn_id"]
-    asked = False
-    async with asyncio.timeout(30):
-        while True:
-            event = await client.next_event()
-            assert event is not None
-            if isinstance(event, ApprovalRequest):
-                asked = True
-                await client.answer_approval(event.approval_id, "allow_once")
-            elif (
-                isinstance(event, dict)
-                and event["event"] == "turn.terminal"
-                and event["payload"]["turn_id"] == turn_id
-            ):
-                return asked
+    _, asked = await answered_turn(client, "allow_once", session_id)
+    return asked is not None
 
 
 async def test_a_session_chooses_its_own_policy_within_what_the_project_allows(

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from magi_code.client import ApprovalRequest, Client
-from tests.process.daemon.support import cli, context
+from tests.process.daemon.support import answered_turn, cli, context
 from tests.process.turn_support import tool_call, tool_reply, write_settings
 from tests.support.cli import magi
 from tests.support.fake_providers import FakeProviderServer, Reply
@@ -25,24 +25,9 @@ async def _turn(
     Returns the session and the request (None when the call was not asked)."""
     fake.enqueue(tool_reply(tool_call("s1", "shell", command=COMMAND)))
     fake.enqueue(Reply(text=["done"]))
-    started = await client.request("turn.start", {"prompt": "go"}, session_id=session_id)
-    assert started["payload"] is not None, started
-    turn_id = started["payload"]["turn_id"]
-    asked = None
-    async with asyncio.timeout(30):
-        while True:
-            event = await client.next_event()
-            assert event is not None
-            if isinstance(event, ApprovalRequest):
-                asked = event
-                await client.answer_approval(event.approval_id, "allow_session")
-            elif (
-                isinstance(event, dict)
-                and event["event"] == "turn.terminal"
-                and event["payload"]["turn_id"] == turn_id
-            ):
-                assert event["payload"]["status"] == "completed"
-                return started["payload"]["session_id"], asked
+    terminal, asked = await answered_turn(client, "allow_session", session_id)
+    assert terminal["status"] == "completed"
+    return terminal["session_id"], asked
 
 
 def _grants(home: Path, project: Path, *args: str) -> dict[str, object]:
