@@ -27,7 +27,7 @@ from tests.process.turn_support import (
 )
 from tests.support.fake_oauth import FakeOAuthIssuer
 from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
-from tests.support.service import running_service, service_env
+from tests.support.service import running_service, service_env, spawn
 
 # Both modes: the ACP agent reaches the core through the daemon or in-process.
 pytestmark = pytest.mark.both_modes
@@ -254,19 +254,7 @@ async def test_a_failed_turn_is_an_error_with_the_failure_label(
 async def test_bad_input_gets_json_rpc_errors_and_the_agent_goes_on(
     home: Path, project: Path
 ) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "magi_code",
-        "--app",
-        "acp",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=project,
-        env=service_env(home),
-        limit=1 << 20,
-    )
+    proc = await spawn(project, service_env(home), ("--app", "acp"))
     assert proc.stdin is not None and proc.stdout is not None
     lines = [
         b"not json",

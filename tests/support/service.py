@@ -116,6 +116,33 @@ def service_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
+async def spawn(
+    project: Path,
+    env: Mapping[str, str],
+    args: tuple[str, ...] = ("--app", "service"),
+    *,
+    python: str | None = None,
+    umask: int = -1,
+) -> asyncio.subprocess.Process:
+    """``python -m magi_code ARGS`` (this interpreter unless ``python`` names another), or
+    the ``MC_TEST_SERVICE_COMMAND`` this run was given, on pipes, in ``project``, with
+    exactly ``env`` (and ``umask``, as Popen's, when given)."""
+    if python is None and SERVICE_COMMAND:
+        command = [SERVICE_COMMAND, *args]
+    else:
+        command = [python or sys.executable, "-m", "magi_code", *args]
+    return await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=project,
+        env=dict(env),
+        limit=1 << 20,
+        umask=umask,
+    )
+
+
 class ServiceProcess:
     def __init__(
         self, proc: asyncio.subprocess.Process, home: Path, mode: str, *, checks: bool = True
@@ -142,21 +169,8 @@ class ServiceProcess:
         checks: bool = True,
         python: str | None = None,
     ) -> ServiceProcess:
-        """``python -m magi_code`` (this interpreter unless ``python`` names another), or
-        the ``MC_TEST_SERVICE_COMMAND`` this run was given."""
-        if python is None and SERVICE_COMMAND:
-            command = [SERVICE_COMMAND, *args]
-        else:
-            command = [python or sys.executable, "-m", "magi_code", *args]
-        proc = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=project,
-            env=service_env(home, env),
-            limit=1 << 20,
-        )
+        """:func:`spawn` with this home's test environment (``service_env``)."""
+        proc = await spawn(project, service_env(home, env), args, python=python)
         mode = (env or {}).get("MC_SERVICE_MODE", current_mode())
         return cls(proc, home, mode, checks=checks)
 

@@ -12,12 +12,10 @@ exits 1 with the reason.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
 import signal
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +28,7 @@ from magi_code.protocol import envelope
 from tests.process.daemon.support import cli, context, paths, status
 from tests.process.turn_support import check_turn, write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
-from tests.support.service import ServiceProcess, service_env
+from tests.support.service import ServiceProcess, service_env, spawn
 
 # What the default mode says on stderr, and what ``MC_SERVICE_MODE=daemon`` says instead.
 CASES = {
@@ -80,19 +78,7 @@ async def start(home: Path, project: Path, env: dict[str, str], mode: str | None
     del full["MC_SERVICE_MODE"]
     if mode is not None:
         full["MC_SERVICE_MODE"] = mode
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "magi_code",
-        "--app",
-        "service",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=project,
-        env=full,
-        limit=1 << 20,
-    )
+    proc = await spawn(project, full)
     # Not "daemon": its stop would wait for a stopped daemon; the conftest stops daemons.
     return ServiceProcess(proc, home, mode or "default")
 

@@ -9,10 +9,8 @@ one starts the daemon.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from tests.process.turn_support import run_turn, write_settings
 from tests.support import service
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.modes import service_mode
-from tests.support.service import ServiceProcess, service_env
+from tests.support.service import ServiceProcess, service_env, spawn
 
 # Both modes (this directory's conftest pins daemon mode): each applies the frontend's mask.
 pytestmark = pytest.mark.both_modes
@@ -40,20 +38,7 @@ def fake() -> Iterator[FakeProviderServer]:
 
 async def frontend(home: Path, project: Path, umask: int) -> ServiceProcess:
     """``ServiceProcess.start`` with the child's umask set (Popen ``umask=``)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "magi_code",
-        "--app",
-        "service",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=project,
-        env=service_env(home),
-        limit=1 << 20,
-        umask=umask,
-    )
+    proc = await spawn(project, service_env(home), umask=umask)
     svc = ServiceProcess(proc, home, service.current_mode())
     try:
         await svc.initialize()
