@@ -131,6 +131,8 @@ async def spawn(
         command = [SERVICE_COMMAND, *args]
     else:
         command = [python or sys.executable, "-m", "magi_code", *args]
+    # Only when given: uvloop (the benchmarks' loop) takes no ``umask``.
+    extra: dict[str, Any] = {"umask": umask} if umask != -1 else {}
     return await asyncio.create_subprocess_exec(
         *command,
         stdin=asyncio.subprocess.PIPE,
@@ -139,7 +141,7 @@ async def spawn(
         cwd=project,
         env=dict(env),
         limit=1 << 20,
-        umask=umask,
+        **extra,
     )
 
 
