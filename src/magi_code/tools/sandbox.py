@@ -39,6 +39,7 @@ from typing import Final
 from magi_code.dataclass import dataclass
 from magi_code.endpoint.paths import RUNTIME_DIR_ENV, UnsafeRuntimeDir, runtime_dir_of
 from magi_code.storage.process import home_of
+from magi_code.tools.processes import forget_child, record_child
 
 BWRAP_ENV: Final = "MC_BWRAP"
 # A trial sandbox that does not answer in this long counts as unusable.
@@ -105,17 +106,24 @@ def _starts(path: str) -> bool:
     """Whether ``path`` runs ``/bin/true`` in the sandbox the tools get (network off)."""
     trial = Sandbox(path, network=False, hidden=())
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             trial.wrap(["/bin/true"], "/"),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            timeout=PROBE_TIMEOUT_SECONDS,
-            check=False,
         )
-    except (OSError, subprocess.SubprocessError):
+    except OSError:
         return False
-    return done.returncode == 0
+    # A worker like any other: the daemon's health counts it while it runs.
+    record_child(proc.pid, "worker")
+    try:
+        return proc.wait(PROBE_TIMEOUT_SECONDS) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
+    finally:
+        forget_child(proc.pid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,10 +81,11 @@ async def test_a_tool_s_forked_grandchildren_end_with_its_turn(
         assert len(started) == 2
         for pid in started:
             await exited(pid)
-        # The daemon adopted the orphans (a subreaper) and reaps each within seconds.
+        # The daemon adopted the orphans (a subreaper) and reaps each within seconds (and
+        # its own sandbox probe, a worker child while it runs, is over).
         for _ in range(200):
             health = dict(await client.status())
-            if health["zombies"] == 0:
+            if health["zombies"] == 0 and health["sandbox"]["workspace_write"] is not None:
                 break
             await asyncio.sleep(0.1)
         assert sum(health["children"].values()) == 0 and health["zombies"] == 0

@@ -41,14 +41,15 @@ def _check_health(doc: dict[str, Any], *, tools: int, control: int) -> None:
     assert doc["max_outbound_queued_bytes"] >= 0
 
 
-async def _without_zombies(read: Any) -> dict[str, Any]:
-    """A status once no zombie is left (each is reaped within seconds)."""
-    for _ in range(100):
+async def _settled(read: Any) -> dict[str, Any]:
+    """A status once no zombie is left (each is reaped within seconds) and the sandbox
+    probe the daemon runs after its start (a ``worker`` child meanwhile) has finished."""
+    for _ in range(300):
         doc = dict(await read())
-        if doc["zombies"] == 0:
+        if doc["zombies"] == 0 and doc["sandbox"]["workspace_write"] is not None:
             return doc
         await asyncio.sleep(0.1)
-    raise AssertionError(f"a zombie child stayed: {doc}")
+    raise AssertionError(f"a zombie child or the sandbox probe stayed: {doc}")
 
 
 async def _terminal(client: Client) -> dict[str, Any]:
@@ -70,7 +71,7 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
     )
     client = await persistent(home, project)
     try:
-        before = await _without_zombies(lambda: asyncio.to_thread(status, home))
+        before = await _settled(lambda: asyncio.to_thread(status, home))
         _check_health(before, tools=0, control=1)
         assert before["active_turns"] == 0 and before["retained_turns"] == 0
 
@@ -90,7 +91,7 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
         release.touch()
         terminal = await asyncio.wait_for(_terminal(client), 60)
         assert terminal["status"] == "completed", terminal
-        after = await _without_zombies(client.status)
+        after = await _settled(client.status)
         _check_health(after, tools=0, control=0)
         assert after["active_turns"] == 0 and after["retained_turns"] == 1
     finally:
