@@ -37,6 +37,7 @@ from magi_code.client.errors import (
     DaemonUnavailable,
     ForeignDaemon,
 )
+from magi_code.client.starter import ANSWER_TIMEOUT_SECONDS
 from magi_code.daemon.control_role import RESTART_TURN_WAIT_SECONDS
 from magi_code.daemon.lifecycle import run_daemon
 from magi_code.endpoint.lock import StartLockTimeout, is_held
@@ -57,7 +58,6 @@ from .units import (
     render_unit,
 )
 
-ANSWER_TIMEOUT_SECONDS: Final = 3.0
 STARTING_WAIT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 150.0
 # The daemon lets its turns run for a while, then drains as on ``stop``.

@@ -26,14 +26,13 @@ from typing import Any, Final
 import orjson
 
 from magi_code.client.errors import DaemonError, DaemonUnavailable
+from magi_code.client.starter import ANSWER_TIMEOUT_SECONDS
 from magi_code.config.approvals import Rules
 from magi_code.config.grants import project_grants, revoke_project_grant
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.text import without_hidden
 from magi_code.protocol.v2 import GRANT_KINDS
 from magi_code.storage.launch import LaunchContext
-
-from .commands import ANSWER_TIMEOUT_SECONDS
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
