@@ -146,12 +146,14 @@ class ApprovalService:
         deadline_ms = int((time.time() + timeout) * 1000)
         pending = Pending(approval_id, run, request, deadline_ms)
         self._pending[approval_id] = pending
-        self._record(pending, "pending", None)
-        log.info("approval requested kind=%s", request.kind)
-        for conn_id in self._targets(run):
-            self._send(conn_id, pending.frame())
-        self.observe(run.session_id, _requested(pending.frame()))
         try:
+            # Durable before anyone is asked: a daemon that dies while the request waits
+            # leaves it in the history, pending.
+            await self._record_durably(pending)
+            log.info("approval requested kind=%s", request.kind)
+            for conn_id in self._targets(run):
+                self._send(conn_id, pending.frame())
+            self.observe(run.session_id, _requested(pending.frame()))
             decision, by = await asyncio.wait_for(asyncio.shield(pending.future), timeout)
         except TimeoutError:
             decision, by = TIMED_OUT, DEADLINE_BY
@@ -205,10 +207,19 @@ class ApprovalService:
     def turn_ended(self, turn_id: str) -> None:
         self._followers.pop(turn_id, None)
 
-    def _record(self, pending: Pending, decision: str, by: str | None) -> None:
+    async def _record_durably(self, pending: Pending) -> None:
+        seq = self._record(pending, "pending", None)
+        if seq is None:
+            return
+        try:
+            await pending.run.attachment.lease.durable(seq)
+        except ServiceError:
+            log.warning("an approval could not be recorded")
+
+    def _record(self, pending: Pending, decision: str, by: str | None) -> int | None:
         """The request in the session's history (queued for the group commit: the
-        turn's next durable point covers it). Best effort: a failed record fails the
-        turn through its own records."""
+        turn's next durable point covers it); its ``seq``, or None when it could not be
+        queued. Best effort: a failed record fails the turn through its own records."""
         record = {
             "type": "approval",
             "turn_id": pending.run.turn_id,
@@ -219,9 +230,10 @@ class ApprovalService:
             "by": by,
         }
         try:
-            pending.run.attachment.lease.submit(record)
+            return pending.run.attachment.lease.submit(record)
         except (ServiceError, ValueError):
             log.warning("an approval could not be recorded")
+            return None
 
     # -- session policies --------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from magi_code.dataclass import dataclass, field
 from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_PAGE_BYTES
 from magi_code.protocol.text import utf8_parts
 from magi_code.sessions.records import (
+    ApprovalRecord,
     AssistantRecord,
     CompactionRecord,
     HeaderRecord,
@@ -231,7 +232,9 @@ def _digest(body: dict[str, object]) -> bytes:
 
 
 # Records that are not part of the conversation.
-_OUTSIDE_CONVERSATION: Final = frozenset({UnknownRecord, HeaderRecord, CompactionRecord})
+_OUTSIDE_CONVERSATION: Final = frozenset(
+    {UnknownRecord, HeaderRecord, CompactionRecord, ApprovalRecord}
+)
 # The head of each kind of text item.
 _HEADS: Final[dict[str, dict[str, object]]] = {
     "summary": {"kind": "summary"},
@@ -381,6 +384,16 @@ def item_cursor(session_id: str, basis: int, item: Item) -> str:
 
 def resolve_cursor(session_id: str, projection: Projection, cursor: str) -> int | None:
     """Index of the first item after ``cursor``, or ``None`` when it does not match."""
+    return _resolve(session_id, projection.basis, projection.items, projection.positions, cursor)
+
+
+def _resolve(
+    session_id: str,
+    basis_seq: int,
+    items: Sequence[Item],
+    positions: dict[tuple[int, int, int], int],
+    cursor: str,
+) -> int | None:
     if not cursor.isascii() or len(cursor) > MAX_ID_BYTES:
         return None
     try:
@@ -398,12 +411,12 @@ def resolve_cursor(session_id: str, projection: Projection, cursor: str) -> int 
     version, digest, kind, basis, seq, sub, part, item_digest = _ITEM.unpack(raw)
     if (version, digest, kind) != (_CURSOR_VERSION, _session_digest(session_id), _KIND_ITEM):
         return None
-    if basis != projection.basis + 1:
+    if basis != basis_seq + 1:
         return None
-    index = projection.positions.get((seq, sub, part))
+    index = positions.get((seq, sub, part))
     if index is None:
         return None
-    return index + 1 if projection.items[index].digest == item_digest else None
+    return index + 1 if items[index].digest == item_digest else None
 
 
 def build_page(
@@ -443,7 +456,7 @@ def build_page(
 
 @dataclass(frozen=True, slots=True)
 class HistoryItem:
-    """A replay item with its cursor and the turn it belongs to (None: a summary)."""
+    """A history item with its cursor and the turn it belongs to (None: a summary)."""
 
     cursor: str
     body: dict[str, object]
@@ -461,13 +474,45 @@ class History:
     gap: bool
 
 
+# An approval item's ``sub``: its record is its own, so any number past a terminal's.
+_APPROVAL_SUB: Final = 2
+
+
+def approval_items(records: Sequence[Record], cutoff: int) -> list[tuple[Item, str]]:
+    """One ``approval`` item per request recorded after ``cutoff``, with its turn: where
+    it was asked (its first record), with its latest decision (``pending`` until it is
+    settled). Only the v2 watch history shows them; the v1 replay's kinds are closed."""
+    first: dict[str, ApprovalRecord] = {}
+    latest: dict[str, ApprovalRecord] = {}
+    for record in records:
+        if type(record) is ApprovalRecord and record.seq > cutoff:
+            assert isinstance(record, ApprovalRecord)
+            first.setdefault(record.approval_id, record)
+            latest[record.approval_id] = record
+    out = []
+    for approval_id, asked in first.items():
+        now = latest[approval_id]
+        body: dict[str, object] = {
+            "kind": "approval",
+            "turn_id": asked.turn_id,
+            "approval_id": approval_id,
+            "approval_kind": asked.kind,
+            "subject": asked.subject,
+            "decision": now.decision,
+            "by": now.by,
+        }
+        out.append((Item(asked.seq, _APPROVAL_SUB, 0, body, _digest(body)), asked.turn_id))
+    return out
+
+
 def history_after(
     session_id: str, records: Sequence[Record], projection: Projection, after: str | None, gap: bool
 ) -> History | None:
-    """All items after ``after`` (None when the cursor does not match: resync)."""
-    start = 0 if after is None else resolve_cursor(session_id, projection, after)
-    if start is None:
-        return None
+    """All items after ``after`` (None when the cursor does not match: resync): the
+    replay items with the approval items (``approval_items``) where they were asked.
+
+    A replay cursor resolves here too (its item is here, unchanged); an approval item's
+    cursor only here."""
     turns: dict[int, str] = {}
     finished: set[str] = set()
     for record in records:
@@ -475,17 +520,47 @@ def history_after(
             turns[record.seq] = record.turn_id
         if isinstance(record, TerminalRecord):
             finished.add(record.turn_id)
-    items = projection.items
+    merged = _with_approvals(projection, approval_items(records, projection.fold.cutoff))
+    items = [item for item, _ in merged]
+    positions = {(item.seq, item.sub, item.part): index for index, item in enumerate(items)}
+    start = 0 if after is None else _resolve(session_id, projection.basis, items, positions, after)
+    if start is None:
+        return None
     before = (
         item_cursor(session_id, projection.basis, items[start - 1])
         if start > 0
         else start_cursor(session_id)
     )
     chosen = [
-        HistoryItem(item_cursor(session_id, projection.basis, item), item.body, turns.get(item.seq))
-        for item in items[start:]
+        HistoryItem(
+            item_cursor(session_id, projection.basis, item),
+            item.body,
+            turn if turn is not None else turns.get(item.seq),
+        )
+        for item, turn in merged[start:]
     ]
     return History(chosen, before, frozenset(finished), gap)
+
+
+def _with_approvals(
+    projection: Projection, approvals: list[tuple[Item, str]]
+) -> list[tuple[Item, str | None]]:
+    """The projection's items with ``approvals`` (in record order) among them: each
+    before the first item from a later record. A summary stays first (its key is its
+    checkpoint's, later than the records after the cutoff that follow it)."""
+    merged: list[tuple[Item, str | None]] = []
+    pending = iter(approvals)
+    waiting = next(pending, None)
+    for index, item in enumerate(projection.items):
+        summary = index == 0 and projection.basis >= 0
+        while waiting is not None and not summary and waiting[0].seq < item.seq:
+            merged.append(waiting)
+            waiting = next(pending, None)
+        merged.append((item, None))
+    if waiting is not None:
+        merged.append(waiting)
+        merged.extend(pending)
+    return merged
 
 
 def _payload(

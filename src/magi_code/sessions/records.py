@@ -37,9 +37,9 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "tool_result": ("turn_id", "call_id", "name", "output", "is_error"),
     "terminal": ("turn_id", "status", "assistant_text"),
     "compaction": ("summary", "cutoff_seq"),
-    # A tool call's approval (``turns.approvals``): written when asked (``decision``
-    # ``pending``) and when settled. Kept for the durable history and decoded as an
-    # ``UnknownRecord``: the v1 replay projection, an allowlist, never shows it.
+    # A tool call's approval (``core.approvals``): written when asked (``decision``
+    # ``pending``) and when settled (the same ``approval_id``). The v1 replay projection,
+    # an allowlist, never shows it; the v2 watch history does (``projection.history_after``).
     "approval": ("turn_id", "approval_id", "kind", "decision"),
 }
 # Fields a record of that type may carry or omit. Encoding omits one whose value is None;
@@ -138,6 +138,17 @@ class CompactionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    seq: int
+    turn_id: str
+    approval_id: str
+    kind: str
+    decision: str
+    subject: str | None = None
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownRecord:
     """A well-formed record of a type this version does not know; never projected."""
 
@@ -153,6 +164,7 @@ Record = (
     | ToolResultRecord
     | TerminalRecord
     | CompactionRecord
+    | ApprovalRecord
     | UnknownRecord
 )
 
@@ -275,6 +287,16 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
             if cutoff >= seq:
                 raise _Malformed
             return CompactionRecord(seq, _str(obj, "summary"), cutoff)
+        case "approval":
+            return ApprovalRecord(
+                seq,
+                _str(obj, "turn_id"),
+                _str(obj, "approval_id"),
+                _str(obj, "kind"),
+                _str(obj, "decision"),
+                _optional_str(obj, "subject"),
+                _optional_str(obj, "by"),
+            )
         case _:
             return UnknownRecord(seq, kind)
 
