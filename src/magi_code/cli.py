@@ -168,8 +168,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Approval grants (docs/safety.md): project grants are the allow rules "
         'in this project\'s .magi-code/settings.json ("allow always for this project"; '
         "honoured only in a trusted project), read and changed in that file; session "
-        'grants ("allow for this session") live only in the running daemon and are '
-        "listed and revoked through it.",
+        'grants ("allow for this session") are stored with the session, and listed and '
+        "revoked through the running daemon, or in the session itself when none runs.",
     )
     grant_actions = grants.add_subparsers(dest="action", metavar="ACTION", required=True)
     grants_list = grant_actions.add_parser(
@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         help="remove one grant",
         description="Remove one grant: `--project commands git status` removes the "
         "project rule allowing `git status`; `--session ID paths docs/a.md` a session "
-        "grant (through the running daemon). Exits 1 when the grant is not there.",
+        "grant. Exits 1 when the grant is not there.",
     )
     where = grants_revoke.add_mutually_exclusive_group(required=True)
     where.add_argument("--project", action="store_true", help="a project grant")

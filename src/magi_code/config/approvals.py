@@ -141,6 +141,27 @@ def rules(document: Mapping[str, Any], side: str) -> Rules:
     )
 
 
+def stored_rules(document: object) -> Rules:
+    """Rules from a document ``Rules.as_document`` wrote and something stored (a
+    session's grants): entries of the wrong shape are left out, never trusted."""
+    if not isinstance(document, dict):
+        return Rules()
+
+    def strings(value: object) -> list[str]:
+        return [v for v in value if isinstance(v, str) and v] if isinstance(value, list) else []
+
+    commands = document.get("commands")
+    return Rules(
+        tuple(
+            tuple(argv)
+            for argv in (commands if isinstance(commands, list) else ())
+            if isinstance(argv, list) and argv and strings(argv) == argv
+        ),
+        tuple(strings(document.get("tools"))),
+        tuple(strings(document.get("paths"))),
+    )
+
+
 def build_approvals(
     global_doc: Mapping[str, Any], project_doc: Mapping[str, Any], *, trusted: bool
 ) -> ApprovalSettings:

@@ -12,10 +12,13 @@ every attached connection gets ``approval_resolved``; a later answer gets
 The session's watchers are told both (:attr:`ApprovalService.observe`, read-only: they
 answer only if attached).
 
-Each request is recorded in the session's history when asked and when settled (record
-type ``approval``, the bounded subject only). Session grants ("allow for this session")
-and a session's own policy live in this service for as long as it runs; project grants
-are the project settings' allow rules (``config.grants``).
+Each request is recorded in the session's history when asked (durably, before anyone
+is asked) and when settled (record type ``approval``, the bounded subject only). Session
+grants ("allow for this session") are stored with the session (its ``meta.json``,
+``sessions.meta``), so they outlive the daemon; this service holds the grants of the
+sessions whose turns it ran (read again at each turn's start) for the calls' verdicts.
+A session's own policy lives here for as long as the daemon runs; project grants are the
+project settings' allow rules (``config.grants``).
 """
 
 from __future__ import annotations
@@ -28,12 +31,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from magi_code.config.approvals import Policy, Rules
+import orjson
+
+from magi_code.config.approvals import Policy, Rules, stored_rules
 from magi_code.config.grants import project_grants, revoke_project_grant
 from magi_code.config.settings import load_settings
 from magi_code.dataclass import dataclass, field
-from magi_code.protocol.errors import ServiceError
+from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.text import truncate_utf8
+from magi_code.sessions.meta import MAX_GRANTS_BYTES
+from magi_code.sessions.store import SessionStore
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns.approvals import CANCELLED, TIMED_OUT, ApprovalAsk
 
@@ -48,12 +55,18 @@ MAX_SETTLED: Final = 1024
 MAX_SUBJECT_BYTES: Final = 1024
 # Sessions with a policy of their own (``approval_policy``) the service remembers.
 MAX_SESSION_POLICIES: Final = 4096
+# Sessions whose grants the service holds (the grants themselves are stored).
+MAX_HELD_GRANTS: Final = 4096
 DEADLINE_BY: Final = "deadline"
 CANCELLED_BY: Final = "turn_ended"
 
 
 class UnknownApproval(Exception):
     """No pending or recently settled request of that ID this connection may answer."""
+
+
+class _TooManyGrants(Exception):
+    """The session's grants with one more would not fit their bound."""
 
 
 @dataclass(eq=False, slots=True)
@@ -87,12 +100,14 @@ class Listener:
 
 
 class ApprovalService:
-    def __init__(self) -> None:
+    def __init__(self, store: SessionStore | None = None) -> None:
         self._pending: dict[str, Pending] = {}
         self._settled: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._listeners: dict[int, Listener] = {}
         self._followers: dict[str, set[int]] = {}
-        self._grants: dict[str, Rules] = {}
+        # Where session grants are stored (None: held here only, for as long as it runs).
+        self._store = store
+        self._grants: OrderedDict[str, Rules] = OrderedDict()
         self._policies: dict[str, Policy] = {}
         # Session events for the session's watchers (``approval_requested``/``_resolved``).
         self.observe: Callable[[str, dict[str, Any]], None] = lambda _session, _event: None
@@ -265,27 +280,100 @@ class ApprovalService:
     # -- grants ------------------------------------------------------------------------------
 
     def session_rules(self, session_id: str) -> Rules:
+        """The grants held for the session (read by :meth:`load_session`)."""
         return self._grants.get(session_id, Rules())
 
-    def grant_session(self, session_id: str, kind: str, value: tuple[str, ...] | str) -> None:
-        self._grants[session_id] = self.session_rules(session_id).changed(kind, value, add=True)
+    def _hold(self, session_id: str, rules: Rules) -> Rules:
+        self._grants[session_id] = rules
+        self._grants.move_to_end(session_id)
+        while len(self._grants) > MAX_HELD_GRANTS:
+            self._grants.popitem(last=False)  # still stored: read again when needed
+        return rules
 
-    def revoke_session(self, session_id: str, kind: str, value: tuple[str, ...] | str) -> bool:
-        current = self.session_rules(session_id)
-        if value not in getattr(current, kind):
+    async def load_session(self, session_id: str) -> Rules:
+        """The session's stored grants, held from now on (a turn's start reads them).
+        Unreadable ones count as none (logged): the calls are asked again."""
+        if self._store is None:
+            return self.session_rules(session_id)
+        try:
+            return self._hold(session_id, await self._read(session_id))
+        except ServiceError:
+            log.warning("a session's grants could not be read")
+            return self._hold(session_id, Rules())
+
+    async def _read(self, session_id: str) -> Rules:
+        """Raises ServiceError (``session_unavailable``): unreadable metadata."""
+        assert self._store is not None
+        try:
+            document = await asyncio.to_thread(self._store.grants, session_id)
+        except ServiceError as exc:
+            if exc.code is ErrorCode.INVALID_SESSION_ID:
+                return Rules()  # no such session: it has no grants
+            raise
+        return stored_rules(document)
+
+    async def grant_session(self, session_id: str, kind: str, value: tuple[str, ...] | str) -> bool:
+        """Store an "allow for this session" answer with the session; False when it
+        could not be stored (too many grants, or the metadata cannot be written): then
+        it was not granted, and the session's next such call is asked again."""
+        if self._store is None:
+            self._hold(session_id, self.session_rules(session_id).changed(kind, value, add=True))
+            return True
+
+        def add(stored: object) -> object:
+            document = stored_rules(stored).changed(kind, value, add=True).as_document()
+            if len(orjson.dumps(document)) > MAX_GRANTS_BYTES:
+                raise _TooManyGrants
+            return document
+
+        try:
+            document = await asyncio.to_thread(self._store.change_grants, session_id, add)
+        except (ServiceError, _TooManyGrants):
+            log.warning("a session grant could not be stored")
             return False
-        self._grants[session_id] = current.changed(kind, value, add=False)
+        self._hold(session_id, stored_rules(document))
+        return True
+
+    async def revoke_session(
+        self, session_id: str, kind: str, value: tuple[str, ...] | str
+    ) -> bool:
+        """Remove one session grant; False when the session has no such grant.
+
+        Raises:
+            ServiceError: the session's metadata cannot be read or written.
+        """
+        if self._store is None:
+            current = self.session_rules(session_id)
+            if value not in getattr(current, kind):
+                return False
+            self._hold(session_id, current.changed(kind, value, add=False))
+            return True
+        if value not in getattr(await self._read(session_id), kind):
+            return False
+        document = await asyncio.to_thread(
+            self._store.change_grants,
+            session_id,
+            lambda stored: stored_rules(stored).changed(kind, value, add=False).as_document(),
+        )
+        self._hold(session_id, stored_rules(document))
         return True
 
     async def grants(self, ctx: LaunchContext, session_id: str | None) -> dict[str, Any]:
         """``grants_result`` fields: the session's grants (with a session) and the
         project's allow rules, with whether the project's are honoured (trusted)."""
         project, honoured = await asyncio.to_thread(project_grants, ctx)
+        session = None if session_id is None else await self._current(session_id)
         return {
-            "session": None if session_id is None else self.session_rules(session_id).as_document(),
+            "session": None if session is None else session.as_document(),
             "project": project.as_document(),
             "project_honoured": honoured,
         }
+
+    async def _current(self, session_id: str) -> Rules:
+        """The session's grants as stored now. Raises ServiceError: unreadable."""
+        if self._store is None:
+            return self.session_rules(session_id)
+        return await self._read(session_id)
 
     async def revoke_project(
         self, ctx: LaunchContext, kind: str, value: tuple[str, ...] | str
@@ -310,8 +398,8 @@ class TurnApprover:
     def session_policy(self) -> Policy | None:
         return self._service.session_policy(self._run.session_id)
 
-    def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
-        self._service.grant_session(self._run.session_id, kind, value)
+    async def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
+        await self._service.grant_session(self._run.session_id, kind, value)
 
     async def ask(self, request: ApprovalAsk, timeout: float) -> str:
         return await self._service.ask(self._run, request, timeout)

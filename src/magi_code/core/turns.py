@@ -363,6 +363,8 @@ class TurnRun:
         if self.prepared is None:
             # A v1 turn: the settings as they are now, right before provider execution.
             self.prepared = await asyncio.to_thread(read_settings, self.turn.ctx)
+        # The session's stored grants, as they are when the turn starts.
+        await self.service.approvals.load_session(self.session_id)
         await self.service.runtime.run(
             self.turn,
             self.prepared,
@@ -570,7 +572,7 @@ class TurnService:
         # Agents that outlived their cancellation grace, held until they end.
         self._abandoned: set[asyncio.Task[None]] = set()
         # Approval requests of running turns, and session grants (core.approvals).
-        self.approvals = ApprovalService()
+        self.approvals = ApprovalService(sessions.store)
         # Tool details and editor file requests to the turns' clients (core.tool_relay).
         self.relay = ToolRelay()
 

@@ -212,7 +212,7 @@ class PersistentRole:
             if isinstance(frame, v2.GrantsRevoke):
                 if frame.scope == "session":
                     assert frame.session_id is not None
-                    self.approvals.revoke_session(frame.session_id, frame.kind, frame.value)
+                    await self.approvals.revoke_session(frame.session_id, frame.kind, frame.value)
                 else:
                     await self.approvals.revoke_project(ctx, frame.kind, frame.value)
             grants = await self.approvals.grants(ctx, frame.session_id)

@@ -7,10 +7,12 @@ Two kinds of grant live in two places (``docs/safety.md``):
   written; they count only in a trusted project). They are read and removed in that file
   itself (``config.grants``), whether or not a daemon runs; a running daemon reads the
   file for every turn, so a removed rule is not honoured from the next call on.
-- **session grants** ("allow for this session" answers) live only in a running daemon.
-  They are listed and removed through it (a ``persistent`` connection that does not ask
-  a daemon of another build to make way, so the grants survive the look); with no daemon
-  running there are none.
+- **session grants** ("allow for this session" answers) are stored with the session
+  (its metadata, ``sessions.meta``), so they outlive the daemon. While a daemon runs they
+  are listed and removed through it (a ``persistent`` connection that does not ask a
+  daemon of another build to make way), so a removal counts for a turn running there
+  from its next call on; with no daemon running, in the session store itself, as the
+  daemon would (``core.approvals``).
 
 Exit status: 0; 1 when the grant to revoke is not there, the daemon cannot be asked, or
 the project settings cannot be read or written; 2 for a usage error.
@@ -27,17 +29,17 @@ import orjson
 
 from magi_code.client.errors import DaemonError, DaemonUnavailable
 from magi_code.client.starter import ANSWER_TIMEOUT_SECONDS
-from magi_code.config.approvals import Rules
 from magi_code.config.grants import project_grants, revoke_project_grant
+from magi_code.core.approvals import ApprovalService
 from magi_code.protocol.errors import ServiceError
 from magi_code.protocol.text import without_hidden
 from magi_code.protocol.v2 import GRANT_KINDS
+from magi_code.sessions.store import SessionStore
 from magi_code.storage.launch import LaunchContext
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
 CLIENT_NAME: Final = "magi-code grants"
-NO_DAEMON: Final = "no daemon is running, so no session has grants"
 LABELS: Final = {"commands": "command", "tools": "tool", "paths": "path"}
 
 
@@ -71,12 +73,14 @@ def main(
 def list_grants(ctx: LaunchContext, session_id: str | None, *, as_json: bool) -> int:
     rules, honoured = project_grants(ctx)
     session: dict[str, Any] | None = None
-    daemon = True
     if session_id is not None:
         try:
             session = asyncio.run(_session_grants(ctx, session_id))
         except DaemonUnavailable:
-            daemon, session = False, Rules().as_document()
+            try:
+                session = asyncio.run(_stored(ctx).grants(ctx, session_id))["session"]
+            except ServiceError as exc:
+                return _fail(f"the session's grants cannot be read ({exc.code.value})")
         except DaemonError as exc:
             return _fail(f"the daemon cannot be asked: {exc}")
     if as_json:
@@ -89,10 +93,7 @@ def list_grants(ctx: LaunchContext, session_id: str | None, *, as_json: bool) ->
     _write_rules(rules.as_document())
     if session is not None:
         sys.stdout.write(f"session {session_id} grants:\n")
-        if not daemon:
-            sys.stdout.write(f"  ({NO_DAEMON})\n")
-        else:
-            _write_rules(session)
+        _write_rules(session)
     return 0
 
 
@@ -123,13 +124,21 @@ def _revoke_session(
     try:
         removed = asyncio.run(_revoke_in_daemon(ctx, session_id, kind, value))
     except DaemonUnavailable:
-        return _fail(NO_DAEMON)
+        try:
+            removed = asyncio.run(_stored(ctx).revoke_session(session_id, kind, value))
+        except ServiceError as exc:
+            return _fail(f"the session's grants cannot be changed ({exc.code.value})")
     except DaemonError as exc:
         return _fail(f"the daemon cannot be asked: {exc}")
     if not removed:
         return _fail("no such session grant")
     sys.stdout.write("revoked\n")
     return 0
+
+
+def _stored(ctx: LaunchContext) -> ApprovalService:
+    """The grants as the daemon keeps them, read and changed here (no daemon runs)."""
+    return ApprovalService(SessionStore(ctx.sessions_dir))
 
 
 async def _client(ctx: LaunchContext) -> Any:

@@ -1,7 +1,9 @@
-"""A session's ``meta.json`` sidecar: display and library metadata, never history.
+"""A session's ``meta.json`` sidecar: display and library metadata and the session's
+approval grants, never history.
 
-``{"v": 1, "title": "...", "title_set": true, "project_dir": "/abs", "archived": true}``,
-every key but ``v`` optional:
+``{"v": 1, "title": "...", "title_set": true, "project_dir": "/abs", "archived": true,
+"grants": {"commands": [["git", "status"]], "tools": [], "paths": []}}``, every key but
+``v`` optional:
 
 - ``title``: the display title. The first user prompt's (``titles.title_from_prompt``) is
   written only while there is none; a ``rename`` writes its own and sets ``title_set``,
@@ -10,6 +12,9 @@ every key but ``v`` optional:
   (symlinks resolved), written with the session itself. Sessions created before it was
   recorded have none and match no project filter.
 - ``archived``: hidden from the default lists; the session is otherwise untouched.
+- ``grants``: the session's "allow for this session" answers (RFC-0002 §6.7), as the
+  settings' allow rules are written; bounded by ``core.approvals`` (at most
+  ``MAX_GRANTS_BYTES`` encoded), so the sidecar stays within ``META_MAX_BYTES``.
 
 Changes are read-modify-write under the session's append lock, held exclusively (the
 writer lease is not needed: metadata is not history, and a frontend holding the session
@@ -30,9 +35,10 @@ import orjson
 from magi_code.sessions.fileio import APPEND_LOCK, META, holding, pread_all
 from magi_code.storage.files import atomic_write, open_regular
 
-# A title (at most 80 characters) and a project path (at most 4,096 bytes) with room for
-# JSON escapes.
+# A title (at most 80 characters), a project path (at most 4,096 bytes) and the grants
+# (at most MAX_GRANTS_BYTES), with room for JSON escapes.
 META_MAX_BYTES: Final = 32 * 1024
+MAX_GRANTS_BYTES: Final = 16 * 1024
 META_VERSION: Final = 1
 # How long a change waits for an append batch to finish.
 META_LOCK_WAIT: Final = 5.0

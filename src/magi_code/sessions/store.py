@@ -966,6 +966,47 @@ class SessionStore:
         """
         return self._change_meta(session_id, lambda m: {**m, "archived": archived})
 
+    def grants(self, session_id: object) -> object:
+        """The session's stored grants document (``meta.json``'s ``grants``; None when
+        it has none, or there is no such session). Not checked here: the reader does.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE`` when the
+                metadata cannot be read.
+        """
+        name = validate_session_id(session_id)
+        if not self.exists(name):
+            return None
+        dir_fd = self._open_dir(name)
+        try:
+            meta, readable = read_meta(dir_fd)
+        finally:
+            os.close(dir_fd)
+        if not readable:
+            raise unavailable()
+        return meta.get("grants")
+
+    def change_grants(self, session_id: object, change: Callable[[object], object]) -> object:
+        """Replace the session's grants document by ``change(stored)`` (under the append
+        lock, as every metadata change) and return it.
+
+        Raises:
+            ServiceError: as ``set_archived``; whatever ``change`` raises.
+        """
+        name = validate_session_id(session_id)
+        if not self.exists(name):
+            raise unavailable()
+        dir_fd = self._open_dir(name)
+        try:
+            meta = update_meta(
+                self._root / name, dir_fd, lambda m: {**m, "grants": change(m.get("grants"))}
+            )
+        except OSError:
+            raise unavailable() from None
+        finally:
+            os.close(dir_fd)
+        return meta.get("grants")
+
     def _change_meta(
         self, session_id: object, change: Callable[[dict[str, object]], dict[str, object]]
     ) -> dict[str, object]:

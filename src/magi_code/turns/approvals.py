@@ -114,8 +114,8 @@ class Approver(Protocol):
     def session_policy(self) -> Policy | None:
         """The policy this session chose, if it chose one (read at every call)."""
 
-    def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
-        """Remember an "allow for this session" answer."""
+    async def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
+        """Remember an "allow for this session" answer (stored with the session)."""
 
     async def ask(self, request: ApprovalAsk, timeout: float) -> str:
         """The first answer (one of :data:`DECISIONS`), or :data:`TIMED_OUT`."""
@@ -136,7 +136,7 @@ class NoApprover:
     def session_policy(self) -> Policy | None:
         return None
 
-    def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
+    async def grant_session(self, kind: str, value: tuple[str, ...] | str) -> None:
         raise AssertionError("nothing is granted without asking")
 
     async def ask(self, request: ApprovalAsk, timeout: float) -> str:
@@ -367,7 +367,7 @@ class ApprovalGate:
             activity.lifecycle(waiting, "activity", "completed" if allowed_now else "failed")
         )
         if decision == "allow_session":
-            self.approver.grant_session(*call.rule())
+            await self.approver.grant_session(*call.rule())
         elif decision == "allow_project":
             await self._persist(call)
         elif decision == "reject_and_stop":
@@ -390,7 +390,7 @@ class ApprovalGate:
                 lambda _current, document: add_allow_rule(document, kind, value),
             )
         except Exception:  # noqa: BLE001 - ServiceError or OSError: the call still runs
-            self.approver.grant_session(kind, value)
+            await self.approver.grant_session(kind, value)
 
 
 class GatedTool(WrappedTool):
