@@ -1,7 +1,8 @@
 """A raw v2 ``persistent`` connection for tests: frames as sent, answers as received.
 
 Tests that pin the wire protocol (rather than a client library's behaviour) use this over
-a real socket or the in-memory transport.
+a real socket or the in-memory transport. Every approval frame (RFC-0002 §6.7) it
+receives is checked against its JSON Schema (``protocol.schema.approvals``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 from magi_code.client import Channel
 from magi_code.protocol import envelope
+from magi_code.protocol.schema.approvals import BUNDLE, FRAMES
+from tests.support import wire_schema
 
 Frame = dict[str, Any]
 _ERRORS = (
@@ -48,6 +51,8 @@ class Peer:
                 return self.seen.pop(i)
         async with asyncio.timeout(timeout):
             while (got := await self.channel.recv()) is not None:
+                if got.get("t") in FRAMES:
+                    wire_schema.check(BUNDLE, got)
                 if predicate(got):
                     return got
                 self.seen.append(got)

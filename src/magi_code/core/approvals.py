@@ -37,6 +37,7 @@ from magi_code.config.approvals import Policy, Rules, stored_rules
 from magi_code.config.grants import project_grants, revoke_project_grant
 from magi_code.config.settings import load_settings
 from magi_code.dataclass import dataclass, field
+from magi_code.protocol import v2
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.text import truncate_utf8
 from magi_code.sessions.meta import MAX_GRANTS_BYTES
@@ -57,8 +58,8 @@ MAX_SUBJECT_BYTES: Final = 1024
 MAX_SESSION_POLICIES: Final = 4096
 # Sessions whose grants the service holds (the grants themselves are stored).
 MAX_HELD_GRANTS: Final = 4096
-DEADLINE_BY: Final = "deadline"
-CANCELLED_BY: Final = "turn_ended"
+DEADLINE_BY: Final = v2.APPROVAL_DEADLINE_BY
+CANCELLED_BY: Final = v2.APPROVAL_TURN_ENDED_BY
 
 
 class UnknownApproval(Exception):
@@ -80,17 +81,17 @@ class Pending:
     )
 
     def frame(self) -> dict[str, Any]:
-        return {
-            "t": "approval_request",
-            "approval_id": self.approval_id,
-            "turn_id": self.run.turn_id,
-            "session_id": self.run.session_id,
-            "kind": self.request.kind,
-            "activity_id": self.request.activity_id,
-            "summary": dict(self.request.summary),
-            "options": list(self.request.options),
-            "deadline_ms": self.deadline_ms,
-        }
+        request = self.request
+        return v2.approval_request(
+            self.approval_id,
+            self.run.turn_id,
+            self.run.session_id,
+            request.kind,
+            request.activity_id,
+            request.summary,
+            request.options,
+            self.deadline_ms,
+        )
 
 
 @dataclass(slots=True)
@@ -207,12 +208,7 @@ class ApprovalService:
             self._settled.popitem(last=False)
         self._record(pending, decision, by)
         log.info("approval settled decision=%s", decision)
-        frame = {
-            "t": "approval_resolved",
-            "approval_id": pending.approval_id,
-            "decision": decision,
-            "by": by,
-        }
+        frame = v2.approval_resolved(pending.approval_id, decision, by)
         for conn_id in self._targets(pending.run):
             self._send(conn_id, frame)
         event = {"event": "approval_resolved", "session_id": pending.run.session_id}

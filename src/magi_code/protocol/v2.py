@@ -183,6 +183,14 @@ APPROVAL_DECISIONS: Final = (
     "reject",
     "reject_and_stop",
 )
+# What a request settles as without an answer: its deadline passed, its turn ended.
+APPROVAL_TIMED_OUT: Final = "timed_out"
+APPROVAL_CANCELLED: Final = "cancelled"
+# ``approval_resolved.by`` when no connection answered.
+APPROVAL_DEADLINE_BY: Final = "deadline"
+APPROVAL_TURN_ENDED_BY: Final = "turn_ended"
+# ``approval_request.kind``: a shell command, a file write or edit, an MCP tool.
+APPROVAL_KINDS: Final = ("command", "file_change", "mcp_tool")
 GRANT_SCOPES: Final = ("session", "project")
 # Approval policies (``approval_policy.policy``): the settings' values (config.approvals).
 APPROVAL_POLICIES: Final = ("auto", "ask", "read_only")
@@ -1069,6 +1077,30 @@ def attach_more(
     frame_id: object, events: Sequence[Mapping[str, Any]], more: bool
 ) -> dict[str, Any]:
     return {"t": "attach_more", "id": frame_id, "events": list(events), "more": more}
+
+
+def approval_request(
+    approval_id: str,
+    turn_id: str,
+    session_id: str,
+    kind: str,
+    activity_id: str | None,
+    summary: Mapping[str, Any],
+    options: Sequence[str],
+    deadline_ms: int,
+) -> dict[str, Any]:
+    """A tool call waits for a person's answer (§6.7)."""
+    return {
+        "t": "approval_request",
+        "approval_id": approval_id,
+        "turn_id": turn_id,
+        "session_id": session_id,
+        "kind": kind,
+        "activity_id": activity_id,
+        "summary": dict(summary),
+        "options": list(options),
+        "deadline_ms": deadline_ms,
+    }
 
 
 def approval_resolved(

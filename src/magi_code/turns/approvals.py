@@ -32,6 +32,7 @@ from magi_code.config.approvals import ApprovalSettings, Policy, Rules, add_allo
 from magi_code.config.settings import Scope, update_settings
 from magi_code.dataclass import dataclass
 from magi_code.protocol.text import redact_secrets, truncate_utf8
+from magi_code.protocol.v2 import APPROVAL_CANCELLED, APPROVAL_DECISIONS, APPROVAL_TIMED_OUT
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.base import Tool, ToolContext, ToolInputError, ToolOutcome, WrappedTool
 from magi_code.tools.paths import display_path, project_root, resolve_in_project
@@ -39,11 +40,12 @@ from magi_code.tools.paths import display_path, project_root, resolve_in_project
 from . import activity
 from .agent import TOOL_CALL_ACTIVITY
 
+# The kinds of request (``v2.APPROVAL_KINDS``; a test ties the two).
 Kind = Literal["command", "file_change", "mcp_tool"]
 # Every answer, and what a request settles as without one.
-DECISIONS: Final = ("allow_once", "allow_session", "allow_project", "reject", "reject_and_stop")
-TIMED_OUT: Final = "timed_out"
-CANCELLED: Final = "cancelled"
+DECISIONS: Final = APPROVAL_DECISIONS
+TIMED_OUT: Final = APPROVAL_TIMED_OUT
+CANCELLED: Final = APPROVAL_CANCELLED
 
 # What the model sees for a call that did not run (fixed texts).
 CANNOT_APPROVE: Final = "needs approval: this frontend cannot approve"

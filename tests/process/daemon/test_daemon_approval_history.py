@@ -1,7 +1,8 @@
 """Approvals in a session's durable history, through real daemons: the v2 watch history
 shows each approval where it was asked (kind ``approval``: its ID, kind, bounded subject,
-decision and who answered), also after the daemon restarted; one whose daemon died while
-it waited shows as ``pending``; the v1 ``session.replay`` never shows one."""
+decision and who answered; its JSON Schema holds), also after the daemon restarted; one
+whose daemon died while it waited shows as ``pending``; the v1 ``session.replay`` never
+shows one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from magi_code.client import connect_channel
 from tests.process.daemon.support import context, replay_in_new_shim, status, wait_for
 from tests.process.turn_support import tool_call, tool_reply, write_settings
+from tests.support import wire_schema
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import stop_daemon
 from tests.support.v2peer import Frame, Peer
@@ -124,7 +126,7 @@ async def test_watch_history_shows_each_approval_where_it_happened_and_v1_replay
             assert item["approval_kind"] == "command"
             assert item["subject"] == command
             assert item["by"].startswith("asker#")
-            assert isinstance(item["cursor"], str)
+            wire_schema.check("v2.history.approval", item)
         # Watching from an approval item's cursor goes on right after it.
         after = items.index(approvals[0])
         watcher = await _peer(home, project, "resumer")
@@ -171,6 +173,7 @@ async def test_an_approval_whose_daemon_died_while_it_waited_shows_pending(
     assert approval["approval_id"] == request["approval_id"]
     assert approval["turn_id"] == turn_id
     assert approval["by"] is None
+    wire_schema.check("v2.history.approval", approval)
     assert items[2]["status"] == "failed"
     replayed = await replay_in_new_shim(home, project, session_id)
     assert {i["kind"] for i in replayed} <= V1_KINDS

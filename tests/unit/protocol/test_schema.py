@@ -25,6 +25,7 @@ from magi_code.protocol.limits import ADVERTISED_LIMITS
 from magi_code.protocol.schema import (
     CONSUMER_BUNDLE,
     SHIPPED,
+    approvals,
     encode,
     main,
     routes,
@@ -196,6 +197,7 @@ def _every_shape() -> Iterator[tuple[str, Shape]]:
     roots += [(f"request.{op.name}", op.request) for op in v1.OPERATIONS]
     roots += [(f"response.{op.name}", op.response) for op in v1.OPERATIONS]
     roots += [(f"event.{ev.name}", ev.payload) for ev in v1.EVENTS]
+    roots += list(approvals.shapes().items())
     for root, shape in roots:
         for path, inner in walk(shape):
             yield f"{root}:{path}", inner
