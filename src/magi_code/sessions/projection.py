@@ -520,9 +520,12 @@ def history_after(
             turns[record.seq] = record.turn_id
         if isinstance(record, TerminalRecord):
             finished.add(record.turn_id)
-    merged = _with_approvals(projection, approval_items(records, projection.fold.cutoff))
+    approvals = approval_items(records, projection.fold.cutoff)
+    merged = _with_approvals(projection, approvals)
     items = [item for item, _ in merged]
-    positions = {(item.seq, item.sub, item.part): index for index, item in enumerate(items)}
+    positions = projection.positions  # without approvals, the items are the projection's
+    if approvals:
+        positions = {(item.seq, item.sub, item.part): index for index, item in enumerate(items)}
     start = 0 if after is None else _resolve(session_id, projection.basis, items, positions, after)
     if start is None:
         return None
