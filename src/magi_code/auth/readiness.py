@@ -14,12 +14,8 @@ network, no writes. Mapping (documented in ``docs/authentication.md``):
 :class:`ReadinessMemo` lets ``status`` answer without re-reading unchanged files: it keeps
 each launch context's last answer while the settings files and the auth store show the
 same stamps (:mod:`magi_code.storage.stamps`), the environment is equal, and the clock
-has not reached an access token's expiry. Those ``stat`` calls run on the event loop only
-where the paths to the files had no symbolic link and only local filesystems when the
-answer was computed (:mod:`magi_code.storage.mounts`, or where no mount table says
-otherwise), and only while the mount table is the one it was computed under; otherwise
-every ``status`` computes in a worker thread. (A directory on the way replaced by a link
-later is followed once, by the ``stat`` that then sees the change.)
+has not reached an access token's expiry. Both the check of those stamps and the
+computation are blocking (``stat`` calls, file reads): ``answer`` runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ from magi_code.auth.tokens import (
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ServiceError
 from magi_code.storage.launch import LaunchContext
-from magi_code.storage.mounts import MOUNT_TABLE, local_lookup, read_mounts
 from magi_code.storage.stamps import RACY_WINDOW_NS, Probe, probe, trusted
 
 
@@ -167,28 +162,17 @@ class _Answer:
     # The answer holds for a clock in [since, until); ``until`` None: no expiry involved.
     since: float
     until: float | None
-    # The probes may be stat'ed on the event loop (local files), under this mount table.
-    local: bool
-    mounts: int
-
-
-def _local(probes: Iterable[Probe]) -> bool:
-    """Whether a ``stat`` of every probe stays on local filesystems (``local_lookup``).
-    True without a mount table, where nothing says otherwise (as before there was this
-    check). Blocking: resolves the paths."""
-    mounts = read_mounts()
-    return mounts is None or all(local_lookup(mounts, item.path) for item in probes)
 
 
 class ReadinessMemo:
     """A :data:`ReadinessCheck` that re-reads files only when their stamps changed.
 
-    :meth:`cached` is the fast path (a dictionary lookup, an environment comparison and
-    a few ``stat`` calls, cheap enough for the event loop): the remembered answer, or
-    ``None`` when it must be computed. :meth:`compute` runs the check (blocking: call it
-    off the event loop) and remembers the answer unless a file changed within the
-    stamps' racy window, so a file written in place twice within one timestamp tick is
-    read again. Errors are never remembered. Safe to use from several threads.
+    :meth:`answer` is the check's answer: :meth:`cached`, the remembered answer (a
+    dictionary lookup, an environment comparison and a few ``stat`` calls), or ``None``
+    when it must be computed; then :meth:`compute`, which runs the check and remembers
+    the answer unless a file changed within the stamps' racy window, so a file written in
+    place twice within one timestamp tick is read again. Errors are never remembered.
+    All three block (call them off the event loop); safe to use from several threads.
     """
 
     def __init__(
@@ -220,6 +204,15 @@ class ReadinessMemo:
             probe(f"{home}/auth.json", follow_symlinks=False),
         )
 
+    def answer(self, ctx: LaunchContext) -> bool:
+        """The remembered answer where it still holds, else the check's.
+
+        Raises:
+            ServiceError: whatever the check raises.
+        """
+        ready = self.cached(ctx)
+        return self.compute(ctx) if ready is None else ready
+
     def cached(self, ctx: LaunchContext) -> bool | None:
         """The remembered answer if nothing it depends on changed, else ``None``."""
         key = self._key(ctx)
@@ -233,8 +226,6 @@ class ReadinessMemo:
             self._answers.move_to_end(key)
         now = self._clock()
         if now < answer.since or (answer.until is not None and now >= answer.until):
-            return None
-        if not answer.local or answer.mounts != MOUNT_TABLE.generation():
             return None
         for item in answer.probes:
             if not item.unchanged():
@@ -251,7 +242,6 @@ class ReadinessMemo:
         env = dict(ctx.env)
         start = self._clock()
         taken = self._clock_ns()
-        generation = MOUNT_TABLE.generation()
         # Probes come before the reads: a change during the check leaves a stamp that no
         # longer matches, so the next request computes again.
         try:
@@ -265,7 +255,7 @@ class ReadinessMemo:
             until = time_bound(AuthStore(ctx.auth_path).read(), start)
         except ServiceError:  # an unreadable store: the check decides, nothing is kept
             return ready
-        answer = _Answer(env, probes, ready, self._clock(), until, _local(probes), generation)
+        answer = _Answer(env, probes, ready, self._clock(), until)
         with self._lock:
             answers = self._answers.pop(key, [])
             answers = [answer, *(a for a in answers if a.env != env)][:MAX_MEMO_ENVIRONMENTS]

@@ -1,10 +1,9 @@
 """``initialize``, ``status`` and ``capabilities``: negotiation and service discovery.
 
 Cheap requests stay cheap: the capabilities payload is built once per transport set (and
-again only if the route table changes), and ``status`` answers from a
-:class:`ReadinessMemo` on the event loop (a few ``stat`` calls) unless a settings file,
-the auth store, the environment or an access token's expiry says it must read again, which
-it then does in a worker thread.
+again only if the route table changes), and ``status`` answers, in a worker
+thread, from a :class:`ReadinessMemo` (a few ``stat`` calls) unless a settings file, the
+auth store, the environment or an access token's expiry says it must read again.
 """
 
 from __future__ import annotations
@@ -135,12 +134,10 @@ class ServiceInfo:
         )
 
     async def _status(self, conn: Connection, request: Request, _: None) -> Reply:
-        ready = self._readiness.cached(conn.ctx)
-        if ready is None:
-            try:
-                ready = await asyncio.to_thread(self._readiness.compute, conn.ctx)
-            except ServiceError as exc:
-                raise ServiceError(ErrorCode.INTERNAL_ERROR) from exc
+        try:
+            ready = await asyncio.to_thread(self._readiness.answer, conn.ctx)
+        except ServiceError as exc:
+            raise ServiceError(ErrorCode.INTERNAL_ERROR) from exc
         return Reply(_STATUS[ready])
 
     async def _capabilities(self, conn: Connection, request: Request, _: None) -> Reply:

@@ -304,12 +304,7 @@ class SessionService:
         self, conn: Connection, request: Request, args: tuple[str, Any, int]
     ) -> Reply:
         session_id, after, limit = args
-        # The pages after the first are answered at once, without a worker thread's
-        # hand-offs (most of a page's cost), where reading them cannot block.
-        page = self.store.replay_at_once(session_id, after, limit)
-        if page is None:
-            page = await asyncio.to_thread(self.store.replay, session_id, after, limit)
-        return Reply(page)
+        return Reply(await asyncio.to_thread(self.store.replay, session_id, after, limit))
 
     async def _close(self, conn: Connection, request: Request, session_id: str) -> Reply:
         attachment = self._attachments.get(session_id)

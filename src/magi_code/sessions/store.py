@@ -32,8 +32,7 @@ gives a turn whose process died mid-turn its ``failed`` terminal record, and
 ``close_last_interrupted_turn`` does so for the latest turn when a service takes the lease.
 
 Every method is blocking file I/O; async callers run it in a worker thread (the lease's
-``submit``, ``durable``, ``append_async`` and ``enqueue`` never block), except
-``replay_at_once``: the next page of a replay, at once where that cannot block.
+``submit``, ``durable``, ``append_async`` and ``enqueue`` never block).
 """
 
 from __future__ import annotations
@@ -110,7 +109,6 @@ from magi_code.sessions.records import (
 )
 from magi_code.sessions.titles import sanitize_title, title_from_prompt
 from magi_code.storage.files import open_regular
-from magi_code.storage.mounts import MOUNT_TABLE, local_lookup, mounts_inside, read_mounts
 
 # One record line; larger records would crowd the replay window (tools must bound output).
 MAX_APPEND_RECORD_BYTES: Final = 1024 * 1024
@@ -176,18 +174,14 @@ def _page(
 
 
 class _WindowCache:
-    """A few recently parsed windows; used from worker threads and (``replay_at_once``)
-    the event loop, hence the lock, held only for a dictionary operation."""
+    """A few recently parsed windows; used from worker threads, hence the lock, held only
+    for a dictionary operation."""
 
     CAPACITY: Final = 8
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, tuple[_CacheKey, _Parsed]] = OrderedDict()
-
-    def get(self, session_id: str, key: _CacheKey) -> _Parsed | None:
-        entry = self.latest(session_id)
-        return entry[1] if entry is not None and entry[0] == key else None
 
     def latest(self, session_id: str) -> tuple[_CacheKey, _Parsed] | None:
         """The session's entry, whatever the file it described has become since."""
@@ -448,8 +442,6 @@ class SessionStore:
         self._root = sessions_dir
         self._cache = _WindowCache()
         self._index = SessionIndex()
-        # (mount table generation, whether replay pages may be read on the event loop)
-        self._inline: tuple[int, bool] | None = None
         self._committer = ThreadPoolExecutor(
             self.COMMIT_THREADS, thread_name_prefix="mc-session-commit"
         )
@@ -671,7 +663,6 @@ class SessionStore:
                 while an append holds the append lock.
         """
         name, cursor, page_limit = _replay_arguments(session_id, after, limit)
-        self._check_inline()
         window, projection = self._window_and_projection(
             name, REPLAY_LOCK_WAIT, with_projection=True
         )
@@ -692,53 +683,6 @@ class SessionStore:
         assert projection is not None
         gap = window.gap or window_omits_history(window, window.compaction)
         return history_after(name, window.records, projection, cursor, gap)
-
-    def replay_at_once(
-        self, session_id: object, after: object, limit: object
-    ) -> dict[str, object] | None:
-        """The page ``replay`` answers, where that needs no wait; ``None`` otherwise (then
-        call ``replay`` in a worker thread, which also says why a session is missing,
-        unreadable or busy). For the event loop.
-
-        A page is answered at once from the window an earlier ``replay`` parsed, while the
-        history file still has the identity, size and mtime it had then and its append
-        lock is free now. Its system calls (three opens, a non-blocking ``flock``, an
-        ``fstat``) are made only where the store's directory was found on a local
-        filesystem, reached without a symbolic link (``storage.mounts.local_lookup``), by
-        an earlier ``replay`` under the current mount table: there they wait for local
-        storage at most. Without a mount table, never.
-
-        Raises:
-            ServiceError: as ``replay`` for its arguments.
-        """
-        name, cursor, page_limit = _replay_arguments(session_id, after, limit)
-        inline = self._inline
-        if inline is None or not inline[1] or inline[0] != MOUNT_TABLE.generation():
-            return None
-        try:
-            with (
-                self._history(name) as (lock_fd, history_fd),
-                holding(lock_fd, fcntl.LOCK_SH, 0.0),
-            ):
-                cached = self._cache.get(name, _cache_key(os.fstat(history_fd)))
-        except (OSError, ServiceError):
-            return None
-        if cached is None or cached[1] is None:
-            return None
-        return _page(name, cached[0], cached[1], cursor, page_limit)
-
-    def _check_inline(self) -> None:
-        """Find out (again, after a mount or unmount) whether ``replay_at_once`` may open
-        the store's files on the event loop. Blocking: resolves the path."""
-        generation = MOUNT_TABLE.generation()
-        if self._inline is not None and self._inline[0] == generation:
-            return
-        mounts = read_mounts()
-        root = os.path.abspath(self._root)
-        self._inline = (
-            generation,
-            mounts is not None and local_lookup(mounts, root) and not mounts_inside(mounts, root),
-        )
 
     def transcript(self, session_id: object) -> Transcript:
         """The replay window at once (``Transcript``), for a reader that shows a whole

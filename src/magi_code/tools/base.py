@@ -17,7 +17,6 @@ import logging
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping
-from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar
 
@@ -27,7 +26,6 @@ from magi_code.dataclass import dataclass, field
 
 if TYPE_CHECKING:
     from magi_code.tools.frontend import DetailSink, EditorFiles
-    from magi_code.tools.inline import ProjectFiles
     from magi_code.tools.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -93,26 +91,6 @@ class ToolContext:
     sandbox: Sandbox | None = None
     details: DetailSink | None = field(default=None, compare=False, repr=False)
     editor: EditorFiles | None = field(default=None, compare=False, repr=False)
-    # What the file tools learnt of a project directory (tools.inline), once per turn;
-    # held while a scan runs, so the calls of one batch that all need it share one.
-    file_scans: dict[Path, ProjectFiles] = field(default_factory=dict, compare=False, repr=False)
-    scanning: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
-
-
-class CallBatch:
-    """Tool calls issued together: a call alone, or a reply's read-only calls, which run
-    at the same time. Any of them may see the project as it was at any moment since the
-    batch began, so what one of them checked need not be checked again by the others
-    (``tools.inline``: the mount table, directory listings). Set by the agent loop in
-    ``CALL_BATCH`` around the batch; without one, every call checks for itself."""
-
-    __slots__ = ("mount_generation",)
-
-    def __init__(self) -> None:
-        self.mount_generation: int | None = None  # as polled during the batch
-
-
-CALL_BATCH: ContextVar[CallBatch | None] = ContextVar("call_batch", default=None)
 
 
 class Tool(Protocol):

@@ -1,9 +1,8 @@
 """File tools: read, write, exact-string edit, glob listing and regex search.
 
-All paths are confined to the project directory (``paths.resolve_in_project``). Writes
-are plain blocking code run through ``asyncio.to_thread``; the reads are steps that run
-on the event loop where that cannot block (``tools.inline``), in a worker thread
-otherwise. Each operation is bounded in what it reads and returns, so a cancelled call's
+All paths are confined to the project directory (``paths.resolve_in_project``). Every
+operation is plain blocking code run through ``asyncio.to_thread``: a cancelled call
+returns at once, and since each operation is bounded in what it reads and returns, its
 thread finishes quickly. The one exception is the regular expression of ``grep``, which
 no bound can stop: the search runs in a worker process (``grep_worker``) that
 cancellation and a timeout kill.
@@ -18,7 +17,8 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 from stat import S_ISREG
 from typing import BinaryIO, Final
@@ -43,17 +43,6 @@ from magi_code.tools.frontend import (
     editor_text_fits,
     report_diff,
 )
-from magi_code.tools.inline import (
-    CHECKPOINT,
-    Marker,
-    ProjectFiles,
-    Steps,
-    Visited,
-    project_files,
-    resolve_steps,
-    run_steps,
-    walk,
-)
 from magi_code.tools.paths import (
     display_path,
     glob_depth,
@@ -74,11 +63,10 @@ READ_BUDGET_BYTES: Final = 30 * 1024
 DEFAULT_READ_LINES: Final = 2000
 MAX_READ_LINES: Final = 100_000
 BINARY_SNIFF_BYTES: Final = 8192
-# Lines read_file reads between two checkpoints of its steps (tools.inline).
-READ_STEP_LINES: Final = 1024
 MAX_EDIT_FILE_BYTES: Final = 16 * 1024 * 1024
 MAX_LIST_RESULTS: Final = 500
 MAX_SCAN_ENTRIES: Final = 100_000
+SKIPPED_DIRS: Final = frozenset({".git"})
 MAX_GREP_MATCHES: Final = 200
 MAX_GREP_LINE_CHARS: Final = 400
 MAX_GREP_FILE_BYTES: Final = 8 * 1024 * 1024
@@ -138,11 +126,9 @@ class ReadFile(BuiltinTool):
         editor = ctx.editor
         if editor is not None and editor.reads:
             _path, shown = await asyncio.to_thread(_editor_target, ctx.project_dir, raw_path)
-            with io.BytesIO((await _editor_read(editor, shown)).encode("utf-8")) as fh:
-                lines = await run_steps(_read_lines(fh, shown, offset, limit), inline=True)
-            return ToolOutcome(lines)
-        files = await project_files(ctx)
-        text = await run_steps(_read_file(files, raw_path, offset, limit), inline=files.inline)
+            data = (await _editor_read(editor, shown)).encode("utf-8")
+            return ToolOutcome(await asyncio.to_thread(_read_buffer, data, shown, offset, limit))
+        text = await asyncio.to_thread(_read_file, ctx.project_dir, raw_path, offset, limit)
         return ToolOutcome(text)
 
 
@@ -185,9 +171,9 @@ def _open_regular(path: Path, shown: str) -> BinaryIO:
         raise
 
 
-def _read_file(files: ProjectFiles, raw_path: str, offset: int, limit: int) -> Steps[str]:
-    root = files.root
-    path = yield from resolve_steps(files, raw_path)
+def _read_file(project_dir: Path, raw_path: str, offset: int, limit: int) -> str:
+    root = project_root(project_dir)
+    path = resolve_in_project(root, raw_path)
     shown = display_path(root, path)
     if path.is_dir():
         raise ToolInputError(f"{shown} is a directory; use list_files.")
@@ -196,14 +182,19 @@ def _read_file(files: ProjectFiles, raw_path: str, offset: int, limit: int) -> S
             if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
                 raise ToolInputError(f"{shown} is a binary file.")
             fh.seek(0)
-            return (yield from _read_lines(fh, shown, offset, limit))
+            return _read_lines(fh, shown, offset, limit)
     except FileNotFoundError:
         raise ToolInputError(f"{shown} does not exist.") from None
     except OSError as exc:
         raise _os_failure(exc) from None
 
 
-def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> Steps[str]:
+def _read_buffer(data: bytes, shown: str, offset: int, limit: int) -> str:
+    with io.BytesIO(data) as fh:
+        return _read_lines(fh, shown, offset, limit)
+
+
+def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> str:
     chunks: list[bytes] = []
     used = 0
     line_no = 0
@@ -212,17 +203,15 @@ def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> Steps[str]
         if not line:
             break
         line_no += 1
-        if line_no % READ_STEP_LINES == 0:
-            yield CHECKPOINT  # an offset far into a long file reads all the way there
         if line_no < offset:
-            yield from _finish_line(fh, line)
+            _finish_line(fh, line)
             continue
         if len(chunks) >= limit or used + len(line) > READ_BUDGET_BYTES:
             if chunks:
                 text = b"".join(chunks).decode("utf-8", errors="replace")
                 return f"{text}\n[more lines follow; continue with offset={line_no}]"
             # A single line longer than the whole budget: show its start.
-            yield from _finish_line(fh, line)
+            _finish_line(fh, line)
             head = line[:READ_BUDGET_BYTES].decode("utf-8", errors="ignore")
             return f"{head}\n[line {line_no} truncated; continue with offset={line_no + 1}]"
         chunks.append(line)
@@ -234,10 +223,9 @@ def _read_lines(fh: BinaryIO, shown: str, offset: int, limit: int) -> Steps[str]
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _finish_line(fh: BinaryIO, line: bytes) -> Steps[None]:
+def _finish_line(fh: BinaryIO, line: bytes) -> None:
     """Consume the rest of a line that ``readline`` cut at its size bound."""
     while line and not line.endswith(b"\n"):
-        yield CHECKPOINT
         line = fh.readline(READ_BUDGET_BYTES)
 
 
@@ -444,35 +432,24 @@ class ListFiles(BuiltinTool):
         pattern = require_str(arguments, "pattern")
         validate_glob(pattern)
         raw_path = optional_str(arguments, "path") or "."
-        files = await project_files(ctx)
-        text = await run_steps(_list_files(files, raw_path, pattern), inline=files.inline)
+        text = await asyncio.to_thread(_list_files, ctx.project_dir, raw_path, pattern)
         return ToolOutcome(text)
 
 
-def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
-    root = files.root
-    base = yield from resolve_steps(files, raw_path)
-    key = (str(base), pattern)
-    if (text := files.listed.answer(key, files.listings)) is not None:
-        return text
+def _list_files(project_dir: Path, raw_path: str, pattern: str) -> str:
+    root = project_root(project_dir)
+    base = resolve_in_project(root, raw_path)
     match = glob_regex(pattern).match
     matches: list[str] = []
-    visited: list[Visited] = []
-    complete = True
     scanned = 0
-    for batch in walk(files, base, max_depth=glob_depth(pattern), visited=visited):
-        if isinstance(batch, Marker):
-            yield batch
-            continue
-        if len(batch) > MAX_SCAN_ENTRIES - scanned:
-            batch = batch[: MAX_SCAN_ENTRIES - scanned]
-            complete = False
-        scanned += len(batch)
-        matches += [path + "/" if is_dir else path for path, is_dir in batch if match(path)]
-        if not complete:
+    # One entry past the bound says whether the scan was complete.
+    for path, is_dir in islice(_walk(base, max_depth=glob_depth(pattern)), MAX_SCAN_ENTRIES + 1):
+        scanned += 1
+        if scanned > MAX_SCAN_ENTRIES:
             break
-    # A walk that found nothing may not have had a directory to read (asked only then: the
-    # walk's own look at it is usually a kept listing's one ``stat``).
+        if match(path):
+            matches.append(path + "/" if is_dir else path)
+    # A walk that found nothing may not have had a directory to read.
     if not scanned and not base.is_dir():
         raise ToolInputError(f"{display_path(root, base)} is not a directory.")
     matches.sort()
@@ -481,12 +458,51 @@ def _list_files(files: ProjectFiles, raw_path: str, pattern: str) -> Steps[str]:
         lines.append("No files match.")
     if len(matches) > MAX_LIST_RESULTS:
         lines.append(f"[{len(matches) - MAX_LIST_RESULTS} more matches not shown]")
-    if not complete:
+    if scanned > MAX_SCAN_ENTRIES:
         lines.append(f"[scan stopped after {MAX_SCAN_ENTRIES} entries; narrow pattern or path]")
-    text = "\n".join(lines)
-    if complete:
-        files.listed.keep(key, files, visited, scanned, text)
-    return text
+    return "\n".join(lines)
+
+
+def _walk(base: Path, *, max_depth: int | None = None) -> Iterator[tuple[str, bool]]:
+    """The entries under ``base`` as (relative posix path, is a directory), sorted per
+    directory: a directory's entries (directories first), then each subdirectory's,
+    depth first. Never follows directory symlinks (they are listed, not entered), skips
+    ``.git`` and unreadable directories."""
+    # (directory, its relative prefix, depth), depth first: children pushed in reverse.
+    pending: list[tuple[str, str, int]] = [(os.fspath(base), "", 0)]
+    while pending:
+        top, prefix, depth = pending.pop()
+        dirs: list[str] = []
+        files_here: list[str] = []
+        links: set[str] = set()  # the subdirectories that are symbolic links
+        try:
+            with os.scandir(top) as scan:
+                for entry in scan:
+                    try:
+                        is_dir = entry.is_dir()
+                    except OSError:
+                        is_dir = False
+                    if not is_dir:
+                        files_here.append(entry.name)
+                    elif entry.name not in SKIPPED_DIRS:
+                        dirs.append(entry.name)
+                        with contextlib.suppress(OSError):
+                            if entry.is_symlink():
+                                links.add(entry.name)
+        except OSError:
+            continue
+        dirs.sort()
+        files_here.sort()
+        for name in dirs:
+            yield prefix + name, True
+        for name in files_here:
+            yield prefix + name, False
+        if max_depth is None or depth < max_depth:
+            pending += [
+                (os.path.join(top, name), f"{prefix}{name}/", depth + 1)
+                for name in reversed(dirs)
+                if name not in links
+            ]
 
 
 class Grep(BuiltinTool):
@@ -519,8 +535,7 @@ class Grep(BuiltinTool):
             raise ToolInputError(f"Invalid regular expression: {exc}.") from None
         if file_glob is not None:
             validate_glob(file_glob)
-        files = await project_files(ctx)
-        candidates = await run_steps(_grep_targets(files, raw_path, file_glob), inline=files.inline)
+        candidates = await asyncio.to_thread(_grep_targets, ctx.project_dir, raw_path, file_glob)
         request = {
             "pattern": pattern,
             "candidates": [[shown, str(path)] for shown, path in candidates],
@@ -538,15 +553,15 @@ class Grep(BuiltinTool):
 
 
 def _grep_targets(
-    files: ProjectFiles, raw_path: str, file_glob: str | None
-) -> Steps[list[tuple[str, Path]]]:
+    project_dir: Path, raw_path: str, file_glob: str | None
+) -> list[tuple[str, Path]]:
     """The files to search, confined to the project, in search order."""
-    root = files.root
-    base = yield from resolve_steps(files, raw_path)
+    root = project_root(project_dir)
+    base = resolve_in_project(root, raw_path)
     if base.is_file():
         return [(display_path(root, base), base)]
     if base.is_dir():
-        return (yield from _grep_candidates(files, base, file_glob))
+        return _grep_candidates(root, base, file_glob)
     raise ToolInputError(f"{display_path(root, base)} does not exist.")
 
 
@@ -623,28 +638,16 @@ async def _exchange(proc: asyncio.subprocess.Process, request: bytes) -> bytes |
                 await feeding
 
 
-def _grep_candidates(
-    files: ProjectFiles, base: Path, file_glob: str | None
-) -> Steps[list[tuple[str, Path]]]:
+def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tuple[str, Path]]:
     regex = glob_regex(file_glob) if file_glob else None
     on_name = file_glob is not None and "/" not in file_glob
     found: list[tuple[str, Path]] = []
-    scanned = 0
-    for batch in walk(files, base):
-        if isinstance(batch, Marker):
-            yield batch
+    for relative, is_dir in islice(_walk(base), MAX_SCAN_ENTRIES):
+        if is_dir:
             continue
-        if len(batch) > MAX_SCAN_ENTRIES - scanned:
-            batch = batch[: MAX_SCAN_ENTRIES - scanned]
-        scanned += len(batch)
-        for relative, is_dir in batch:
-            if is_dir:
-                continue
-            target = relative.rsplit("/", 1)[-1] if on_name else relative
-            if regex is not None and not regex.match(target):
-                continue
-            path = base / relative
-            found.append((display_path(files.root, path), path))
-        if scanned >= MAX_SCAN_ENTRIES:
-            break
+        target = relative.rsplit("/", 1)[-1] if on_name else relative
+        if regex is not None and not regex.match(target):
+            continue
+        path = base / relative
+        found.append((display_path(root, path), path))
     return found

@@ -75,7 +75,7 @@ from magi_code.providers.types import (
 )
 from magi_code.providers.wire import MessageCache
 from magi_code.sessions.store import SessionContext
-from magi_code.tools.base import CALL_BATCH, CallBatch, Tool, ToolContext, run_named_tool
+from magi_code.tools.base import Tool, ToolContext, run_named_tool
 from magi_code.tools.frontend import call_detail
 
 from . import activity
@@ -581,25 +581,20 @@ class Agent:
 
     async def _run_tools(self, items: list[ConversationItem], calls: Sequence[ToolCall]) -> None:
         """Run the calls in order, except that consecutive ``task`` calls run concurrently,
-        as one ``subagent_batch``, and so do consecutive calls of read-only tools; each
-        such group (or call alone) is a ``CallBatch``. Results join ``items`` in the order
-        of the calls."""
+        as one ``subagent_batch``, and so do consecutive calls of read-only tools. Results
+        join ``items`` in the order of the calls."""
         index = 0
         while index < len(calls):
             kind = self._concurrency(calls[index])
             end = index + 1
             while end < len(calls) and kind is not None and self._concurrency(calls[end]) == kind:
                 end += 1
-            token = CALL_BATCH.set(CallBatch())
-            try:
-                if end - index == 1:
-                    items.append(await self._run_tool(calls[index]))
-                elif kind == TASK_TOOL_NAME:
-                    items.extend(await self._run_batch(calls[index:end]))
-                else:
-                    items.extend(await self._run_reads(calls[index:end]))
-            finally:
-                CALL_BATCH.reset(token)
+            if end - index == 1:
+                items.append(await self._run_tool(calls[index]))
+            elif kind == TASK_TOOL_NAME:
+                items.extend(await self._run_batch(calls[index:end]))
+            else:
+                items.extend(await self._run_reads(calls[index:end]))
             index = end
 
     def _concurrency(self, call: ToolCall) -> str | None:

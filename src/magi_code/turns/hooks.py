@@ -40,8 +40,6 @@ from magi_code.config.schema import HOOK_EVENTS
 from magi_code.config.settings import HookDefinition, HookTable, Settings
 from magi_code.dataclass import dataclass
 from magi_code.tools.base import (
-    CALL_BATCH,
-    CallBatch,
     Tool,
     ToolContext,
     ToolInputError,
@@ -156,10 +154,6 @@ class TurnHooks:
         }
         await self._run_all("post_tool_use", tool_name, event)
 
-    def runs(self, event: str, tool_name: str) -> bool:
-        """Whether ``event`` runs any hook for ``tool_name``."""
-        return bool(self._matching(event, tool_name))
-
     def _matching(self, event: str, tool_name: str | None) -> list[HookDefinition]:
         hooks = self._table.get(event, ())
         if tool_name is None:
@@ -264,10 +258,6 @@ class HookedTool(WrappedTool):
         message = await self._hooks.pre_tool_use(self.name, arguments)
         if message is not None:
             return ToolOutcome.error(message)
-        if self._hooks.runs("pre_tool_use", self.name):
-            # The call sees what its own hooks changed: checked again, not as another
-            # call of its batch saw it before (tools.base.CallBatch).
-            CALL_BATCH.set(CallBatch())
         outcome = await self._tool.run(arguments, ctx)
         await self._hooks.post_tool_use(self.name, arguments, outcome)
         return outcome

@@ -209,43 +209,39 @@ class TurnRuntime:
             if self.mcp is None
             else self.mcp.lease(ctx, servers, tool_ctx)
         )
-        try:
-            async with http.lease(provider.base_url, headers) as client, toolset:
-                env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
-                hooks = TurnHooks.for_turn(
-                    settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
-                )
-                # Inside the hooks: a blocking pre_tool_use hook decides before anyone is asked.
-                gate = ApprovalGate(
-                    settings.approvals, approver or NoApprover(), ctx, sink, turn.turn_id
-                )
-                builtins = hooks.wrap(
-                    gate.wrap(turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id))
-                )
-                task = TaskTool(env, builtins)
+        async with http.lease(provider.base_url, headers) as client, toolset:
+            env = AgentEnv(client, plan, tool_ctx, sink, turn.turn_id, ALLOWLISTED_TOOL_NAMES)
+            hooks = TurnHooks.for_turn(
+                settings, tool_ctx, sink, turn_id=turn.turn_id, session_id=turn.session_id
+            )
+            # Inside the hooks: a blocking pre_tool_use hook decides before anyone is asked.
+            gate = ApprovalGate(
+                settings.approvals, approver or NoApprover(), ctx, sink, turn.turn_id
+            )
+            builtins = hooks.wrap(
+                gate.wrap(turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id))
+            )
+            task = TaskTool(env, builtins)
 
-                def tools() -> list[Tool]:
-                    # Built again when an MCP server's tool list changed (list_changed).
-                    return [*builtins, *hooks.wrap(gate.wrap([task, *toolset.tools()]))]
+            def tools() -> list[Tool]:
+                # Built again when an MCP server's tool list changed (list_changed).
+                return [*builtins, *hooks.wrap(gate.wrap([task, *toolset.tools()]))]
 
-                agent = RefreshingAgent(
-                    env,
-                    tools,
-                    toolset,
-                    reauthorize=(
-                        (lambda: resolve_headers(ctx, provider, store, http, force_refresh=True))
-                        if provider.credential == "oauth"
-                        else None
-                    ),
-                    steers=steers,
-                )
-                expose_settle(agent.settle_text)
-                await hooks.user_prompt_submit(turn.prompt)
-                final_text = await agent.run(history, turn.prompt, session=turn.history)
-                await hooks.stop(final_text)
-        finally:
-            # What the file tools read of the project (directory listings) ends with the turn.
-            tool_ctx.file_scans.clear()
+            agent = RefreshingAgent(
+                env,
+                tools,
+                toolset,
+                reauthorize=(
+                    (lambda: resolve_headers(ctx, provider, store, http, force_refresh=True))
+                    if provider.credential == "oauth"
+                    else None
+                ),
+                steers=steers,
+            )
+            expose_settle(agent.settle_text)
+            await hooks.user_prompt_submit(turn.prompt)
+            final_text = await agent.run(history, turn.prompt, session=turn.history)
+            await hooks.stop(final_text)
 
 
 def turn_sandbox(ctx: LaunchContext, settings: Settings) -> Sandbox | None:

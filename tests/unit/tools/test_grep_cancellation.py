@@ -26,7 +26,6 @@ from magi_code.tools.files import (
     Grep,
     _grep_targets,
 )
-from magi_code.tools.inline import finish, scan_project
 
 CATASTROPHIC = {"pattern": r"(a+)+$", "path": "evil.txt"}
 
@@ -114,7 +113,7 @@ def reference_grep(project_dir: Path, raw_path: str, pattern: str, file_glob: st
     results: list[str] = []
     total = 0
     note = ""
-    targets = finish(_grep_targets(scan_project(project_dir), raw_path, file_glob))
+    targets = _grep_targets(project_dir, raw_path, file_glob)
     for shown, path in targets:
         data = _reference_read(path)
         if data is None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -258,6 +261,65 @@ async def test_list_files_and_grep_stop_scanning_at_the_bound(
 async def test_list_files_rejects_escaping_patterns(ctx: ToolContext) -> None:
     for bad in ({"pattern": "../*"}, {"pattern": "/etc/*"}, {"pattern": "*", "path": ".."}):
         assert (await run_tool(ListFiles(), json.dumps(bad), ctx)).is_error
+
+
+async def test_directory_links_are_listed_not_entered(ctx: ToolContext) -> None:
+    (ctx.project_dir / "alias").symlink_to(ctx.project_dir / "src")
+    listed = await call(ListFiles(), ctx, pattern="**/*")
+    assert listed.output.split("\n") == [
+        "README.md",
+        "alias/",
+        "src/",
+        "src/app.py",
+        "src/util.py",
+    ]
+    grepped = await call(Grep(), ctx, pattern="return")
+    assert grepped.output.split("\n") == [
+        "src/app.py:4:    return 1",
+        "src/util.py:2:    return 'x'",
+    ]
+    # Named as the path itself, a link inside the project is followed.
+    through = await call(ListFiles(), ctx, pattern="*.py", path="alias")
+    assert through.output.split("\n") == ["app.py", "util.py"]
+
+
+async def test_a_missing_project_is_refused_by_every_read(tmp_path: Path) -> None:
+    gone = ToolContext(project_dir=tmp_path / "gone", env={})
+    for tool, arguments in (
+        (ReadFile(), {"path": "a.py"}),
+        (ListFiles(), {"pattern": "*"}),
+        (Grep(), {"pattern": "x"}),
+    ):
+        outcome = await call(tool, gone, **arguments)
+        assert outcome == ToolOutcome.error("The project directory is not available.")
+
+
+async def test_a_cancelled_read_returns_without_waiting_for_its_thread(
+    ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The walk runs in a worker thread: cancelling the call ends it at once (the turn
+    # goes on), and the thread finishes its bounded work by itself.
+    entered, release = threading.Event(), threading.Event()
+    walk = files._walk
+
+    def held(base: Path, *, max_depth: int | None = None) -> Iterator[tuple[str, bool]]:
+        entered.set()
+        release.wait(30)
+        return walk(base, max_depth=max_depth)
+
+    monkeypatch.setattr(files, "_walk", held)
+    for tool, arguments in ((ListFiles(), {"pattern": "*"}), (Grep(), {"pattern": "x"})):
+        entered.clear()
+        release.clear()
+        task = asyncio.create_task(call(tool, ctx, **arguments))
+        assert await asyncio.to_thread(entered.wait, 30)
+        task.cancel()
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+            assert not release.is_set()  # the thread is still held
+        finally:
+            release.set()
 
 
 def test_glob_regex_semantics() -> None:
