@@ -21,12 +21,12 @@ import itertools
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, TypeGuard, cast
+from typing import Any, Final, Literal, TypeVar, cast
 
 from magi_code.dataclass import dataclass, field
-from magi_code.protocol import envelope
+from magi_code.protocol import envelope, v2
 from magi_code.protocol.frames import FrameError
-from magi_code.protocol.v2 import MAX_FILTER_TURN_IDS, MESSAGES, Code, Role, server_frame_type
+from magi_code.protocol.v2 import MAX_FILTER_TURN_IDS, MESSAGES, Code, Role
 from magi_code.storage.launch import LaunchContext
 from magi_code.version import build_id
 
@@ -76,8 +76,6 @@ from .types import (
 MAX_QUEUED_EVENTS: Final = 1024
 """The default bound of a client's event buffer (events and overload notices)."""
 
-# Frames that only a handshake or a v1 shim connection carries: a protocol error here.
-_NOT_PERSISTENT: Final = frozenset({"welcome", "refused", "output", "next", "end"})
 # The frame types answering each call, by the type the call sent.
 _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "control": ("control_result", "control_error"),
@@ -110,7 +108,7 @@ _FAILURES: Final[dict[str, type[DaemonError]]] = {
     "grant_error": ControlError,
     "watch_error": WatchError,
 }
-_ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
+_Answer = TypeVar("_Answer", bound=v2.AnswerBody)
 
 
 def new_idempotency_key() -> str:
@@ -142,8 +140,8 @@ class _Request:
 @dataclass(eq=False, slots=True)
 class _Call:
     sent: str
-    future: asyncio.Future[dict[str, Any]]
-    first: dict[str, Any] | None = None  # a call answered in parts: its first frame
+    future: asyncio.Future[v2.AnswerBody]
+    first: v2.AttachPart | v2.WatchPart | None = None  # a call answered in parts: its first
     approval_id: str | None = None  # approval_answer: settled by its approval_resolved too
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -324,11 +322,7 @@ class Client:
 
     async def control(self, op: str) -> dict[str, Any]:
         """``status``, ``stop`` or ``restart``; the result map (see also :meth:`status`)."""
-        frame = await self._call_id("control", {"op": op})
-        result = frame.get("result")
-        if not isinstance(result, dict):
-            raise self._fail_protocol("control_result without a result map")
-        return result
+        return (await self._call("control", {"op": op}, v2.ControlResult)).result
 
     async def status(self) -> ControlStatus:
         """The daemon's ``status`` (RFC-0002 §4)."""
@@ -367,7 +361,10 @@ class Client:
                     frame["turn_ids"] = group
                 if cursor is not None:
                     frame["cursor"] = cursor
-                page = self._page(await self._call_id("snapshot", frame))
+                answer = await self._call("snapshot", frame, v2.SnapshotResult)
+                page = SnapshotPage(
+                    turns=cast(list[SnapshotItem], answer.turns), next_cursor=answer.next_cursor
+                )
                 yield page
                 cursor = page["next_cursor"]
                 if cursor is None:
@@ -407,12 +404,12 @@ class Client:
         }
         if session_id is not None:
             frame["session_id"] = session_id
-        answer = await self._call_id("attach", frame)
+        answer = await self._call("attach", frame, v2.AttachPart)
         return AttachResult(
             turn_id=turn_id,
-            status=cast(AttachStatus, answer["status"]),
-            events=cast(list[EventEnvelope], answer["events"]),
-            failure=_text_or_none(answer.get("failure")),
+            status=cast(AttachStatus, answer.status),
+            events=cast(list[EventEnvelope], answer.events),
+            failure=answer.failure,
         )
 
     async def take_control(self, session_id: str) -> ControlGranted:
@@ -424,11 +421,10 @@ class Client:
         :meth:`attach`); raises :class:`DaemonError` with ``code`` (e.g.
         ``session_busy``) otherwise.
         """
-        frame = await self._call_id("take_control", {"session_id": session_id})
-        turns = frame.get("turns")
-        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-            raise self._fail_protocol("control_granted without a turn list")
-        return self._granted(frame, session_id)
+        frame = {"session_id": session_id}
+        return _granted(
+            await self._call("take_control", frame, v2.ControlGrantedResult), session_id
+        )
 
     async def request_control(self, session_id: str) -> ControlGranted:
         """Ask for a session another connected client controls (RFC-0002 §6.1).
@@ -441,8 +437,9 @@ class Client:
         this client go on meanwhile. Raises :class:`ControlError` (``session_busy``: a
         request already waits, or a v1 shim holds the session; ``limit_exceeded``; ...).
         """
-        frame = await self._call_id("control_request", {"session_id": session_id})
-        return self._granted(frame, session_id)
+        frame = {"session_id": session_id}
+        answer = await self._call("control_request", frame, v2.ControlGrantedResult)
+        return _granted(answer, session_id)
 
     async def release_control(self, session_id: str) -> None:
         """Give up this client's hold of the session (idempotent). With no turn running it
@@ -456,13 +453,6 @@ class Client:
         Raises :class:`ControlError` (``invalid_request``) when no request waits."""
         frame = {"session_id": session_id, "grant": grant}
         await self._call_id("control_answer", frame)
-
-    def _granted(self, frame: dict[str, Any], session_id: str) -> ControlGranted:
-        turns = frame.get("turns")
-        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-            raise self._fail_protocol("control_granted without a turn list")
-        granted = frame.get("session_id", session_id)
-        return cast(ControlGranted, {"session_id": granted, "turns": turns})
 
     # -- watching --------------------------------------------------------------------------
 
@@ -480,16 +470,14 @@ class Client:
         frame: dict[str, Any] = {"session_id": session_id}
         if after_cursor is not None:
             frame["after_cursor"] = after_cursor
-        answer = await self._call_id("watch", frame)
-        first = answer["first"]
-        before, gap = first.get("before_cursor"), first.get("gap")
-        if not isinstance(before, str) or not isinstance(gap, bool):
+        answer = await self._call("watch", frame, v2.WatchPart)
+        if answer.before_cursor is None or answer.gap is None:  # the first part has both
             raise self._fail_protocol("watch_result without before_cursor and gap")
         return WatchResult(
-            session_id=_text_or_none(first.get("session_id")) or session_id,
-            items=answer["events"],
-            before_cursor=before,
-            gap=gap,
+            session_id=answer.session_id or session_id,
+            items=answer.events,
+            before_cursor=answer.before_cursor,
+            gap=answer.gap,
         )
 
     async def unwatch(self, session_id: str) -> None:
@@ -527,15 +515,16 @@ class Client:
         connection is attached to, or a decision not offered; ``invalid_request``).
         """
         frame = {"approval_id": approval_id, "decision": decision}
-        resolved = _resolved(await self._call_id("approval_answer", frame, approval_id=approval_id))
-        if resolved is None:
-            raise self._fail_protocol("an invalid approval_already_resolved")
-        return resolved
+        resolved = await self._call(
+            "approval_answer", frame, v2.ApprovalResolvedFrame, approval_id=approval_id
+        )
+        return _resolved(resolved)
 
     async def grants_list(self, session_id: str | None = None) -> Grants:
         """The session's grants (``allow_session`` answers; with ``session_id``) and the
         project settings' allow rules of this connection's project (RFC-0002 §6.7)."""
-        return self._grants(await self._call_id("grants_list", {"session_id": session_id}))
+        frame = {"session_id": session_id}
+        return _grants(await self._call("grants_list", frame, v2.GrantsResult))
 
     async def grants_revoke(
         self, scope: str, kind: str, value: Sequence[str] | str, *, session_id: str | None = None
@@ -554,7 +543,7 @@ class Client:
         }
         if session_id is not None:
             frame["session_id"] = session_id
-        return self._grants(await self._call_id("grants_revoke", frame))
+        return _grants(await self._call("grants_revoke", frame, v2.GrantsResult))
 
     async def set_session_policy(self, session_id: str, policy: str | None) -> str | None:
         """Give the session its own approval policy (``auto``, ``ask``, ``read_only``;
@@ -565,7 +554,7 @@ class Client:
         if the settings cannot be read). Raises :class:`ApprovalError` (``invalid_request``).
         """
         frame = {"session_id": session_id, "policy": policy}
-        return _text_or_none((await self._call_id("approval_policy", frame)).get("effective"))
+        return (await self._call("approval_policy", frame, v2.PolicyResult)).effective
 
     # -- steering --------------------------------------------------------------------------
 
@@ -582,13 +571,6 @@ class Client:
         except SteerError as exc:
             exc.text = text
             raise
-
-    def _grants(self, frame: dict[str, Any]) -> Grants:
-        if not isinstance(frame.get("project"), dict) or not isinstance(
-            frame.get("project_honoured"), bool
-        ):
-            raise self._fail_protocol("grants_result without project grants")
-        return cast(Grants, {k: frame.get(k) for k in ("session", "project", "project_honoured")})
 
     # -- the session library ---------------------------------------------------------------
 
@@ -613,16 +595,11 @@ class Client:
         for name, value in (("project_dir", project_dir), ("title", title), ("cursor", cursor)):
             if value is not None:
                 frame[name] = value
-        answer = await self._call_id("sessions_list", frame)
-        sessions, next_cursor = answer.get("sessions"), answer.get("next_cursor")
-        if not isinstance(sessions, list) or not all(isinstance(s, dict) for s in sessions):
-            raise self._fail_protocol("sessions_result without a session list")
-        if not isinstance(next_cursor, str | None):
-            raise self._fail_protocol("sessions_result with an invalid cursor")
+        answer = await self._call("sessions_list", frame, v2.SessionsResult)
         return SessionsPage(
-            sessions=cast(list[SessionInfo], sessions),
-            next_cursor=next_cursor,
-            incomplete=answer.get("incomplete") is True,
+            sessions=cast(list[SessionInfo], answer.sessions),
+            next_cursor=answer.next_cursor,
+            incomplete=answer.incomplete,
         )
 
     async def rename_session(self, session_id: str, title: str) -> SessionInfo:
@@ -643,10 +620,7 @@ class Client:
         return await self._session_change("session_unarchive", {"session_id": session_id})
 
     async def _session_change(self, kind: str, fields: dict[str, Any]) -> SessionInfo:
-        session = (await self._call_id(kind, fields)).get("session")
-        if not isinstance(session, dict):
-            raise self._fail_protocol("session_result without a session")
-        return cast(SessionInfo, session)
+        return cast(SessionInfo, (await self._call(kind, fields, v2.SessionResult)).session)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -694,12 +668,26 @@ class Client:
         self._finish(error)
         return error
 
+    async def _call(
+        self,
+        kind: str,
+        fields: dict[str, Any],
+        answer: type[_Answer],
+        *,
+        approval_id: str | None = None,
+    ) -> _Answer:
+        """``_call_id``'s answer, of the type the answering frame's type decodes to."""
+        result = await self._call_id(kind, fields, approval_id=approval_id)
+        if not isinstance(result, answer):  # the frame type was checked (``_answer``)
+            raise self._fail_protocol(f"an unexpected answer to {kind}")
+        return result
+
     async def _call_id(
         self, kind: str, fields: dict[str, Any], *, approval_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> v2.AnswerBody:
         self._check_open()
         frame_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[v2.AnswerBody] = asyncio.get_running_loop().create_future()
         self._calls[frame_id] = _Call(kind, future, approval_id=approval_id)
         try:
             await self.channel.send({"t": kind, **fields, "id": frame_id})
@@ -712,15 +700,6 @@ class Client:
         # The call stays registered until its answer, even if this caller is cancelled,
         # so a late answer (or the rest of a split one) is recognized and dropped.
         return await future
-
-    def _page(self, frame: dict[str, Any]) -> SnapshotPage:
-        turns = frame.get("turns")
-        cursor = frame.get("next_cursor")
-        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-            raise self._fail_protocol("snapshot_result without a turn list")
-        if not isinstance(cursor, str | None):
-            raise self._fail_protocol("snapshot_result with an invalid cursor")
-        return SnapshotPage(turns=cast(list[SnapshotItem], turns), next_cursor=cursor)
 
     async def _read(self) -> None:
         error: DaemonError | None = None
@@ -764,269 +743,203 @@ class Client:
         self._events.close(error)
 
     async def _dispatch(self, frame: dict[str, Any]) -> None:
-        kind = server_frame_type(frame)
-        if kind is None:
-            raise _Broken(
-                DaemonError("the daemon sent an unknown frame type", Code.UNKNOWN_FRAME.value)
-            )
-        if kind in _NOT_PERSISTENT:
-            raise _protocol_error(f"{kind!r} frame on an open connection")
-        match kind:
-            case "message":
-                await self._message(frame.get("message"))
-            case "overloaded":
-                turn_id, after = frame.get("turn_id"), frame.get("after_sequence")
-                if not isinstance(turn_id, str) or not _is_int(after):
-                    raise _protocol_error("overloaded without turn_id and after_sequence")
-                await self._events.put(Overloaded(turn_id, after))
-            case "tool_detail":
-                await self._events.put(_tool_detail(frame))
-            case "fs_request":
-                await self._events.put(_file_request(frame))
-            case "error":
-                code, message = frame.get("code"), frame.get("message")
-                code = code if isinstance(code, str) else Code.PROTOCOL_ERROR.value
-                if not isinstance(message, str) or not message:
-                    message = _message_for(code)
-                raise _Broken(DaemonError(message, code))
-            case "request_error":
-                self._request_error(frame)
-            case "watch_message" | "watch_event":
-                if (watched := _watched(kind, frame)) is not None:
+        try:
+            decoded = v2.decode_persistent_frame(frame)
+        except v2.Malformed as exc:
+            raise _protocol_error(str(exc)) from None
+        match decoded:
+            case None:
+                raise _Broken(
+                    DaemonError("the daemon sent an unknown frame type", Code.UNKNOWN_FRAME.value)
+                )
+            case v2.MessageFrame() if decoded.response:
+                self._response(decoded)
+            case v2.MessageFrame():
+                await self._events.put(cast(EventEnvelope, decoded.envelope))
+            case v2.OverloadedFrame():
+                await self._events.put(Overloaded(decoded.turn_id, decoded.after_sequence))
+            case v2.ToolDetailFrame():
+                detail = ToolDetail(
+                    decoded.turn_id, decoded.session_id, decoded.activity_id, decoded.detail
+                )
+                await self._events.put(detail)
+            case v2.FsRequestFrame():
+                request = FileRequest(
+                    decoded.fs_id,
+                    decoded.turn_id,
+                    decoded.session_id,
+                    decoded.op,
+                    decoded.path,
+                    decoded.content,
+                )
+                await self._events.put(request)
+            case v2.FatalFrame():
+                message = decoded.message or _message_for(decoded.code)
+                raise _Broken(DaemonError(message, decoded.code))
+            case v2.RequestErrorFrame():
+                self._request_error(decoded)
+            case v2.WatchFrame():
+                if (watched := _watched(decoded)) is not None:
                     await self._events.put(watched)
-            case "watch_overloaded":
-                await self._events.put(WatchOverloaded(_session_of(kind, frame)))
-            case "control_requested":
-                await self._events.put(_control_requested(frame))
-            case "control_changed":
-                await self._events.put(_control_changed(frame))
-            case "approval_request":
-                await self._events.put(_approval_request(frame))
-            case "approval_resolved":
-                resolved = _resolved(frame)
-                if resolved is None:
-                    raise _protocol_error("an invalid approval_resolved")
+            case v2.ControlRequestedFrame():
+                await self._events.put(_control_requested(decoded))
+            case v2.ControlChangedFrame():
+                await self._events.put(_control_changed(decoded))
+            case v2.ApprovalRequestFrame():
+                await self._events.put(_approval_request(decoded))
+            case v2.ApprovalResolvedFrame():
                 # A winning answer is answered only by this broadcast (no frame ID).
                 for frame_id, call in list(self._calls.items()):
-                    if call.approval_id == resolved.approval_id:
+                    if call.approval_id == decoded.approval_id:
                         del self._calls[frame_id]
-                        _settle(call.future, result=frame)
-                await self._events.put(resolved)
-            case _:
-                self._answer(kind, frame)
+                        _settle(call.future, result=decoded)
+                await self._events.put(_resolved(decoded))
+            case v2.AnswerFrame():
+                self._answer(decoded)
 
-    async def _message(self, message: object) -> None:
-        if not isinstance(message, dict):
-            raise _protocol_error("a message frame without a v1 envelope")
-        match message.get("kind"):
-            case "event":
-                if not isinstance(message.get("event"), str) or not isinstance(
-                    message.get("payload"), dict
-                ):
-                    raise _protocol_error("an event envelope without event and payload")
-                await self._events.put(cast(EventEnvelope, message))
-            case "response":
-                rid = message.get("request_id")
-                pending = self._requests.pop(rid, None) if isinstance(rid, str) else None
-                if pending is not None and not pending.future.done():
-                    pending.future.set_result(cast(ResponseEnvelope, message))
-                # A response nobody waits for (its caller was cancelled) is dropped.
-            case _:
-                raise _protocol_error("a v1 envelope that is neither response nor event")
+    def _response(self, message: v2.MessageFrame) -> None:
+        rid = message.request_id
+        pending = self._requests.pop(rid, None) if rid is not None else None
+        if pending is not None and not pending.future.done():
+            pending.future.set_result(cast(ResponseEnvelope, message.envelope))
+        # A response nobody waits for (its caller was cancelled) is dropped.
 
-    def _request_error(self, frame: dict[str, Any]) -> None:
-        rid = frame.get("request_id")
-        pending = self._requests.pop(rid, None) if isinstance(rid, str) else None
+    def _request_error(self, frame: v2.RequestErrorFrame) -> None:
+        rid = frame.request_id
+        pending = self._requests.pop(rid, None) if rid is not None else None
         if pending is None or pending.future.done():
             return
-        code = frame.get("code")
-        code = code if isinstance(code, str) else None
-        message = frame.get("message")
-        if not isinstance(message, str) or not message:
-            message = f"request rejected ({code})"
+        code = frame.code
+        message = frame.message or f"request rejected ({code})"
         error = DeadlineExceeded if code == Code.DEADLINE_EXCEEDED else DaemonError
         pending.future.set_exception(error(message, code))
 
-    def _answer(self, kind: str, frame: dict[str, Any]) -> None:
-        frame_id = frame.get("id")
-        if not _is_int(frame_id):
+    def _answer(self, answer: v2.AnswerFrame) -> None:
+        if answer.id is None:
             return
-        call = self._calls.get(frame_id)
+        call = self._calls.get(answer.id)
         if call is None:
             return  # the answer to a call nobody waits for any more
+        kind, body = answer.kind, answer.body
         result, failure = _ANSWERS[call.sent]
         continuation = kind == _PARTS.get(call.sent)
         if kind not in (result, failure) and not continuation:
             raise _protocol_error(f"{kind!r} answering a {call.sent!r} frame")
-        if kind == failure:
-            del self._calls[frame_id]
-            code = frame.get("code")
-            code = code if isinstance(code, str) else None
+        if isinstance(body, v2.CallFailed):
+            del self._calls[answer.id]
             error = _FAILURES.get(kind, DaemonError)
-            if code == Code.CONTROL_REFUSED:
+            if body.code == Code.CONTROL_REFUSED:
                 error = ControlRefused
-            _settle(call.future, exception=error(f"{call.sent} failed ({code})", code))
+            _settle(call.future, exception=error(f"{call.sent} failed ({body.code})", body.code))
             return
-        if call.sent not in _PARTS:
-            del self._calls[frame_id]
-            _settle(call.future, result=frame)
+        if not isinstance(body, v2.AttachPart | v2.WatchPart):
+            del self._calls[answer.id]
+            _settle(call.future, result=body)
             return
-        events, more = frame.get("events"), frame.get("more", False)
-        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
-            raise _protocol_error(f"{kind} without an event list")
-        if not isinstance(more, bool):
-            raise _protocol_error(f"{kind} with an invalid 'more'")
         if kind == result:
-            if call.first is not None or (
-                kind == "attach_result" and frame.get("status") not in _ATTACH_STATUSES
-            ):
+            if call.first is not None:
                 raise _protocol_error(f"an unexpected {kind}")
-            call.first = frame
+            call.first = body
         elif call.first is None:
             raise _protocol_error(f"{kind} before {result}")
-        call.events.extend(events)
-        if not more:
-            del self._calls[frame_id]
-            answer = {"status": call.first.get("status"), "first": call.first}
-            _settle(call.future, result={**answer, "events": call.events})
+        call.events.extend(body.events)
+        if not body.more:
+            del self._calls[answer.id]
+            _settle(call.future, result=_joined(call.first, call.events))
 
 
-def _tool_detail(frame: dict[str, Any]) -> ToolDetail:
-    ids = [frame.get(key) for key in ("turn_id", "session_id", "activity_id")]
-    detail = {key: frame[key] for key in ("call", "diff") if isinstance(frame.get(key), dict)}
-    if not all(isinstance(value, str) for value in ids) or len(detail) != 1:
-        raise _protocol_error("tool_detail without its IDs and one detail")
-    turn_id, session_id, activity_id = cast(list[str], ids)
-    return ToolDetail(turn_id, session_id, activity_id, detail)
+def _joined(
+    first: v2.AttachPart | v2.WatchPart, events: list[dict[str, Any]]
+) -> v2.AttachPart | v2.WatchPart:
+    """The first part of an answer with the events of every part."""
+    if isinstance(first, v2.AttachPart):
+        return v2.AttachPart(first.status, events, False, first.failure)
+    return v2.WatchPart(first.session_id, events, False, first.before_cursor, first.gap)
 
 
-def _file_request(frame: dict[str, Any]) -> FileRequest:
-    ids = [frame.get(key) for key in ("fs_id", "turn_id", "session_id")]
-    op, path, content = frame.get("op"), frame.get("path"), frame.get("content")
-    if (
-        not all(isinstance(value, str) for value in ids)
-        or op not in ("read", "write")
-        or not isinstance(path, str)
-        or not isinstance(content, str | None)
-        or (op == "write") != isinstance(content, str)
-    ):
-        raise _protocol_error("an invalid fs_request")
-    fs_id, turn_id, session_id = cast(list[str], ids)
-    return FileRequest(fs_id, turn_id, session_id, op, path, content)
+def _granted(answer: v2.ControlGrantedResult, session_id: str) -> ControlGranted:
+    granted = session_id if answer.session_id is None else answer.session_id
+    return cast(ControlGranted, {"session_id": granted, "turns": answer.turns})
 
 
-def _session_of(kind: str, frame: dict[str, Any]) -> str:
-    session_id = frame.get("session_id")
-    if not isinstance(session_id, str):
-        raise _protocol_error(f"{kind} without a session ID")
-    return session_id
+def _grants(answer: v2.GrantsResult) -> Grants:
+    return cast(
+        Grants,
+        {
+            "session": answer.session,
+            "project": answer.project,
+            "project_honoured": answer.project_honoured,
+        },
+    )
 
 
-def _control_requested(frame: dict[str, Any]) -> ControlRequested:
-    by, timeout_ms = frame.get("by"), frame.get("timeout_ms")
-    if not isinstance(by, str) or not _is_int(timeout_ms):
-        raise _protocol_error("an invalid control_requested")
-    return ControlRequested(_session_of("control_requested", frame), by, timeout_ms)
+def _control_requested(frame: v2.ControlRequestedFrame) -> ControlRequested:
+    return ControlRequested(frame.session_id, frame.by, frame.timeout_ms)
 
 
-def _control_changed(frame: dict[str, Any]) -> ControlChanged:
-    controller = frame.get("controller")
-    if not isinstance(controller, str | None):
-        raise _protocol_error("an invalid control_changed")
-    return ControlChanged(_session_of("control_changed", frame), controller)
+def _control_changed(frame: v2.ControlChangedFrame) -> ControlChanged:
+    return ControlChanged(frame.session_id, frame.controller)
 
 
-def _watched(kind: str, frame: dict[str, Any]) -> Watched | None:
-    """A ``watch_message`` (a watched turn's event) or ``watch_event`` as a value; None
-    for a session event of a name this client does not know."""
-    session_id = _session_of(kind, frame)
-    if kind == "watch_message":
-        message = frame.get("message")
-        if not (
-            isinstance(message, dict)
-            and message.get("kind") == "event"
-            and isinstance(message.get("event"), str)
-            and isinstance(message.get("payload"), dict)
-        ):
-            raise _protocol_error("a watch_message without a v1 event envelope")
-        return Watched(session_id, cast(EventEnvelope, message))
-    match frame.get("event"):
-        case "turn_started":
-            turn_id, by, prompt = frame.get("turn_id"), frame.get("by"), frame.get("prompt")
-            complete = frame.get("complete", True)
-            if not all(isinstance(v, str) for v in (turn_id, by, prompt)) or not isinstance(
-                complete, bool
-            ):
-                raise _protocol_error("an invalid turn_started")
-            return Watched(
-                session_id,
-                TurnStarted(
-                    session_id, cast(str, turn_id), cast(str, by), cast(str, prompt), complete
-                ),
-            )
-        case "control_changed":
-            return Watched(session_id, _control_changed(frame))
-        case "control_requested":
-            return Watched(session_id, _control_requested(frame))
-        case "approval_requested":
-            request = _approval_request(frame)
+def _watched(frame: v2.WatchFrame) -> Watched | WatchOverloaded | None:
+    """A watched session's frame as a value; None for a session event of a name this
+    client does not know."""
+    session_id, event = frame.session_id, frame.event
+    match event:
+        case None if frame.overloaded:
+            return WatchOverloaded(session_id)
+        case None:
+            return None  # a session event this client does not know (a newer daemon's)
+        case dict():
+            return Watched(session_id, cast(EventEnvelope, event))
+        case v2.TurnStartedFrame():
+            started = TurnStarted(session_id, event.turn_id, event.by, event.prompt, event.complete)
+            return Watched(session_id, started)
+        case v2.ControlChangedFrame():
+            return Watched(session_id, _control_changed(event))
+        case v2.ControlRequestedFrame():
+            return Watched(session_id, _control_requested(event))
+        case v2.ApprovalRequestFrame():
+            request = _approval_request(event)
             return Watched(
                 session_id, WatchedApproval(session_id, request.turn_id, request=request)
             )
-        case "approval_resolved":
-            resolved, turn_id = _resolved(frame), frame.get("turn_id")
-            if resolved is None or not isinstance(turn_id, str):
-                raise _protocol_error("an invalid approval_resolved")
-            return Watched(session_id, WatchedApproval(session_id, turn_id, resolved=resolved))
-        case str():
-            return None  # a session event this client does not know (a newer daemon's)
-        case _:
-            raise _protocol_error("a watch_event without an event name")
+        case v2.ApprovalResolvedFrame():
+            turn_id = cast(str, event.turn_id)  # a watched session's always names it
+            return Watched(
+                session_id, WatchedApproval(session_id, turn_id, resolved=_resolved(event))
+            )
 
 
 def _settle(
-    future: asyncio.Future[dict[str, Any]],
+    future: asyncio.Future[v2.AnswerBody],
     *,
-    result: dict[str, Any] | None = None,
+    result: v2.AnswerBody | None = None,
     exception: BaseException | None = None,
 ) -> None:
     if future.done():
         return
     if exception is not None:
         future.set_exception(exception)
-    else:
-        future.set_result(result or {})
+    elif result is not None:
+        future.set_result(result)
 
 
-def _approval_request(frame: dict[str, Any]) -> ApprovalRequest:
-    fields = [frame.get(k) for k in ("approval_id", "turn_id", "session_id", "kind")]
-    summary, options, deadline = (
-        frame.get("summary"),
-        frame.get("options"),
-        frame.get("deadline_ms"),
-    )
-    if (
-        not all(isinstance(f, str) for f in fields)
-        or not isinstance(summary, dict)
-        or not isinstance(options, list)
-        or not all(isinstance(o, str) for o in options)
-        or not _is_int(deadline)
-    ):
-        raise _protocol_error("an invalid approval_request")
-    approval_id, turn_id, session_id, kind = cast(list[str], fields)
-    activity_id = _text_or_none(frame.get("activity_id"))
+def _approval_request(frame: v2.ApprovalRequestFrame) -> ApprovalRequest:
     return ApprovalRequest(
-        approval_id, turn_id, session_id, kind, summary, tuple(options), deadline, activity_id
+        frame.approval_id,
+        frame.turn_id,
+        frame.session_id,
+        frame.kind,
+        frame.summary,
+        frame.options,
+        frame.deadline_ms,
+        frame.activity_id,
     )
 
 
-def _resolved(frame: dict[str, Any]) -> ApprovalResolved | None:
-    """An ``approval_resolved`` or ``approval_already_resolved`` as a value; None if it is
-    malformed."""
-    fields = [frame.get(k) for k in ("approval_id", "decision", "by")]
-    if not all(isinstance(f, str) for f in fields):
-        return None
-    return ApprovalResolved(*cast(list[str], fields))
+def _resolved(frame: v2.ApprovalResolvedFrame) -> ApprovalResolved:
+    return ApprovalResolved(frame.approval_id, frame.decision, frame.by)
 
 
 def hello_options(*, delta_interval_ms: int = 0, approvals: bool = False) -> dict[str, Any] | None:
@@ -1057,10 +970,6 @@ def _message_for(code: str) -> str:
         return MESSAGES[Code(code)]
     except ValueError:
         return f"the daemon ended the connection ({code})"
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 async def connect_channel(
@@ -1096,7 +1005,3 @@ async def connect_channel(
             # The daemon ensure_daemon found or started: never ask it to make way again.
             return await attempt(None)
     raise DaemonUnavailable("the daemon stopped while connecting")
-
-
-def _text_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None

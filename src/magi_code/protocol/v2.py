@@ -3,16 +3,16 @@
 Sans-IO: :mod:`magi_code.protocol.frames` turns bytes into bounded msgpack maps; this
 module turns a map a client sent into a typed frame (or a :class:`Fatal` / :class:`Rejected`
 answer), builds every frame the daemon sends, and reads the daemon's frames back for
-clients (the frame type, and typed values for the frames the handshake and the shim act
-on). Codes and their fixed messages are :class:`Code`; messages never carry request
-data, paths or secrets.
+clients (the frame type, and typed values for the frames the handshake, the shim and a
+persistent client act on). Codes and their fixed messages are :class:`Code`; messages
+never carry request data, paths or secrets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, TypeGuard, cast
 
 from magi_code.protocol.framing import fits_record
 from magi_code.protocol.idempotency import valid_idempotency_key
@@ -965,7 +965,7 @@ def _steer(frame: Mapping[str, Any]) -> Steer:
     return Steer(fid, turn_id, text)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -1240,3 +1240,669 @@ def decode_shim_frame(frame: Mapping[str, Any]) -> ShimFrame | None:
             )
         case _:
             return None
+
+
+# -- daemon frames, as a persistent client reads them -----------------------------------
+
+
+class Malformed(Exception):
+    """A daemon frame that does not fit its type; ``str(exc)`` says what is wrong. The
+    client ends the connection with ``protocol_error``."""
+
+
+class MessageFrame(_Frozen):
+    """A ``message``: a v1 envelope, an event (``event`` and ``payload`` checked) or a
+    response (``request_id`` is its ID, None when that is not a string)."""
+
+    __slots__ = ("envelope", "response", "request_id")  # noqa: RUF023
+    envelope: dict[str, Any]
+    response: bool
+    request_id: str | None
+
+    def __init__(self, envelope: dict[str, Any], response: bool, request_id: str | None) -> None:
+        self._set(envelope, response, request_id)
+
+
+class FatalFrame(_Frozen):
+    """An ``error``: the daemon ends the connection. ``code`` is ``protocol_error`` when
+    the frame names none; ``message`` None when it carries no text."""
+
+    __slots__ = ("code", "message")
+    code: str
+    message: str | None
+
+    def __init__(self, code: str, message: str | None) -> None:
+        self._set(code, message)
+
+
+class RequestErrorFrame(_Frozen):
+    """A ``request_error``: the v1 request ``request_id`` was not run."""
+
+    __slots__ = ("request_id", "code", "message")  # noqa: RUF023
+    request_id: str | None
+    code: str | None
+    message: str | None
+
+    def __init__(self, request_id: str | None, code: str | None, message: str | None) -> None:
+        self._set(request_id, code, message)
+
+
+class OverloadedFrame(_Frozen):
+    __slots__ = ("turn_id", "after_sequence")  # noqa: RUF023
+    turn_id: str
+    after_sequence: int
+
+    def __init__(self, turn_id: str, after_sequence: int) -> None:
+        self._set(turn_id, after_sequence)
+
+
+class ToolDetailFrame(_Frozen):
+    """A ``tool_detail``: ``detail`` is ``{"call": {...}}`` or ``{"diff": {...}}``."""
+
+    __slots__ = ("turn_id", "session_id", "activity_id", "detail")  # noqa: RUF023
+    turn_id: str
+    session_id: str
+    activity_id: str
+    detail: dict[str, Any]
+
+    def __init__(
+        self, turn_id: str, session_id: str, activity_id: str, detail: dict[str, Any]
+    ) -> None:
+        self._set(turn_id, session_id, activity_id, detail)
+
+
+class FsRequestFrame(_Frozen):
+    """An ``fs_request``: ``content`` is the text of a ``write``, None for a ``read``."""
+
+    __slots__ = ("fs_id", "turn_id", "session_id", "op", "path", "content")  # noqa: RUF023
+    fs_id: str
+    turn_id: str
+    session_id: str
+    op: Literal["read", "write"]
+    path: str
+    content: str | None
+
+    def __init__(
+        self,
+        fs_id: str,
+        turn_id: str,
+        session_id: str,
+        op: Literal["read", "write"],
+        path: str,
+        content: str | None,
+    ) -> None:
+        self._set(fs_id, turn_id, session_id, op, path, content)
+
+
+class ControlRequestedFrame(_Frozen):
+    __slots__ = ("session_id", "by", "timeout_ms")  # noqa: RUF023
+    session_id: str
+    by: str
+    timeout_ms: int
+
+    def __init__(self, session_id: str, by: str, timeout_ms: int) -> None:
+        self._set(session_id, by, timeout_ms)
+
+
+class ControlChangedFrame(_Frozen):
+    __slots__ = ("session_id", "controller")  # noqa: RUF023
+    session_id: str
+    controller: str | None
+
+    def __init__(self, session_id: str, controller: str | None) -> None:
+        self._set(session_id, controller)
+
+
+class ApprovalRequestFrame(_Frozen):
+    """An ``approval_request`` (or a watched session's ``approval_requested``)."""
+
+    __slots__ = (  # noqa: RUF023
+        "approval_id",
+        "turn_id",
+        "session_id",
+        "kind",
+        "summary",
+        "options",
+        "deadline_ms",
+        "activity_id",
+    )
+    approval_id: str
+    turn_id: str
+    session_id: str
+    kind: str
+    summary: dict[str, Any]
+    options: tuple[str, ...]
+    deadline_ms: int
+    activity_id: str | None
+
+    def __init__(
+        self,
+        approval_id: str,
+        turn_id: str,
+        session_id: str,
+        kind: str,
+        summary: dict[str, Any],
+        options: tuple[str, ...],
+        deadline_ms: int,
+        activity_id: str | None,
+    ) -> None:
+        self._set(
+            approval_id, turn_id, session_id, kind, summary, options, deadline_ms, activity_id
+        )
+
+
+class ApprovalResolvedFrame(_Frozen):
+    """An ``approval_resolved`` or ``approval_already_resolved``; ``turn_id`` when the
+    frame names one (a watched session's always does)."""
+
+    __slots__ = ("approval_id", "decision", "by", "turn_id")  # noqa: RUF023
+    approval_id: str
+    decision: str
+    by: str
+    turn_id: str | None
+
+    def __init__(self, approval_id: str, decision: str, by: str, turn_id: str | None) -> None:
+        self._set(approval_id, decision, by, turn_id)
+
+
+class TurnStartedFrame(_Frozen):
+    __slots__ = ("session_id", "turn_id", "by", "prompt", "complete")  # noqa: RUF023
+    session_id: str
+    turn_id: str
+    by: str
+    prompt: str
+    complete: bool
+
+    def __init__(self, session_id: str, turn_id: str, by: str, prompt: str, complete: bool) -> None:
+        self._set(session_id, turn_id, by, prompt, complete)
+
+
+SessionEvent = (
+    TurnStartedFrame
+    | ControlChangedFrame
+    | ControlRequestedFrame
+    | ApprovalRequestFrame
+    | ApprovalResolvedFrame
+)
+
+
+class WatchFrame(_Frozen):
+    """A ``watch_message`` (``event`` a v1 event envelope), ``watch_event`` (``event`` a
+    session event, None for a name this module does not know: a newer daemon's) or
+    ``watch_overloaded`` (``event`` None, ``overloaded`` True) of ``session_id``."""
+
+    __slots__ = ("session_id", "event", "overloaded")  # noqa: RUF023
+    session_id: str
+    event: dict[str, Any] | SessionEvent | None
+    overloaded: bool
+
+    def __init__(
+        self, session_id: str, event: dict[str, Any] | SessionEvent | None, overloaded: bool
+    ) -> None:
+        self._set(session_id, event, overloaded)
+
+
+class CallFailed(_Frozen):
+    """A ``*_error`` answering a call; ``code`` None when it names none."""
+
+    __slots__ = ("code",)
+    code: str | None
+
+    def __init__(self, code: str | None) -> None:
+        self._set(code)
+
+
+class Done(_Frozen):
+    """An answer with nothing in it: ``steer_result``, ``unwatched``,
+    ``control_released``, ``control_answered``."""
+
+    __slots__ = ()
+
+
+class ControlResult(_Frozen):
+    __slots__ = ("result",)
+    result: dict[str, Any]
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self._set(result)
+
+
+class SnapshotResult(_Frozen):
+    __slots__ = ("turns", "next_cursor")  # noqa: RUF023
+    turns: list[dict[str, Any]]
+    next_cursor: str | None
+
+    def __init__(self, turns: list[dict[str, Any]], next_cursor: str | None) -> None:
+        self._set(turns, next_cursor)
+
+
+class AttachPart(_Frozen):
+    """``attach_result`` (``status`` one of ``ATTACH_STATUSES``) or ``attach_more``
+    (``status`` None)."""
+
+    __slots__ = ("status", "events", "more", "failure")  # noqa: RUF023
+    status: str | None
+    events: list[dict[str, Any]]
+    more: bool
+    failure: str | None
+
+    def __init__(
+        self, status: str | None, events: list[dict[str, Any]], more: bool, failure: str | None
+    ) -> None:
+        self._set(status, events, more, failure)
+
+
+class WatchPart(_Frozen):
+    """``watch_result`` (``before_cursor`` and ``gap`` set) or ``watch_more`` (None)."""
+
+    __slots__ = ("session_id", "events", "more", "before_cursor", "gap")  # noqa: RUF023
+    session_id: str | None
+    events: list[dict[str, Any]]
+    more: bool
+    before_cursor: str | None
+    gap: bool | None
+
+    def __init__(
+        self,
+        session_id: str | None,
+        events: list[dict[str, Any]],
+        more: bool,
+        before_cursor: str | None,
+        gap: bool | None,
+    ) -> None:
+        self._set(session_id, events, more, before_cursor, gap)
+
+
+class ControlGrantedResult(_Frozen):
+    """``control_granted``; ``session_id`` None when the frame does not repeat it."""
+
+    __slots__ = ("session_id", "turns")
+    session_id: str | None
+    turns: list[dict[str, Any]]
+
+    def __init__(self, session_id: str | None, turns: list[dict[str, Any]]) -> None:
+        self._set(session_id, turns)
+
+
+class GrantsResult(_Frozen):
+    __slots__ = ("session", "project", "project_honoured")  # noqa: RUF023
+    session: dict[str, Any] | None
+    project: dict[str, Any]
+    project_honoured: bool
+
+    def __init__(
+        self, session: dict[str, Any] | None, project: dict[str, Any], project_honoured: bool
+    ) -> None:
+        self._set(session, project, project_honoured)
+
+
+class PolicyResult(_Frozen):
+    __slots__ = ("effective",)
+    effective: str | None
+
+    def __init__(self, effective: str | None) -> None:
+        self._set(effective)
+
+
+class SessionsResult(_Frozen):
+    __slots__ = ("sessions", "next_cursor", "incomplete")  # noqa: RUF023
+    sessions: list[dict[str, Any]]
+    next_cursor: str | None
+    incomplete: bool
+
+    def __init__(
+        self, sessions: list[dict[str, Any]], next_cursor: str | None, incomplete: bool
+    ) -> None:
+        self._set(sessions, next_cursor, incomplete)
+
+
+class SessionResult(_Frozen):
+    __slots__ = ("session",)
+    session: dict[str, Any]
+
+    def __init__(self, session: dict[str, Any]) -> None:
+        self._set(session)
+
+
+AnswerBody = (
+    CallFailed
+    | Done
+    | ControlResult
+    | SnapshotResult
+    | AttachPart
+    | WatchPart
+    | ControlGrantedResult
+    | GrantsResult
+    | PolicyResult
+    | SessionsResult
+    | SessionResult
+    | ApprovalResolvedFrame
+)
+
+
+class AnswerFrame(_Frozen):
+    """A frame answering the client frame whose ``id`` it carries (None when that is not
+    an integer: nobody's)."""
+
+    __slots__ = ("kind", "id", "body")  # noqa: RUF023
+    kind: str
+    id: int | None
+    body: AnswerBody
+
+    def __init__(self, kind: str, frame_id: int | None, body: AnswerBody) -> None:
+        self._set(kind, frame_id, body)
+
+
+PersistentFrame = (
+    MessageFrame
+    | FatalFrame
+    | RequestErrorFrame
+    | OverloadedFrame
+    | ToolDetailFrame
+    | FsRequestFrame
+    | ControlRequestedFrame
+    | ControlChangedFrame
+    | ApprovalRequestFrame
+    | ApprovalResolvedFrame
+    | WatchFrame
+    | AnswerFrame
+)
+
+ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
+# Frames only a handshake or a v1 shim connection carries.
+_NOT_PERSISTENT: Final = frozenset({"welcome", "refused", "output", "next", "end"})
+_CALL_ERRORS: Final = frozenset(
+    {
+        "control_error",
+        "snapshot_error",
+        "attach_error",
+        "grant_error",
+        "approval_error",
+        "grants_error",
+        "watch_error",
+        "steer_error",
+        "session_error",
+    }
+)
+_EMPTY_ANSWERS: Final = frozenset(
+    {"steer_result", "unwatched", "control_released", "control_answered"}
+)
+
+
+def decode_persistent_frame(frame: Mapping[str, Any]) -> PersistentFrame | None:
+    """A frame a ``persistent`` or ``control`` connection receives after ``welcome``, as a
+    value; None for a type no daemon sends.
+
+    Raises:
+        Malformed: the frame does not fit its type, or belongs to another connection.
+    """
+    kind = server_frame_type(frame)
+    if kind is None:
+        return None
+    if kind in _NOT_PERSISTENT:
+        raise Malformed(f"{kind!r} frame on an open connection")
+    match kind:
+        case "message":
+            return _message_frame(frame.get("message"))
+        case "error":
+            code, message = frame.get("code"), frame.get("message")
+            return FatalFrame(
+                code if isinstance(code, str) else Code.PROTOCOL_ERROR.value,
+                message if isinstance(message, str) and message else None,
+            )
+        case "request_error":
+            rid, code, message = frame.get("request_id"), frame.get("code"), frame.get("message")
+            return RequestErrorFrame(
+                rid if isinstance(rid, str) else None,
+                code if isinstance(code, str) else None,
+                message if isinstance(message, str) and message else None,
+            )
+        case "overloaded":
+            turn_id, after = frame.get("turn_id"), frame.get("after_sequence")
+            if not isinstance(turn_id, str) or not _is_int(after):
+                raise Malformed("overloaded without turn_id and after_sequence")
+            return OverloadedFrame(turn_id, after)
+        case "tool_detail":
+            return _tool_detail(frame)
+        case "fs_request":
+            return _fs_request(frame)
+        case "control_requested":
+            return _control_requested(frame)
+        case "control_changed":
+            return _control_changed(frame)
+        case "approval_request":
+            return _approval_request(frame, "approval_request")
+        case "approval_resolved":
+            return _approval_resolved(frame, "approval_resolved")
+        case "watch_message" | "watch_event" | "watch_overloaded":
+            return _watch_frame(kind, frame)
+        case _:
+            frame_id = frame.get("id")
+            return AnswerFrame(kind, frame_id if _is_int(frame_id) else None, _answer(kind, frame))
+
+
+def _message_frame(message: object) -> MessageFrame:
+    if not isinstance(message, dict):
+        raise Malformed("a message frame without a v1 envelope")
+    match message.get("kind"):
+        case "event":
+            if not isinstance(message.get("event"), str) or not isinstance(
+                message.get("payload"), dict
+            ):
+                raise Malformed("an event envelope without event and payload")
+            return MessageFrame(message, False, None)
+        case "response":
+            rid = message.get("request_id")
+            return MessageFrame(message, True, rid if isinstance(rid, str) else None)
+        case _:
+            raise Malformed("a v1 envelope that is neither response nor event")
+
+
+def _texts(frame: Mapping[str, Any], kind: str, *names: str) -> list[str]:
+    values = [frame.get(name) for name in names]
+    if not all(isinstance(value, str) for value in values):
+        raise Malformed(f"an invalid {kind}")
+    return cast(list[str], values)
+
+
+def _tool_detail(frame: Mapping[str, Any]) -> ToolDetailFrame:
+    ids = [frame.get(key) for key in ("turn_id", "session_id", "activity_id")]
+    detail = {key: frame[key] for key in ("call", "diff") if isinstance(frame.get(key), dict)}
+    if not all(isinstance(value, str) for value in ids) or len(detail) != 1:
+        raise Malformed("tool_detail without its IDs and one detail")
+    turn_id, session_id, activity_id = cast(list[str], ids)
+    return ToolDetailFrame(turn_id, session_id, activity_id, detail)
+
+
+def _fs_request(frame: Mapping[str, Any]) -> FsRequestFrame:
+    ids = [frame.get(key) for key in ("fs_id", "turn_id", "session_id")]
+    op, path, content = frame.get("op"), frame.get("path"), frame.get("content")
+    if (
+        not all(isinstance(value, str) for value in ids)
+        or op not in EDITOR_FILE_OPS
+        or not isinstance(path, str)
+        or not isinstance(content, str | None)
+        or (op == "write") != isinstance(content, str)
+    ):
+        raise Malformed("an invalid fs_request")
+    fs_id, turn_id, session_id = cast(list[str], ids)
+    return FsRequestFrame(fs_id, turn_id, session_id, op, path, content)
+
+
+def _session_of(kind: str, frame: Mapping[str, Any]) -> str:
+    session_id = frame.get("session_id")
+    if not isinstance(session_id, str):
+        raise Malformed(f"{kind} without a session ID")
+    return session_id
+
+
+def _control_requested(frame: Mapping[str, Any]) -> ControlRequestedFrame:
+    by, timeout_ms = frame.get("by"), frame.get("timeout_ms")
+    if not isinstance(by, str) or not _is_int(timeout_ms):
+        raise Malformed("an invalid control_requested")
+    return ControlRequestedFrame(_session_of("control_requested", frame), by, timeout_ms)
+
+
+def _control_changed(frame: Mapping[str, Any]) -> ControlChangedFrame:
+    controller = frame.get("controller")
+    if not isinstance(controller, str | None):
+        raise Malformed("an invalid control_changed")
+    return ControlChangedFrame(_session_of("control_changed", frame), controller)
+
+
+def _approval_request(frame: Mapping[str, Any], kind: str) -> ApprovalRequestFrame:
+    fields = [frame.get(k) for k in ("approval_id", "turn_id", "session_id", "kind")]
+    summary, options, deadline = (
+        frame.get("summary"),
+        frame.get("options"),
+        frame.get("deadline_ms"),
+    )
+    if (
+        not all(isinstance(f, str) for f in fields)
+        or not isinstance(summary, dict)
+        or not isinstance(options, list)
+        or not all(isinstance(o, str) for o in options)
+        or not _is_int(deadline)
+    ):
+        raise Malformed(f"an invalid {kind}")
+    approval_id, turn_id, session_id, approval_kind = cast(list[str], fields)
+    activity_id = frame.get("activity_id")
+    return ApprovalRequestFrame(
+        approval_id,
+        turn_id,
+        session_id,
+        approval_kind,
+        summary,
+        tuple(options),
+        deadline,
+        activity_id if isinstance(activity_id, str) else None,
+    )
+
+
+def _approval_resolved(frame: Mapping[str, Any], kind: str) -> ApprovalResolvedFrame:
+    approval_id, decision, by = _texts(frame, kind, "approval_id", "decision", "by")
+    turn_id = frame.get("turn_id")
+    return ApprovalResolvedFrame(
+        approval_id, decision, by, turn_id if isinstance(turn_id, str) else None
+    )
+
+
+def _watch_frame(kind: str, frame: Mapping[str, Any]) -> WatchFrame:
+    session_id = _session_of(kind, frame)
+    if kind == "watch_overloaded":
+        return WatchFrame(session_id, None, True)
+    if kind == "watch_message":
+        message = frame.get("message")
+        if not (
+            isinstance(message, dict)
+            and message.get("kind") == "event"
+            and isinstance(message.get("event"), str)
+            and isinstance(message.get("payload"), dict)
+        ):
+            raise Malformed("a watch_message without a v1 event envelope")
+        return WatchFrame(session_id, message, False)
+    event: SessionEvent | None
+    match frame.get("event"):
+        case "turn_started":
+            turn_id, by, prompt = _texts(frame, "turn_started", "turn_id", "by", "prompt")
+            complete = frame.get("complete", True)
+            if not isinstance(complete, bool):
+                raise Malformed("an invalid turn_started")
+            event = TurnStartedFrame(session_id, turn_id, by, prompt, complete)
+        case "control_changed":
+            event = _control_changed(frame)
+        case "control_requested":
+            event = _control_requested(frame)
+        case "approval_requested":
+            event = _approval_request(frame, "approval_requested")
+        case "approval_resolved":
+            event = _approval_resolved(frame, "approval_resolved")
+            if event.turn_id is None:
+                raise Malformed("an invalid approval_resolved")
+        case str():
+            event = None  # a session event this module does not know (a newer daemon's)
+        case _:
+            raise Malformed("a watch_event without an event name")
+    return WatchFrame(session_id, event, False)
+
+
+def _dicts(value: object) -> TypeGuard[list[dict[str, Any]]]:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
+def _answer(kind: str, frame: Mapping[str, Any]) -> AnswerBody:
+    if kind in _CALL_ERRORS:
+        code = frame.get("code")
+        return CallFailed(code if isinstance(code, str) else None)
+    if kind in _EMPTY_ANSWERS:
+        return Done()
+    match kind:
+        case "control_result":
+            result = frame.get("result")
+            if not isinstance(result, dict):
+                raise Malformed("control_result without a result map")
+            return ControlResult(result)
+        case "snapshot_result":
+            turns, cursor = frame.get("turns"), frame.get("next_cursor")
+            if not _dicts(turns):
+                raise Malformed("snapshot_result without a turn list")
+            if not isinstance(cursor, str | None):
+                raise Malformed("snapshot_result with an invalid cursor")
+            return SnapshotResult(turns, cursor)
+        case "attach_result" | "attach_more" | "watch_result" | "watch_more":
+            return _part(kind, frame)
+        case "control_granted":
+            turns, session_id = frame.get("turns"), frame.get("session_id")
+            if not _dicts(turns):
+                raise Malformed("control_granted without a turn list")
+            if not isinstance(session_id, str | None):
+                raise Malformed("control_granted with an invalid session ID")
+            return ControlGrantedResult(session_id, turns)
+        case "grants_result":
+            session, project = frame.get("session"), frame.get("project")
+            honoured = frame.get("project_honoured")
+            if not isinstance(project, dict) or not isinstance(honoured, bool):
+                raise Malformed("grants_result without project grants")
+            if not isinstance(session, dict | None):
+                raise Malformed("grants_result with invalid session grants")
+            return GrantsResult(session, project, honoured)
+        case "approval_policy_result":
+            effective = frame.get("effective")
+            return PolicyResult(effective if isinstance(effective, str) else None)
+        case "sessions_result":
+            sessions, cursor = frame.get("sessions"), frame.get("next_cursor")
+            if not _dicts(sessions):
+                raise Malformed("sessions_result without a session list")
+            if not isinstance(cursor, str | None):
+                raise Malformed("sessions_result with an invalid cursor")
+            return SessionsResult(sessions, cursor, frame.get("incomplete") is True)
+        case "session_result":
+            session = frame.get("session")
+            if not isinstance(session, dict):
+                raise Malformed("session_result without a session")
+            return SessionResult(session)
+        case "approval_already_resolved":
+            return _approval_resolved(frame, kind)
+        case _:  # a server frame type this decoder does not know: a bug in this module
+            raise Malformed(f"{kind!r} is not an answer")
+
+
+def _part(kind: str, frame: Mapping[str, Any]) -> AttachPart | WatchPart:
+    events, more = frame.get("events"), frame.get("more", False)
+    if not _dicts(events):
+        raise Malformed(f"{kind} without an event list")
+    if not isinstance(more, bool):
+        raise Malformed(f"{kind} with an invalid 'more'")
+    if kind == "attach_more":
+        return AttachPart(None, events, more, None)
+    if kind == "watch_more":
+        return WatchPart(None, events, more, None, None)
+    if kind == "attach_result":
+        status, failure = frame.get("status"), frame.get("failure")
+        if status not in ATTACH_STATUSES:
+            raise Malformed(f"an unexpected {kind}")
+        return AttachPart(status, events, more, failure if isinstance(failure, str) else None)
+    session_id, before, gap = frame.get("session_id"), frame.get("before_cursor"), frame.get("gap")
+    if not isinstance(before, str) or not isinstance(gap, bool):
+        raise Malformed("watch_result without before_cursor and gap")
+    return WatchPart(session_id if isinstance(session_id, str) else None, events, more, before, gap)

@@ -1,5 +1,6 @@
 """Daemon frames as a client reads them (RFC-0002): the frame type is validated once,
-and the frames the handshake and the shim act on become typed values."""
+and the frames the handshake, the shim and a persistent client act on become typed
+values."""
 
 from __future__ import annotations
 
@@ -9,16 +10,43 @@ import pytest
 
 from magi_code.protocol.v2 import (
     SERVER_FRAMES,
+    AnswerFrame,
+    ApprovalResolvedFrame,
+    AttachPart,
+    CallFailed,
     Code,
+    ControlChangedFrame,
+    Done,
     End,
+    FatalFrame,
+    Malformed,
+    MessageFrame,
     Next,
     Output,
+    OverloadedFrame,
     Refused,
+    RequestErrorFrame,
+    SnapshotResult,
+    TurnStartedFrame,
+    WatchFrame,
+    WatchPart,
+    approval_resolved,
+    attach_more,
+    attach_result,
+    decode_persistent_frame,
     decode_refused,
     decode_shim_frame,
     error,
+    frame_error,
+    message,
+    overloaded,
     refused,
+    request_error,
     server_frame_type,
+    snapshot_result,
+    watch_event,
+    watch_message,
+    watch_result,
 )
 
 
@@ -63,3 +91,82 @@ def test_the_frames_a_shim_reads() -> None:
 )
 def test_any_other_frame_is_none_to_a_shim(frame: dict[str, Any]) -> None:
     assert decode_shim_frame(frame) is None
+
+
+EVENT = {"kind": "event", "event": "turn.started", "payload": {}}
+
+
+def test_the_frames_a_persistent_client_reads_as_the_daemon_builds_them() -> None:
+    decode = decode_persistent_frame
+    assert decode(message(EVENT)) == MessageFrame(EVENT, False, None)
+    response = {"kind": "response", "request_id": "r1", "payload": {}, "error": None}
+    assert decode(message(response)) == MessageFrame(response, True, "r1")
+    assert decode(error(Code.CLIENT_STALLED)) == FatalFrame(
+        "client_stalled", "the client did not read or acknowledge output in time"
+    )
+    assert decode({"t": "error"}) == FatalFrame("protocol_error", None)
+    assert decode(request_error("r2", Code.DEADLINE_EXCEEDED)) == RequestErrorFrame(
+        "r2", "deadline_exceeded", "the request deadline passed before it could run"
+    )
+    assert decode(overloaded("t1", 7)) == OverloadedFrame("t1", 7)
+    assert decode(snapshot_result(3, [{"turn_id": "t1"}], None)) == AnswerFrame(
+        "snapshot_result", 3, SnapshotResult([{"turn_id": "t1"}], None)
+    )
+    assert decode(attach_result(4, "finished", [EVENT], True, "provider_error")) == AnswerFrame(
+        "attach_result", 4, AttachPart("finished", [EVENT], True, "provider_error")
+    )
+    assert decode(attach_more(4, [], False)) == AnswerFrame(
+        "attach_more", 4, AttachPart(None, [], False, None)
+    )
+    assert decode(watch_result(5, "s1", [], False, "c0", True)) == AnswerFrame(
+        "watch_result", 5, WatchPart("s1", [], False, "c0", True)
+    )
+    assert decode(frame_error("watch_error", 5, Code.RESYNC_REQUIRED)) == AnswerFrame(
+        "watch_error", 5, CallFailed("resync_required")
+    )
+    assert decode({"t": "unwatched", "id": "x"}) == AnswerFrame("unwatched", None, Done())
+    resolved = ApprovalResolvedFrame("a1", "allow_once", "cli#1", None)
+    assert decode(approval_resolved("a1", "allow_once", "cli#1")) == resolved
+    assert decode(
+        approval_resolved("a1", "allow_once", "cli#1", already=True, frame_id=6)
+    ) == AnswerFrame("approval_already_resolved", 6, resolved)
+    assert decode(watch_message("s1", EVENT)) == WatchFrame("s1", EVENT, False)
+    started = {"event": "turn_started", "session_id": "s1", "turn_id": "t1", "by": "cli#1"}
+    assert decode(watch_event({**started, "prompt": "hi"})) == WatchFrame(
+        "s1", TurnStartedFrame("s1", "t1", "cli#1", "hi", True), False
+    )
+    changed = {"event": "control_changed", "session_id": "s1", "controller": None}
+    assert decode(watch_event(changed)) == WatchFrame("s1", ControlChangedFrame("s1", None), False)
+    newer = {"event": "a_newer_daemons_event", "session_id": "s1"}
+    assert decode(watch_event(newer)) == WatchFrame("s1", None, False)
+    assert decode({"t": "watch_overloaded", "session_id": "s1"}) == WatchFrame("s1", None, True)
+    assert decode({"t": "surprise"}) is None
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"t": "welcome"},  # a handshake's frame
+        {"t": "output", "data": b""},  # a shim's frame
+        {"t": "message", "message": {"kind": "event", "event": "x"}},
+        {"t": "message", "message": {"kind": "other"}},
+        {"t": "overloaded", "turn_id": "t1", "after_sequence": True},
+        {"t": "tool_detail", "turn_id": "t", "session_id": "s", "activity_id": "a"},
+        {"t": "fs_request", "fs_id": "f", "turn_id": "t", "session_id": "s", "op": "read"},
+        {"t": "approval_resolved", "approval_id": "a1", "decision": "deny"},
+        {"t": "watch_event", "session_id": "s1", "event": "approval_resolved"},
+        {"t": "watch_event", "session_id": "s1"},
+        {"t": "watch_message", "message": EVENT},
+        {"t": "control_result", "id": 1, "result": []},
+        {"t": "attach_result", "id": 1, "status": "lost", "events": [], "more": False},
+        {"t": "attach_more", "id": 1, "events": [1], "more": False},
+        {"t": "watch_more", "id": 1, "events": [], "more": "no"},
+        {"t": "watch_result", "id": 1, "events": [], "more": False, "gap": False},
+        {"t": "grants_result", "id": 1, "session": None, "project": {}},
+        {"t": "sessions_result", "id": 1, "sessions": [], "next_cursor": 3},
+        {"t": "session_result", "id": 1},
+    ],
+)
+def test_a_frame_that_does_not_fit_its_type_is_malformed(frame: dict[str, Any]) -> None:
+    with pytest.raises(Malformed):
+        decode_persistent_frame(frame)
