@@ -71,6 +71,9 @@ class Connection:
         self.approvals = False
         # Who this client is to others (a watcher's ``turn_started``, approvals' ``by``).
         self.label = f"client#{conn_id}"
+        # A queue runner's session (RFC-0002 §6.12): it starts that session's queued
+        # turns on the attachment of the session's controller, if one holds it.
+        self.queue_of: str | None = None
         self.output = Output()
         self.initialized = False
         self.reserved: set[str] = set()

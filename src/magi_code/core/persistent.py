@@ -36,6 +36,7 @@ from .coordinator import Connection, ServiceCoordinator
 from .handover import Handover
 from .journal import SnapshotQuery, TurnJournal
 from .output import TurnEvent
+from .queue import Launch, PromptQueue
 from .sessions import Attachment, SessionService
 from .tool_relay import ToolRelay
 from .turns import MAX_ACTIVE_TURNS, MAX_SERVICE_TURNS, TurnService
@@ -87,6 +88,19 @@ class PersistentCoordinator:
         self.handover = (
             Handover(self.sessions, self._hand_over) if self.sessions is not None else None
         )
+        self.queue = (
+            PromptQueue(
+                coordinator,
+                self.sessions,
+                self.turns,
+                record=self.record,
+                changed=self._queue_changed,
+                open_runner=self._open_runner,
+                close_runner=self._close_runner,
+            )
+            if self.sessions is not None and self.turns is not None
+            else None
+        )
 
     # -- connections -----------------------------------------------------------------------
 
@@ -137,8 +151,33 @@ class PersistentCoordinator:
             reg.closed.set()
 
     def _is_lost(self, conn_id: int) -> bool:
+        """A lost persistent client, or a queue runner: its sessions are takeable."""
         reg = self._clients.get(conn_id)
-        return reg is not None and reg.lost and reg.role == "persistent"
+        return reg is not None and reg.lost and reg.role in ("persistent", "queue")
+
+    def _open_runner(self, launch: Launch, session_id: str) -> Connection:
+        """A queue runner (``core.queue``): a connection of the daemon's own that starts
+        one queued turn of ``session_id``; registered as lost (no client, takeable)."""
+        conn = self.coordinator.open_connection(launch.ctx, ("unix",), persistent=True)
+        conn.initialized = True
+        conn.approvals = launch.approvals
+        conn.queue_of = session_id
+        conn.label = f"queue#{conn.conn_id}"
+        self._clients[conn.conn_id] = Registration(conn, "queue", lambda: None, lost=True)
+        return conn
+
+    async def _close_runner(self, conn: Connection) -> None:
+        reg = self._clients[conn.conn_id]
+        try:
+            await self.coordinator.close_connection(conn)
+        finally:
+            self._clients.pop(conn.conn_id, None)
+            reg.closed.set()
+
+    def _queue_changed(self, session_id: str, entries: list[dict[str, str]]) -> None:
+        self.watchers.session(
+            session_id, {"event": "queue_changed", "session_id": session_id, "entries": entries}
+        )
 
     # -- idle accounting and owner drop ----------------------------------------------------
 
@@ -288,6 +327,8 @@ class PersistentCoordinator:
         attachment = await self.sessions.take(conn, valid, self._is_lost)
         if owner != conn.conn_id:
             self.control_changed(valid, conn.label)
+        if self.queue is not None:
+            self.queue.served(conn, valid)
         return valid, self._running(attachment)
 
     def _running(self, attachment: Attachment) -> list[dict[str, Any]]:
@@ -355,22 +396,30 @@ class PersistentCoordinator:
 
     # -- steering --------------------------------------------------------------------------
 
-    def steer(self, conn: Connection, turn_id: str, text: str) -> asyncio.Future[bool]:
-        """``turn.steer`` (RFC-0002 §6.10), taken before it returns: the future is true once
-        the text entered the running turn, false (``turn_finished``) when the turn ended
-        first — also when it had already ended and ``conn`` controls its session. Raises
-        ServiceError ``unknown_turn``."""
+    def steer(self, conn: Connection, turn_id: str, text: str) -> tuple[str, asyncio.Future[bool]]:
+        """``turn.steer`` (RFC-0002 §6.10), taken before it returns: ``(the turn's session,
+        a future)``; the future is true once the text entered the running turn, false
+        (``turn_finished``) when the turn ended first — also when it had already ended and
+        ``conn`` controls its session. Raises ServiceError ``unknown_turn``."""
         if self.turns is None or self.sessions is None:
             raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
-        if turn_id not in self.turns.active:
+        run = self.turns.active.get(turn_id)
+        if run is None:
             info = self.journal.ended(turn_id)
             held = None if info is None else self.sessions.controller(info.session_id)
-            if held is None or held.owner != conn.conn_id:
+            if info is None or held is None or held.owner != conn.conn_id:
                 raise ServiceError(ErrorCode.UNKNOWN_TURN)
             ended: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             ended.set_result(False)
-            return ended
-        return self.turns.steer(conn, turn_id, text)
+            return info.session_id, ended
+        return run.session_id, self.turns.steer(conn, turn_id, text)
+
+    async def steer_late(self, conn: Connection, session_id: str, text: str) -> str | None:
+        """A steer answered ``turn_finished``: its text goes to the head of the session's
+        queue (§6.12). The entry's ID, or None when the queue cannot take it."""
+        if self.queue is None:
+            return None
+        return await self.queue.put_back(conn, session_id, text)
 
     # -- watchers --------------------------------------------------------------------------
 
@@ -408,6 +457,8 @@ class PersistentCoordinator:
             self.watchers.remove(valid, conn.conn_id)
             raise
         bodies = [{"cursor": item.cursor, **item.body} for item in items]
+        if self.queue is not None:
+            self.queue.served(conn, valid)
         return valid, bodies, history.before, history.gap
 
     # -- the session library (RFC-0002 §6.11) ---------------------------------------------
@@ -430,7 +481,16 @@ class PersistentCoordinator:
             raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
         store = self.sessions.store
         if title is not None:
-            return await asyncio.to_thread(store.rename, session_id, title)
+            item = await asyncio.to_thread(store.rename, session_id, title)
+            self.watchers.session(
+                str(item["session_id"]),
+                {
+                    "event": "title_changed",
+                    "session_id": item["session_id"],
+                    "title": item["title"],
+                },
+            )
+            return item
         archived = kind == "session_archive"
         return await asyncio.to_thread(store.set_archived, session_id, archived)
 

@@ -65,6 +65,12 @@ class Attachment:
         return self.cancel_turn is not None
 
 
+def _acts_for(conn: Connection, attachment: Attachment) -> bool:
+    """``conn`` holds ``attachment``, or runs its session's queue (RFC-0002 §6.12): the
+    queue's turns run on the controller's attachment, under its control."""
+    return attachment.owner == conn.conn_id or conn.queue_of == attachment.session_id
+
+
 def _nothing_to_cancel() -> None:
     """A close during a recovery write waits for it (there is no turn to cancel)."""
 
@@ -103,6 +109,8 @@ class SessionService:
         self.store = store
         self._attachments: dict[str, Attachment] = {}
         self._releasing: dict[str, asyncio.Event] = {}
+        # Told when a connection takes a session's lease here (the prompt queue resumes).
+        self.served: Callable[[Connection, str], None] | None = None
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
@@ -126,7 +134,7 @@ class SessionService:
         """``conn`` still controls ``attachment``: registered, its own, not closing."""
         return (
             self._attachments.get(attachment.session_id) is attachment
-            and attachment.owner == conn.conn_id
+            and _acts_for(conn, attachment)
             and not attachment.closing
         )
 
@@ -138,7 +146,7 @@ class SessionService:
         attachment = self._attachments.get(session_id)
         if attachment is None:
             return None
-        if attachment.owner != conn.conn_id or attachment.closing:
+        if not _acts_for(conn, attachment) or attachment.closing:
             raise ServiceError(ErrorCode.SESSION_BUSY)
         return attachment
 
@@ -162,6 +170,8 @@ class SessionService:
         attachment = Attachment(session_id, conn.conn_id, lease, explicit)
         attachment.idle.set()
         self._attachments[session_id] = attachment
+        if self.served is not None:
+            self.served(conn, session_id)
         return attachment
 
     def _take_lease(self, session_id: str) -> WriterLease:

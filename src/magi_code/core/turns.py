@@ -575,6 +575,9 @@ class TurnService:
         self.approvals = ApprovalService(sessions.store)
         # Tool details and editor file requests to the turns' clients (core.tool_relay).
         self.relay = ToolRelay()
+        # Told the session of each turn that finished (its attachment settled): the
+        # session's prompt queue may run its next entry (core.queue).
+        self.ended: Callable[[str], None] | None = None
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
@@ -722,6 +725,8 @@ class TurnService:
     async def finished(self, run: TurnRun) -> None:
         self.active.pop(run.turn_id, None)
         await self.sessions.turn_finished(run.attachment)
+        if self.ended is not None:
+            self.ended(run.session_id)
 
     async def connection_detached(self, connection: Connection) -> None:
         """A persistent client went away: its accepted turns run on to their terminal."""

@@ -26,11 +26,12 @@ from magi_code.core.coordinator import Connection
 from magi_code.core.handover import Refused
 from magi_code.core.journal import BadCursor, SnapshotQuery
 from magi_code.core.output import TurnEvent
+from magi_code.core.queue import QueueRefused
 from magi_code.core.routes import RequestExpired
 from magi_code.core.watch import StaleCursor
 from magi_code.protocol import v2
 from magi_code.protocol.deadlines import deadline_passed
-from magi_code.protocol.errors import ServiceError
+from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.frames import FrameError
 from magi_code.protocol.v2 import Code
 from magi_code.sessions.listing import BadCursor as BadLibraryCursor
@@ -105,6 +106,9 @@ class PersistentRole:
                     self._control_answer(frame)
                 elif isinstance(frame, v2.Steer):
                     self._steer(frame)
+                elif isinstance(frame, v2.QueueFrame):
+                    if (in_order := self._queue_frame(frame)) is not None:
+                        await in_order
                 elif isinstance(frame, v2.SessionsList | v2.SessionChange):
                     await self._library(frame)
                 else:
@@ -314,20 +318,77 @@ class PersistentRole:
         try:
             # Taken now, in frame order; answered at the turn's next request boundary
             # (other frames are handled meanwhile).
-            entered = self.core.steer(self.conn, frame.turn_id, frame.text)
+            session_id, entered = self.core.steer(self.conn, frame.turn_id, frame.text)
         except ServiceError as exc:
             self.peer.send({"t": "steer_error", "id": frame.id, "code": exc.code.value})
             return
-        task = asyncio.create_task(self._steered(frame, entered))
+        task = asyncio.create_task(self._steered(frame, session_id, entered))
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
 
-    async def _steered(self, frame: v2.Steer, entered: asyncio.Future[bool]) -> None:
+    async def _steered(
+        self, frame: v2.Steer, session_id: str, entered: asyncio.Future[bool]
+    ) -> None:
         if not await entered:
-            # The text is the client's again: nothing of it was written.
-            self.peer.send(v2.frame_error("steer_error", frame.id, Code.TURN_FINISHED))
+            # Too late for the turn: the text goes to the head of the session's queue
+            # (§6.12), or, when the queue cannot take it, back to the client.
+            answer = v2.frame_error("steer_error", frame.id, Code.TURN_FINISHED)
+            entry_id = await self.core.steer_late(self.conn, session_id, frame.text)
+            if entry_id is not None:
+                answer |= {"session_id": session_id, "entry_id": entry_id}
+            self.peer.send(answer)
             return
         self.peer.send({"t": "steer_result", "id": frame.id, "turn_id": frame.turn_id})
+
+    def _queue_frame(self, frame: v2.QueueFrame) -> asyncio.Task[None] | None:
+        """``queue_send_now`` waits for the running turn's boundary: other frames are
+        handled meanwhile (as for a steer); the other queue frames in order."""
+        task = asyncio.create_task(self._queue(frame))
+        if frame.kind == "queue_send_now":
+            self._requests.add(task)
+            task.add_done_callback(self._requests.discard)
+            return None
+        return task
+
+    async def _queue(self, frame: v2.QueueFrame) -> None:
+        """The prompt queue (§6.12): the entries after the frame's change."""
+        queue = self.core.queue
+        try:
+            if queue is None:
+                raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+            added = None
+            if frame.kind == "queue_list":
+                session_id, entries = await queue.entries(self.conn, frame.session_id)
+            elif frame.kind == "queue_add":
+                assert frame.text is not None
+                session_id, entries, added = await queue.add(
+                    self.conn, frame.session_id, frame.text
+                )
+            else:
+                assert frame.entry_id is not None
+                if frame.kind == "queue_remove":
+                    change = queue.remove(self.conn, frame.session_id, frame.entry_id)
+                elif frame.kind == "queue_move":
+                    assert frame.index is not None
+                    change = queue.move(self.conn, frame.session_id, frame.entry_id, frame.index)
+                else:
+                    change = queue.send_now(self.conn, frame.session_id, frame.entry_id)
+                session_id, entries = await change
+        except QueueRefused as exc:
+            self.peer.send({"t": "queue_error", "id": frame.id, "code": exc.code})
+            return
+        except ServiceError as exc:
+            self.peer.send({"t": "queue_error", "id": frame.id, "code": exc.code.value})
+            return
+        answer = {
+            "t": "queue_result",
+            "id": frame.id,
+            "session_id": session_id,
+            "entries": [entry.item() for entry in entries],
+        }
+        if added is not None:
+            answer["entry_id"] = added
+        self.peer.send(answer)
 
     def _control_answer(self, frame: v2.ControlAnswer) -> None:
         handover = self.core.handover

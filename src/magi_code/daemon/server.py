@@ -83,6 +83,7 @@ CAPABILITIES: Final = (
     "control.handover",
     "turn.steer",
     "session.library",
+    "session.queue",
 )
 
 
@@ -122,6 +123,9 @@ class DaemonServer:
         reaper: OrphanReaper | None = None,
     ) -> None:
         self.core = PersistentCoordinator(coordinator)
+        if self.core.queue is not None:
+            # No queued turn starts while the daemon stops or waits to restart.
+            self.core.queue.hold = lambda: self.core.draining or self.restart_deadline is not None
         self._heap = heap
         # Set where the daemon is its descendants' subreaper: collects adopted orphans.
         self._reaper = reaper

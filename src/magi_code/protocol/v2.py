@@ -32,6 +32,8 @@ MAX_PATH_BYTES: Final = 4096
 MAX_TITLE_FILTER: Final = 1024
 MAX_BUILD_ID_CHARS: Final = 128
 MAX_CLIENT_VERSION_CHARS: Final = 64
+# A ``queue_move`` index (a queue holds far fewer entries: past its tail is its tail).
+MAX_QUEUE_INDEX: Final = 1024
 
 Role = Literal["v1_shim", "persistent", "control"]
 ROLES: Final[dict[str, str]] = {
@@ -72,6 +74,8 @@ class Code(StrEnum):
     RESYNC_REQUIRED = "resync_required"
     CONTROL_REFUSED = "control_refused"
     TURN_FINISHED = "turn_finished"
+    NOT_CONTROLLER = "not_controller"
+    UNKNOWN_ENTRY = "unknown_entry"
 
 
 MESSAGES: Final[dict[Code, str]] = {
@@ -123,6 +127,11 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "session_rename",
             "session_archive",
             "session_unarchive",
+            "queue_add",
+            "queue_list",
+            "queue_remove",
+            "queue_move",
+            "queue_send_now",
         }
     ),
     "control": frozenset({"control"}),
@@ -173,6 +182,8 @@ SERVER_FRAMES: Final = frozenset(
         "sessions_result",
         "session_result",
         "session_error",
+        "queue_result",
+        "queue_error",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -594,6 +605,30 @@ class Steer(_Frozen):
         self._set(id, turn_id, text)
 
 
+class QueueFrame(_Frozen):
+    """A prompt queue frame (§6.12; ``kind`` is its ``t``): ``text`` for ``queue_add``,
+    ``entry_id`` for remove, move and send_now, ``index`` for move."""
+
+    __slots__ = ("kind", "id", "session_id", "text", "entry_id", "index")  # noqa: RUF023
+    kind: str
+    id: object
+    session_id: str
+    text: str | None
+    entry_id: str | None
+    index: int | None
+
+    def __init__(
+        self,
+        kind: str,
+        id: object,
+        session_id: str,
+        text: str | None = None,
+        entry_id: str | None = None,
+        index: int | None = None,
+    ) -> None:
+        self._set(kind, id, session_id, text, entry_id, index)
+
+
 ClientFrame = (
     Record
     | Oversize
@@ -616,6 +651,7 @@ ClientFrame = (
     | Steer
     | SessionsList
     | SessionChange
+    | QueueFrame
 )
 
 
@@ -766,6 +802,8 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _sessions_list(frame)
         case "session_rename" | "session_archive" | "session_unarchive":
             return _session_change(kind, frame)
+        case "queue_add" | "queue_list" | "queue_remove" | "queue_move" | "queue_send_now":
+            return _queue_frame(kind, frame)
         case _:
             return _attach(frame)
 
@@ -963,6 +1001,31 @@ def _steer(frame: Mapping[str, Any]) -> Steer:
     if not isinstance(text, str) or not text.strip() or len(text.encode()) > MAX_STRING_BYTES:
         raise Rejected(frame_error("steer_error", fid, Code.INVALID_REQUEST))
     return Steer(fid, turn_id, text)
+
+
+def _queue_frame(kind: str, frame: Mapping[str, Any]) -> QueueFrame:
+    fid, session_id = frame.get("id"), frame.get("session_id")
+    text, entry_id, index = frame.get("text"), frame.get("entry_id"), frame.get("index")
+    ok = isinstance(session_id, str) and bool(session_id) and _optional_id(session_id)
+    if kind == "queue_add":
+        # An entry becomes a turn's prompt: the v1 bound of a prompt holds it too.
+        ok = ok and isinstance(text, str) and bool(text.strip())
+        ok = ok and len(str(text).encode()) <= MAX_STRING_BYTES
+    elif kind != "queue_list":
+        ok = ok and isinstance(entry_id, str) and bool(entry_id) and _optional_id(entry_id)
+    if kind == "queue_move":
+        ok = ok and _is_int(index) and 0 <= index <= MAX_QUEUE_INDEX
+    if not ok:
+        raise Rejected(frame_error("queue_error", fid, Code.INVALID_REQUEST))
+    assert isinstance(session_id, str)
+    return QueueFrame(
+        kind,
+        fid,
+        session_id,
+        text if kind == "queue_add" else None,
+        entry_id if isinstance(entry_id, str) and kind != "queue_list" else None,
+        index if kind == "queue_move" else None,
+    )
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -97,6 +97,7 @@ from magi_code.sessions.projection import (
     project,
     window_omits_history,
 )
+from magi_code.sessions.queue import QueueEntry, read_queue, update_queue
 from magi_code.sessions.records import (
     AssistantRecord,
     Record,
@@ -966,3 +967,42 @@ class SessionStore:
         finally:
             os.close(dir_fd)
         return library_item(name, meta, info.st_mtime_ns)
+
+    # -- the prompt queue (RFC-0002 §6.12; ``sessions.queue``) ------------------------------
+
+    def queue(self, session_id: object) -> list[QueueEntry]:
+        """The session's queued prompts, in order.
+
+        Raises:
+            ServiceError: ``INVALID_SESSION_ID``; ``SESSION_UNAVAILABLE`` for a missing
+                session or an unreadable queue.
+        """
+        dir_fd = self._open_dir(session_id)
+        try:
+            return read_queue(dir_fd)
+        except OSError:
+            raise unavailable() from None
+        finally:
+            os.close(dir_fd)
+
+    def change_queue(
+        self,
+        session_id: object,
+        change: Callable[[list[QueueEntry]], list[QueueEntry] | None],
+    ) -> list[QueueEntry]:
+        """Apply ``change`` to the session's queue (``sessions.queue.update_queue``).
+
+        Raises:
+            ServiceError: as :meth:`queue`; ``SESSION_BUSY`` while its append lock stays
+                held.
+        """
+        name = validate_session_id(session_id)
+        if not self.exists(name):
+            raise unavailable()
+        dir_fd = self._open_dir(name)
+        try:
+            return update_queue(self._root / name, dir_fd, change)
+        except OSError:
+            raise unavailable() from None
+        finally:
+            os.close(dir_fd)
