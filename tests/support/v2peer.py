@@ -25,6 +25,7 @@ _ERRORS = (
     "control_error",
     "approval_error",
     "steer_error",
+    "queue_error",
     "grants_error",
 )
 

@@ -41,6 +41,7 @@ from .errors import (
     DeadlineExceeded,
     GrantsError,
     OutcomeUnknown,
+    QueueError,
     SessionError,
     SteerError,
     WatchError,
@@ -60,11 +61,14 @@ from .types import (
     FileRequest,
     Grants,
     Overloaded,
+    QueueChanged,
+    QueueEntry,
     ResponseEnvelope,
     SessionInfo,
     SessionsPage,
     SnapshotItem,
     SnapshotPage,
+    TitleChanged,
     ToolDetail,
     TurnStarted,
     Watched,
@@ -96,6 +100,11 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "control_request": ("control_granted", "grant_error"),
     "control_release": ("control_released", "grant_error"),
     "control_answer": ("control_answered", "grant_error"),
+    "queue_add": ("queue_result", "queue_error"),
+    "queue_list": ("queue_result", "queue_error"),
+    "queue_remove": ("queue_result", "queue_error"),
+    "queue_move": ("queue_result", "queue_error"),
+    "queue_send_now": ("queue_result", "queue_error"),
 }
 # Calls answered in parts: the first frame's type, then the continuations'.
 _PARTS: Final = {"attach": "attach_more", "watch": "watch_more"}
@@ -107,6 +116,7 @@ _FAILURES: Final[dict[str, type[DaemonError]]] = {
     "session_error": SessionError,
     "grant_error": ControlError,
     "watch_error": WatchError,
+    "queue_error": QueueError,
 }
 _Answer = TypeVar("_Answer", bound=v2.AnswerBody)
 
@@ -563,14 +573,59 @@ class Client:
         (RFC-0002 §6.10): returns once it entered the turn, at its next request boundary
         (after the tool calls in flight), as a user message and a ``turn.steered`` event.
 
-        Raises :class:`SteerError`: ``turn_finished`` (the turn ended first; nothing was
-        written and ``error.text`` holds the text), ``unknown_turn``, ``invalid_request``.
+        Raises :class:`SteerError`: ``turn_finished`` (the turn ended first: the text
+        went to the head of the session's queue as ``error.entry_id``, or, when the queue
+        could not take it, nothing was written and ``error.text`` holds it),
+        ``unknown_turn``, ``invalid_request``.
         """
         try:
             await self._call_id("steer", {"turn_id": turn_id, "text": text})
         except SteerError as exc:
             exc.text = text
             raise
+
+    # -- the prompt queue -------------------------------------------------------------------
+
+    async def queue_list(self, session_id: str) -> list[QueueEntry]:
+        """The session's queued prompts, in the order they run (RFC-0002 §6.12). Any
+        connection may list them; listing also resumes a queue that waits to be served
+        (after a daemon restart). Raises :class:`QueueError`."""
+        return await self._queue("queue_list", {"session_id": session_id})
+
+    async def queue_add(self, session_id: str, text: str) -> QueueEntry:
+        """Queue ``text`` at the tail of a session this connection controls: it runs as
+        a turn when the session is free, also after this client is gone. Returns the new
+        entry. Raises :class:`QueueError` (``not_controller``, ``limit_exceeded``, ...)."""
+        frame = {"session_id": session_id, "text": text}
+        answer = await self._call("queue_add", frame, v2.QueueResult)
+        if answer.entry_id is None:
+            raise self._fail_protocol("queue_result without the added entry's ID")
+        entry = next((e for e in answer.entries if e["entry_id"] == answer.entry_id), None)
+        if entry is None:
+            # Its turn may have started already, taking it off the queue.
+            return QueueEntry(entry_id=answer.entry_id, text=text, by="", added_at="")
+        return cast(QueueEntry, entry)
+
+    async def queue_remove(self, session_id: str, entry_id: str) -> list[QueueEntry]:
+        """Drop an entry; returns the queue after. Raises :class:`QueueError`."""
+        return await self._queue("queue_remove", {"session_id": session_id, "entry_id": entry_id})
+
+    async def queue_move(self, session_id: str, entry_id: str, index: int) -> list[QueueEntry]:
+        """Move an entry to ``index`` (0: the head; past the tail: the tail); returns the
+        queue after. Raises :class:`QueueError`."""
+        frame = {"session_id": session_id, "entry_id": entry_id, "index": index}
+        return await self._queue("queue_move", frame)
+
+    async def queue_send_now(self, session_id: str, entry_id: str) -> list[QueueEntry]:
+        """Steer the entry into the session's running turn (as :meth:`steer`; it leaves
+        the queue once it entered), or, with no turn running, run it next. Returns the
+        queue after. Raises :class:`QueueError` ``turn_finished`` when the turn ended
+        before the text entered (the entry is then at the head of the queue)."""
+        frame = {"session_id": session_id, "entry_id": entry_id}
+        return await self._queue("queue_send_now", frame)
+
+    async def _queue(self, kind: str, fields: dict[str, Any]) -> list[QueueEntry]:
+        return cast(list[QueueEntry], (await self._call(kind, fields, v2.QueueResult)).entries)
 
     # -- the session library ---------------------------------------------------------------
 
@@ -830,7 +885,10 @@ class Client:
             error = _FAILURES.get(kind, DaemonError)
             if body.code == Code.CONTROL_REFUSED:
                 error = ControlRefused
-            _settle(call.future, exception=error(f"{call.sent} failed ({body.code})", body.code))
+            exc = error(f"{call.sent} failed ({body.code})", body.code)
+            if isinstance(exc, SteerError):
+                exc.entry_id = body.entry_id  # a late steer's text went to the queue's head
+            _settle(call.future, exception=exc)
             return
         if not isinstance(body, v2.AttachPart | v2.WatchPart):
             del self._calls[answer.id]
@@ -909,6 +967,11 @@ def _watched(frame: v2.WatchFrame) -> Watched | WatchOverloaded | None:
             return Watched(
                 session_id, WatchedApproval(session_id, turn_id, resolved=_resolved(event))
             )
+        case v2.QueueChangedFrame():
+            entries = tuple(cast(list[QueueEntry], event.entries))
+            return Watched(session_id, QueueChanged(session_id, entries))
+        case v2.TitleChangedFrame():
+            return Watched(session_id, TitleChanged(session_id, event.title))
 
 
 def _settle(

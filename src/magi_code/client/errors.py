@@ -102,6 +102,17 @@ class SteerError(DaemonError):
     ``invalid_request``."""
 
     text: str | None = None
+    # ``turn_finished``: the queue entry the text became (RFC-0002 §6.12), at the head of
+    # the session's queue; None when the queue could not take it (then ``text`` is yours).
+    entry_id: str | None = None
+
+
+class QueueError(DaemonError):
+    """A prompt queue call was refused (RFC-0002 §6.12): ``not_controller`` (the
+    connection does not control the session), ``unknown_entry``, ``limit_exceeded`` (the
+    queue is full), ``turn_finished`` (``queue_send_now``: the turn ended before the text
+    entered; the entry is at the head of the queue), ``invalid_request`` and the v1
+    session codes."""
 
 
 class SessionError(DaemonError):

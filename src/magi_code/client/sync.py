@@ -38,6 +38,7 @@ from .types import (
     ControlStatus,
     Event,
     Grants,
+    QueueEntry,
     ResponseEnvelope,
     SessionInfo,
     SessionsPage,
@@ -262,6 +263,27 @@ class SyncClient:
 
     def steer(self, turn_id: str, text: str, *, timeout: float | None = None) -> None:
         self._run(self._client.steer(turn_id, text), timeout)
+
+    def queue_list(self, session_id: str, *, timeout: float | None = None) -> list[QueueEntry]:
+        return self._run(self._client.queue_list(session_id), timeout)
+
+    def queue_add(self, session_id: str, text: str, *, timeout: float | None = None) -> QueueEntry:
+        return self._run(self._client.queue_add(session_id, text), timeout)
+
+    def queue_remove(
+        self, session_id: str, entry_id: str, *, timeout: float | None = None
+    ) -> list[QueueEntry]:
+        return self._run(self._client.queue_remove(session_id, entry_id), timeout)
+
+    def queue_move(
+        self, session_id: str, entry_id: str, index: int, *, timeout: float | None = None
+    ) -> list[QueueEntry]:
+        return self._run(self._client.queue_move(session_id, entry_id, index), timeout)
+
+    def queue_send_now(
+        self, session_id: str, entry_id: str, *, timeout: float | None = None
+    ) -> list[QueueEntry]:
+        return self._run(self._client.queue_send_now(session_id, entry_id), timeout)
 
     def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event, None once the connection closed cleanly; :class:`TimeoutError`

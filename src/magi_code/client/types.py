@@ -163,7 +163,42 @@ class WatchedApproval:
     resolved: ApprovalResolved | None = None
 
 
-WatchedEvent = EventEnvelope | TurnStarted | ControlChanged | ControlRequested | WatchedApproval
+class QueueEntry(TypedDict):
+    """A queued prompt (RFC-0002 §6.12): it runs as a turn of its session when its turn
+    comes; ``by`` is the label of the connection that queued it."""
+
+    entry_id: str
+    text: str
+    by: str
+    added_at: str  # RFC 3339, UTC
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChanged:
+    """A watched session's prompt queue changed: ``entries`` is the whole queue now, in
+    the order it runs (an entry leaves it when its turn starts)."""
+
+    session_id: str
+    entries: tuple[QueueEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TitleChanged:
+    """A watched session was renamed: ``title`` is its title now (sanitized)."""
+
+    session_id: str
+    title: str | None
+
+
+WatchedEvent = (
+    EventEnvelope
+    | TurnStarted
+    | ControlChanged
+    | ControlRequested
+    | WatchedApproval
+    | QueueChanged
+    | TitleChanged
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -396,11 +396,15 @@ class PersistentCoordinator:
 
     # -- steering --------------------------------------------------------------------------
 
-    def steer(self, conn: Connection, turn_id: str, text: str) -> tuple[str, asyncio.Future[bool]]:
-        """``turn.steer`` (RFC-0002 §6.10), taken before it returns: ``(the turn's session,
-        a future)``; the future is true once the text entered the running turn, false
+    def steer(
+        self, conn: Connection, turn_id: str, text: str
+    ) -> tuple[asyncio.Future[bool], asyncio.Future[str | None] | None]:
+        """``turn.steer`` (RFC-0002 §6.10), taken before it returns: ``(entered, late)``.
+        ``entered`` is true once the text entered the running turn, false
         (``turn_finished``) when the turn ended first — also when it had already ended and
-        ``conn`` controls its session. Raises ServiceError ``unknown_turn``."""
+        ``conn`` controls its session; then ``late`` is the queue entry the text became at
+        the head of the session's queue (§6.12; None when the queue could not take it).
+        Raises ServiceError ``unknown_turn``."""
         if self.turns is None or self.sessions is None:
             raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
         run = self.turns.active.get(turn_id)
@@ -409,17 +413,14 @@ class PersistentCoordinator:
             held = None if info is None else self.sessions.controller(info.session_id)
             if info is None or held is None or held.owner != conn.conn_id:
                 raise ServiceError(ErrorCode.UNKNOWN_TURN)
-            ended: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            ended.set_result(False)
-            return info.session_id, ended
-        return run.session_id, self.turns.steer(conn, turn_id, text)
-
-    async def steer_late(self, conn: Connection, session_id: str, text: str) -> str | None:
-        """A steer answered ``turn_finished``: its text goes to the head of the session's
-        queue (§6.12). The entry's ID, or None when the queue cannot take it."""
-        if self.queue is None:
-            return None
-        return await self.queue.put_back(conn, session_id, text)
+            session_id = info.session_id
+            entered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            entered.set_result(False)
+        else:
+            session_id = run.session_id
+            entered = self.turns.steer(conn, turn_id, text)
+        late = None if self.queue is None else self.queue.late(conn, session_id, text, entered)
+        return entered, late
 
     # -- watchers --------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from magi_code.dataclass import dataclass, field
+from magi_code.protocol import envelope
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.queue import (
@@ -77,6 +78,8 @@ class _Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Entries being sent into the running turn (``queue_send_now``): not run meanwhile.
     sending: set[str] = field(default_factory=set)
+    # Late steers on their way to the head: nothing runs before they are there.
+    returning: int = 0
     runner: asyncio.Task[None] | None = None
 
 
@@ -110,6 +113,7 @@ class PromptQueue:
         self._launch: dict[str, Launch] = {}
         # Per session: the launch of the last persistent connection that served it.
         self._served: dict[str, Launch] = {}
+        self._tasks: set[asyncio.Task[str | None]] = set()
         sessions.served = self.served
         turns.ended = self.kick
 
@@ -141,17 +145,41 @@ class PromptQueue:
         self.served(conn, valid)
         return valid, entries, entry.entry_id
 
-    async def put_back(self, conn: Connection, session_id: str, text: str) -> str | None:
-        """A late steer's text (§6.10) at the head of the queue: its entry ID, or None when
-        the queue cannot take it (full, or unwritable): the client keeps the text."""
-        entry = self._entry(conn, text)
+    def late(
+        self, conn: Connection, session_id: str, text: str, entered: asyncio.Future[bool]
+    ) -> asyncio.Future[str | None]:
+        """A steer's text goes to the head of the queue if it does not enter its turn
+        (§6.10): the future is the entry's ID, None when it entered or the queue could not
+        take it (full, unwritable: the client keeps the text). Done however the steering
+        connection fares; the queue runs nothing until the text is there."""
+        outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        launch = _launch_of(conn)
+
+        def settled(future: asyncio.Future[bool]) -> None:
+            if future.result():
+                outcome.set_result(None)
+                return
+            self._state(session_id).returning += 1
+            task = asyncio.create_task(self._put_back(session_id, text, conn.label, launch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda t: outcome.set_result(t.result()))
+
+        entered.add_done_callback(settled)
+        return outcome
+
+    async def _put_back(self, session_id: str, text: str, by: str, launch: Launch) -> str | None:
+        entry = QueueEntry(_entry_id(), text, by, now_rfc3339())
         try:
             await self._change(session_id, lambda es: _bounded([entry, *es]))
         except (QueueRefused, ServiceError):
             return None
-        self._launch[entry.entry_id] = _launch_of(conn)
-        self.kick(session_id)
-        return entry.entry_id
+        else:
+            self._launch[entry.entry_id] = launch
+            return entry.entry_id
+        finally:
+            self._state(session_id).returning -= 1
+            self.kick(session_id)
 
     async def remove(
         self, conn: Connection, session_id: object, entry_id: str
@@ -218,7 +246,7 @@ class PromptQueue:
         raise QueueRefused(TURN_FINISHED)
 
     def _entry(self, conn: Connection, text: str) -> QueueEntry:
-        return QueueEntry(f"q_{secrets.token_hex(8)}", text, conn.label, now_rfc3339())
+        return QueueEntry(_entry_id(), text, conn.label, now_rfc3339())
 
     async def _change(
         self, session_id: str, change: Callable[[list[QueueEntry]], list[QueueEntry] | None]
@@ -260,16 +288,16 @@ class PromptQueue:
 
     async def _run_next(self, session_id: str) -> bool:
         """Start the head entry and wait for its turn; whether to go on."""
-        if self.hold() or not self._free(session_id):
-            return False
         state = self._state(session_id)
+        if self.hold() or state.returning or not self._free(session_id):
+            return False
         try:
             entries = await asyncio.to_thread(self.sessions.store.queue, session_id)
         except ServiceError:
             return False
         entry = next((e for e in entries if e.entry_id not in state.sending), None)
         if entry is None:
-            if not state.sending and not state.lock.locked():
+            if not state.sending and not state.returning and not state.lock.locked():
                 del self._sessions[session_id]  # nothing queued: forget it until kicked
             return False
         launch = self._launch.get(entry.entry_id) or self._served.get(session_id)
@@ -296,12 +324,8 @@ class PromptQueue:
     async def _run(
         self, conn: Connection, session_id: str, entry: QueueEntry, ended: asyncio.Event
     ) -> bool:
-        message = {
-            "request_id": f"queue-{entry.entry_id}",
-            "method": "turn.start",
-            "session_id": session_id,
-            "payload": {"prompt": entry.text},
-        }
+        request_id = f"queue-{entry.entry_id}"
+        message = envelope.request(request_id, "turn.start", {"prompt": entry.text}, session_id)
         batch = await self.coordinator.handle_message(conn, message, idempotency_key=entry.entry_id)
         assert batch is not None  # turn.start answers on the coordinator
         response = batch.messages[0]
@@ -326,6 +350,10 @@ class PromptQueue:
             batch.written()
             if any(event.name == "turn.terminal" for event in batch.turn_events):
                 ended.set()
+
+
+def _entry_id() -> str:
+    return f"q_{secrets.token_hex(8)}"
 
 
 def _launch_of(conn: Connection) -> Launch:

@@ -318,24 +318,27 @@ class PersistentRole:
         try:
             # Taken now, in frame order; answered at the turn's next request boundary
             # (other frames are handled meanwhile).
-            session_id, entered = self.core.steer(self.conn, frame.turn_id, frame.text)
+            entered, late = self.core.steer(self.conn, frame.turn_id, frame.text)
         except ServiceError as exc:
             self.peer.send({"t": "steer_error", "id": frame.id, "code": exc.code.value})
             return
-        task = asyncio.create_task(self._steered(frame, session_id, entered))
+        task = asyncio.create_task(self._steered(frame, entered, late))
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
 
     async def _steered(
-        self, frame: v2.Steer, session_id: str, entered: asyncio.Future[bool]
+        self,
+        frame: v2.Steer,
+        entered: asyncio.Future[bool],
+        late: asyncio.Future[str | None] | None,
     ) -> None:
         if not await entered:
-            # Too late for the turn: the text goes to the head of the session's queue
-            # (§6.12), or, when the queue cannot take it, back to the client.
+            # Too late for the turn: the text went to the head of the session's queue
+            # (§6.12), or, when the queue could not take it, back to the client.
             answer = v2.frame_error("steer_error", frame.id, Code.TURN_FINISHED)
-            entry_id = await self.core.steer_late(self.conn, session_id, frame.text)
+            entry_id = None if late is None else await asyncio.shield(late)
             if entry_id is not None:
-                answer |= {"session_id": session_id, "entry_id": entry_id}
+                answer["entry_id"] = entry_id
             self.peer.send(answer)
             return
         self.peer.send({"t": "steer_result", "id": frame.id, "turn_id": frame.turn_id})

@@ -1480,12 +1480,35 @@ class TurnStartedFrame(_Frozen):
         self._set(session_id, turn_id, by, prompt, complete)
 
 
+class QueueChangedFrame(_Frozen):
+    """A watched session's ``queue_changed`` (§6.12): ``entries`` is the whole queue,
+    each a map of the strings ``entry_id``, ``text``, ``by`` and ``added_at``."""
+
+    __slots__ = ("session_id", "entries")  # noqa: RUF023
+    session_id: str
+    entries: list[dict[str, Any]]
+
+    def __init__(self, session_id: str, entries: list[dict[str, Any]]) -> None:
+        self._set(session_id, entries)
+
+
+class TitleChangedFrame(_Frozen):
+    __slots__ = ("session_id", "title")
+    session_id: str
+    title: str | None
+
+    def __init__(self, session_id: str, title: str | None) -> None:
+        self._set(session_id, title)
+
+
 SessionEvent = (
     TurnStartedFrame
     | ControlChangedFrame
     | ControlRequestedFrame
     | ApprovalRequestFrame
     | ApprovalResolvedFrame
+    | QueueChangedFrame
+    | TitleChangedFrame
 )
 
 
@@ -1506,13 +1529,15 @@ class WatchFrame(_Frozen):
 
 
 class CallFailed(_Frozen):
-    """A ``*_error`` answering a call; ``code`` None when it names none."""
+    """A ``*_error`` answering a call; ``code`` None when it names none. ``entry_id``: the
+    queue entry a late ``steer_error``'s text became (``turn_finished``, §6.10), else None."""
 
-    __slots__ = ("code",)
+    __slots__ = ("code", "entry_id")
     code: str | None
+    entry_id: str | None
 
-    def __init__(self, code: str | None) -> None:
-        self._set(code)
+    def __init__(self, code: str | None, entry_id: str | None = None) -> None:
+        self._set(code, entry_id)
 
 
 class Done(_Frozen):
@@ -1627,6 +1652,21 @@ class SessionResult(_Frozen):
         self._set(session)
 
 
+class QueueResult(_Frozen):
+    """A ``queue_result`` (§6.12): the queue after the call (``entries`` as in
+    :class:`QueueChangedFrame`); ``entry_id`` the entry a ``queue_add`` added, else None."""
+
+    __slots__ = ("session_id", "entries", "entry_id")  # noqa: RUF023
+    session_id: str | None
+    entries: list[dict[str, Any]]
+    entry_id: str | None
+
+    def __init__(
+        self, session_id: str | None, entries: list[dict[str, Any]], entry_id: str | None
+    ) -> None:
+        self._set(session_id, entries, entry_id)
+
+
 AnswerBody = (
     CallFailed
     | Done
@@ -1639,6 +1679,7 @@ AnswerBody = (
     | PolicyResult
     | SessionsResult
     | SessionResult
+    | QueueResult
     | ApprovalResolvedFrame
 )
 
@@ -1685,6 +1726,7 @@ _CALL_ERRORS: Final = frozenset(
         "watch_error",
         "steer_error",
         "session_error",
+        "queue_error",
     }
 )
 _EMPTY_ANSWERS: Final = frozenset(
@@ -1882,6 +1924,16 @@ def _watch_frame(kind: str, frame: Mapping[str, Any]) -> WatchFrame:
             event = _approval_resolved(frame, "approval_resolved")
             if event.turn_id is None:
                 raise Malformed("an invalid approval_resolved")
+        case "queue_changed":
+            entries = frame.get("entries")
+            if not _queue_entries(entries):
+                raise Malformed("an invalid queue_changed")
+            event = QueueChangedFrame(session_id, entries)
+        case "title_changed":
+            title = frame.get("title")
+            if not isinstance(title, str | None):
+                raise Malformed("an invalid title_changed")
+            event = TitleChangedFrame(session_id, title)
         case str():
             event = None  # a session event this module does not know (a newer daemon's)
         case _:
@@ -1893,10 +1945,21 @@ def _dicts(value: object) -> TypeGuard[list[dict[str, Any]]]:
     return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
+def _queue_entries(value: object) -> TypeGuard[list[dict[str, Any]]]:
+    return _dicts(value) and all(
+        isinstance(entry.get(name), str)
+        for entry in value
+        for name in ("entry_id", "text", "by", "added_at")
+    )
+
+
 def _answer(kind: str, frame: Mapping[str, Any]) -> AnswerBody:
     if kind in _CALL_ERRORS:
         code = frame.get("code")
-        return CallFailed(code if isinstance(code, str) else None)
+        entry_id = frame.get("entry_id") if kind == "steer_error" else None
+        if not isinstance(entry_id, str | None):
+            raise Malformed("steer_error with an invalid entry_id")
+        return CallFailed(code if isinstance(code, str) else None, entry_id)
     if kind in _EMPTY_ANSWERS:
         return Done()
     match kind:
@@ -1944,6 +2007,14 @@ def _answer(kind: str, frame: Mapping[str, Any]) -> AnswerBody:
             if not isinstance(session, dict):
                 raise Malformed("session_result without a session")
             return SessionResult(session)
+        case "queue_result":
+            entries, session_id = frame.get("entries"), frame.get("session_id")
+            entry_id = frame.get("entry_id")
+            if not _queue_entries(entries):
+                raise Malformed("queue_result without a queue")
+            if not isinstance(session_id, str | None) or not isinstance(entry_id, str | None):
+                raise Malformed("an invalid queue_result")
+            return QueueResult(session_id, entries, entry_id)
         case "approval_already_resolved":
             return _approval_resolved(frame, kind)
         case _:  # a server frame type this decoder does not know: a bug in this module

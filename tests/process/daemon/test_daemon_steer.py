@@ -2,7 +2,7 @@
 enters the turn at its next request boundary (the fake provider's next request carries
 it after the tool result), the controller and a watcher see ``turn.steered``, the turn
 goes on, and v1 replay shows the text where it entered. A steer after the turn ended is
-``turn_finished`` and gives the text back; only the controller may steer."""
+``turn_finished`` and its text heads the session's queue; only the controller may steer."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from magi_code.client import Client, SteerError, connect_channel
+from magi_code.client import Client, SteerError, TurnStarted, Watched, connect_channel
 from tests.process.daemon.support import context, persistent, replay_in_new_shim, wait_for
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
@@ -114,11 +114,13 @@ async def test_a_steer_enters_the_next_request_and_replays_where_it_entered(
     ], texts
 
 
-async def test_a_steer_after_the_turn_ended_is_turn_finished_and_gives_the_text_back(
+async def test_a_steer_after_the_turn_ended_is_turn_finished_and_goes_to_the_queue(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
+    """Too late for its turn, the text is not lost: it heads the session's queue (§6.12)
+    and runs as the next turn."""
     write_settings(home, fake)
-    fake.enqueue(Reply(text=["done"]))
+    fake.enqueue(Reply(text=["done"]), Reply(text=["queued answer"]))
     client = await persistent(home, project)
     try:
         opened = await client.request("session.create", {})
@@ -126,14 +128,34 @@ async def test_a_steer_after_the_turn_ended_is_turn_finished_and_gives_the_text_
         reply = await client.request("turn.start", {"prompt": "quick"}, session_id=session_id)
         turn_id = reply["payload"]["turn_id"]
         await asyncio.wait_for(_events_until_terminal(client), 60)
+        await client.watch(session_id)
         with pytest.raises(SteerError) as ended:
             await client.steer(turn_id, STEER)
         assert ended.value.code == "turn_finished"
         assert ended.value.text == STEER
+        assert ended.value.entry_id is not None
         with pytest.raises(SteerError) as unknown:
             await client.steer("turn_nope", STEER)
         assert unknown.value.code == "unknown_turn"
+        async with asyncio.timeout(60):
+            while True:
+                event = await client.next_event()
+                assert event is not None
+                if isinstance(event, Watched) and isinstance(event.event, TurnStarted):
+                    assert event.event.prompt == STEER
+                if (
+                    isinstance(event, Watched)
+                    and isinstance(event.event, dict)
+                    and event.event["event"] == "turn.terminal"
+                ):
+                    break
     finally:
         await client.close()
     replay = await replay_in_new_shim(home, project, session_id)
-    assert STEER not in [item.get("text") for item in replay]
+    texts = [(item.get("role"), item.get("text")) for item in replay if item["kind"] == "message"]
+    assert texts == [
+        ("user", "quick"),
+        ("assistant", "done"),
+        ("user", STEER),
+        ("assistant", "queued answer"),
+    ]

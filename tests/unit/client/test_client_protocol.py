@@ -328,3 +328,25 @@ async def test_responses_go_to_their_request_and_events_to_the_stream() -> None:
             await client.request("session.list", request_id="a")  # still in flight
         assert await asyncio.wait_for(client.next_event(), 10) == event("t-1", 1)
         first.cancel()
+
+
+async def test_queue_add_returns_the_added_entry_and_needs_its_id() -> None:
+    entry = {"entry_id": "q-1", "text": "next", "by": "cli#1", "added_at": "2026-12-05T03:00:00Z"}
+    async with connected() as (client, peer):
+        added = asyncio.ensure_future(client.queue_add("s-1", "next"))
+        sent = await peer.expect("queue_add")
+        assert (sent["session_id"], sent["text"]) == ("s-1", "next")
+        answer = {"t": "queue_result", "id": sent["id"], "session_id": "s-1"}
+        await peer.send({**answer, "entries": [entry], "entry_id": "q-1"})
+        assert await added == entry
+        # Its turn started before the answer: the entry is no longer queued.
+        started = asyncio.ensure_future(client.queue_add("s-1", "then"))
+        sent = await peer.expect("queue_add")
+        await peer.send({**answer, "id": sent["id"], "entries": [], "entry_id": "q-2"})
+        assert await started == {"entry_id": "q-2", "text": "then", "by": "", "added_at": ""}
+        nameless = asyncio.ensure_future(client.queue_add("s-1", "later"))
+        sent = await peer.expect("queue_add")
+        await peer.send({**answer, "id": sent["id"], "entries": [entry]})
+        with pytest.raises(DaemonError) as failed:
+            await nameless
+        assert failed.value.code == "protocol_error"

@@ -24,9 +24,12 @@ from magi_code.protocol.v2 import (
     Next,
     Output,
     OverloadedFrame,
+    QueueChangedFrame,
+    QueueResult,
     Refused,
     RequestErrorFrame,
     SnapshotResult,
+    TitleChangedFrame,
     TurnStartedFrame,
     WatchFrame,
     WatchPart,
@@ -48,6 +51,7 @@ from magi_code.protocol.v2 import (
     watch_message,
     watch_result,
 )
+from magi_code.sessions.queue import QueueEntry
 
 
 def test_the_type_of_a_daemon_frame_is_one_the_daemon_sends() -> None:
@@ -143,6 +147,42 @@ def test_the_frames_a_persistent_client_reads_as_the_daemon_builds_them() -> Non
     assert decode({"t": "surprise"}) is None
 
 
+ENTRY = QueueEntry("q_1", "next, run the tests", "cli#1", "2026-12-05T03:00:00Z").item()
+
+
+def test_the_prompt_queue_frames_as_the_daemon_builds_them() -> None:
+    decode = decode_persistent_frame
+    added = {"t": "queue_result", "id": 7, "session_id": "s1", "entries": [ENTRY]}
+    assert decode({**added, "entry_id": "q_1"}) == AnswerFrame(
+        "queue_result", 7, QueueResult("s1", [ENTRY], "q_1")
+    )
+    assert decode({**added, "entries": []}) == AnswerFrame(
+        "queue_result", 7, QueueResult("s1", [], None)
+    )
+    assert decode(frame_error("queue_error", 8, Code.NOT_CONTROLLER)) == AnswerFrame(
+        "queue_error", 8, CallFailed("not_controller")
+    )
+    # A late steer's text went to the head of the queue (§6.10); only a steer_error says so.
+    late = frame_error("steer_error", 9, Code.TURN_FINISHED)
+    assert decode({**late, "entry_id": "q_2"}) == AnswerFrame(
+        "steer_error", 9, CallFailed("turn_finished", "q_2")
+    )
+    assert decode(late) == AnswerFrame("steer_error", 9, CallFailed("turn_finished"))
+    unknown = frame_error("queue_error", 10, Code.UNKNOWN_ENTRY)
+    assert decode({**unknown, "entry_id": "q_3"}) == AnswerFrame(
+        "queue_error", 10, CallFailed("unknown_entry")
+    )
+    changed = {"event": "queue_changed", "session_id": "s1", "entries": [ENTRY]}
+    assert decode(watch_event(changed)) == WatchFrame("s1", QueueChangedFrame("s1", [ENTRY]), False)
+    renamed = {"event": "title_changed", "session_id": "s1", "title": "Refactor"}
+    assert decode(watch_event(renamed)) == WatchFrame(
+        "s1", TitleChangedFrame("s1", "Refactor"), False
+    )
+    assert decode(watch_event({**renamed, "title": None})) == WatchFrame(
+        "s1", TitleChangedFrame("s1", None), False
+    )
+
+
 @pytest.mark.parametrize(
     "frame",
     [
@@ -165,6 +205,13 @@ def test_the_frames_a_persistent_client_reads_as_the_daemon_builds_them() -> Non
         {"t": "grants_result", "id": 1, "session": None, "project": {}},
         {"t": "sessions_result", "id": 1, "sessions": [], "next_cursor": 3},
         {"t": "session_result", "id": 1},
+        {"t": "queue_result", "id": 1, "session_id": "s1"},
+        {"t": "queue_result", "id": 1, "entries": [{"entry_id": "q_1", "text": "x"}]},
+        {"t": "queue_result", "id": 1, "entries": [ENTRY], "entry_id": 1},
+        {"t": "steer_error", "id": 1, "code": "turn_finished", "entry_id": ["q_1"]},
+        {"t": "watch_event", "session_id": "s1", "event": "queue_changed", "entries": {}},
+        {"t": "watch_event", "session_id": "s1", "event": "queue_changed", "entries": ["q_1"]},
+        {"t": "watch_event", "session_id": "s1", "event": "title_changed", "title": 3},
     ],
 )
 def test_a_frame_that_does_not_fit_its_type_is_malformed(frame: dict[str, Any]) -> None:
