@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 NOT_CONTROLLER: Final = "not_controller"
 UNKNOWN_ENTRY: Final = "unknown_entry"
 TURN_FINISHED: Final = "turn_finished"
+# Sessions remembered as having an empty queue (forgotten all at once past it), and the
+# sessions whose state is kept before the idle ones known empty are dropped.
+MAX_KNOWN_EMPTY: Final = 4096
 
 
 class QueueRefused(Exception):
@@ -114,6 +117,9 @@ class PromptQueue:
         # Per session: the launch of the last persistent connection that served it.
         self._served: dict[str, Launch] = {}
         self._tasks: set[asyncio.Task[str | None]] = set()
+        # Sessions whose queue this daemon read empty since its last change (only a
+        # daemon writes queues): a turn's end or start there reads no file.
+        self._empty: set[str] = set()
         sessions.served = self.served
         turns.ended = self.kick
 
@@ -125,7 +131,24 @@ class PromptQueue:
             raise QueueRefused(NOT_CONTROLLER)
 
     def _state(self, session_id: str) -> _Session:
-        return self._sessions.setdefault(session_id, _Session())
+        state = self._sessions.get(session_id)
+        if state is None:
+            if len(self._sessions) >= MAX_KNOWN_EMPTY:
+                self._forget_idle()
+            state = self._sessions[session_id] = _Session()
+        return state
+
+    def _forget_idle(self) -> None:
+        """Drop the state of sessions known empty that nothing uses now."""
+        for session_id in [s for s in self._empty if s in self._sessions]:
+            state = self._sessions[session_id]
+            if (
+                not state.lock.locked()
+                and not state.sending
+                and not state.returning
+                and (state.runner is None or state.runner.done())
+            ):
+                del self._sessions[session_id]
 
     async def entries(self, conn: Connection, session_id: object) -> tuple[str, list[QueueEntry]]:
         valid = validate_session_id(session_id)
@@ -253,6 +276,7 @@ class PromptQueue:
     ) -> list[QueueEntry]:
         """One change of the durable queue, serialized per session; watchers are told."""
         async with self._state(session_id).lock:
+            self._empty.discard(session_id)
             before: list[QueueEntry] = []
 
             def apply(entries: list[QueueEntry]) -> list[QueueEntry] | None:
@@ -275,6 +299,8 @@ class PromptQueue:
 
     def kick(self, session_id: str) -> None:
         """Run the session's queue unless it runs already."""
+        if session_id in self._empty:
+            return
         state = self._state(session_id)
         if state.runner is None or state.runner.done():
             state.runner = asyncio.create_task(self._drain(session_id))
@@ -291,14 +317,17 @@ class PromptQueue:
         state = self._state(session_id)
         if self.hold() or state.returning or not self._free(session_id):
             return False
-        try:
-            entries = await asyncio.to_thread(self.sessions.store.queue, session_id)
-        except ServiceError:
-            return False
+        async with state.lock:  # a change (which forgets ``_empty``) goes before or after
+            try:
+                entries = await asyncio.to_thread(self.sessions.store.queue, session_id)
+            except ServiceError:
+                return False
+            if not entries and not state.returning:
+                if len(self._empty) >= MAX_KNOWN_EMPTY:
+                    self._empty.clear()
+                self._empty.add(session_id)
         entry = next((e for e in entries if e.entry_id not in state.sending), None)
         if entry is None:
-            if not state.sending and not state.returning and not state.lock.locked():
-                del self._sessions[session_id]  # nothing queued: forget it until kicked
             return False
         launch = self._launch.get(entry.entry_id) or self._served.get(session_id)
         if launch is None or not self._free(session_id):

@@ -170,7 +170,7 @@ class SessionService:
         attachment = Attachment(session_id, conn.conn_id, lease, explicit)
         attachment.idle.set()
         self._attachments[session_id] = attachment
-        if self.served is not None:
+        if self.served is not None and not created:
             self.served(conn, session_id)
         return attachment
 
@@ -287,7 +287,9 @@ class SessionService:
     async def connection_closed(self, connection: Connection) -> None:
         # Turns were drained first (the turn service closes before this one).
         for attachment in self.owned(connection):
-            await attachment.idle.wait()
+            # Until no turn claims it: a queued turn may claim it as the last one ends.
+            while not attachment.idle.is_set():
+                await attachment.idle.wait()
             if attachment.owner == connection.conn_id:  # not granted to another meanwhile
                 await self.release(attachment)
 

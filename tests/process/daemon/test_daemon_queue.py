@@ -21,6 +21,7 @@ from magi_code.client import (
     QueueChanged,
     QueueError,
     SteerError,
+    TitleChanged,
     TurnStarted,
     Watched,
     connect_channel,
@@ -316,3 +317,22 @@ async def test_queue_changes_and_their_errors(
     assert bodies[-1]["messages"][-1] == {"role": "user", "content": "b"}
     replay = await replay_in_new_shim(home, project, session_id)
     assert _user_texts(replay) == ["work", "b"]
+
+
+async def test_a_watcher_sees_the_session_renamed(home: Path, project: Path) -> None:
+    client = await persistent(home, project)
+    watcher = await persistent(home, project)
+    try:
+        session_id = (await client.request("session.create", {}))["payload"]["session_id"]
+        await watcher.watch(session_id)
+        await client.rename_session(session_id, "Parser\nrewrite")
+        async with asyncio.timeout(30):
+            while True:
+                event = await watcher.next_event()
+                assert event is not None
+                if isinstance(event, Watched) and isinstance(event.event, TitleChanged):
+                    break
+        assert event.event == TitleChanged(session_id, "Parser rewrite")
+    finally:
+        await watcher.close()
+        await client.close()
