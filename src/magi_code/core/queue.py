@@ -79,7 +79,8 @@ class Launch:
 @dataclass(eq=False, slots=True)
 class _Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Entries being sent into the running turn (``queue_send_now``): not run meanwhile.
+    # Entries being sent into the running turn (``queue_send_now``): nothing runs
+    # meanwhile, so one that does not enter is moved to the head before anything runs.
     sending: set[str] = field(default_factory=set)
     # Late steers on their way to the head: nothing runs before they are there.
     returning: int = 0
@@ -253,20 +254,23 @@ class PromptQueue:
             return await self.move(conn, valid, entry_id, 0)
         state.sending.add(entry_id)
         try:
-            entered = await self.turns.steer(conn, running[0].turn_id, entry.text)
-        except ServiceError:
-            entered = False
+            try:
+                entered = await self.turns.steer(conn, running[0].turn_id, entry.text)
+            except ServiceError:
+                entered = False
+            if entered:
+                entries = await self._change(
+                    valid, lambda es: [e for e in es if e.entry_id != entry_id]
+                )
+                self._launch.pop(entry_id, None)
+            else:
+                await self._change(valid, lambda es: _moved(es, entry_id, 0))
         finally:
             state.sending.discard(entry_id)
-        if entered:
-            entries = await self._change(
-                valid, lambda es: [e for e in es if e.entry_id != entry_id]
-            )
-            self._launch.pop(entry_id, None)
-            return valid, entries
-        await self._change(valid, lambda es: _moved(es, entry_id, 0))
-        self.kick(valid)
-        raise QueueRefused(TURN_FINISHED)
+            self.kick(valid)
+        if not entered:
+            raise QueueRefused(TURN_FINISHED)
+        return valid, entries
 
     def _entry(self, conn: Connection, text: str) -> QueueEntry:
         return QueueEntry(_entry_id(), text, conn.label, now_rfc3339())
@@ -293,7 +297,7 @@ class PromptQueue:
     def served(self, conn: Connection, session_id: str) -> None:
         """A persistent connection serves the session here: its queue resumes (with this
         connection's launch for entries that have none)."""
-        if conn.persistent and conn.queue_of is None:
+        if conn.persistent and conn.queue_of is None and session_id not in self._empty:
             self._served[session_id] = _launch_of(conn)
             self.kick(session_id)
 
@@ -315,7 +319,7 @@ class PromptQueue:
     async def _run_next(self, session_id: str) -> bool:
         """Start the head entry and wait for its turn; whether to go on."""
         state = self._state(session_id)
-        if self.hold() or state.returning or not self._free(session_id):
+        if self.hold() or state.returning or state.sending or not self._free(session_id):
             return False
         async with state.lock:  # a change (which forgets ``_empty``) goes before or after
             try:
@@ -326,9 +330,10 @@ class PromptQueue:
                 if len(self._empty) >= MAX_KNOWN_EMPTY:
                     self._empty.clear()
                 self._empty.add(session_id)
-        entry = next((e for e in entries if e.entry_id not in state.sending), None)
-        if entry is None:
+                self._served.pop(session_id, None)
+        if not entries:
             return False
+        entry = entries[0]
         launch = self._launch.get(entry.entry_id) or self._served.get(session_id)
         if launch is None or not self._free(session_id):
             return False  # it waits to be served (after a restart)

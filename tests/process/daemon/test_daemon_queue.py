@@ -21,6 +21,7 @@ from magi_code.client import (
     QueueChanged,
     QueueError,
     SteerError,
+    SyncClient,
     TitleChanged,
     TurnStarted,
     Watched,
@@ -336,3 +337,68 @@ async def test_a_watcher_sees_the_session_renamed(home: Path, project: Path) -> 
     finally:
         await watcher.close()
         await client.close()
+
+
+async def test_send_now_after_the_turn_ended_puts_the_entry_at_the_head(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    write_settings(home, fake)
+    started, _ = _blocking_turn(fake, project)
+    fake.enqueue(Reply(text=["sent"]), Reply(text=["other"]))
+    client = await persistent(home, project)
+    try:
+        session_id = (await client.request("session.create", {}))["payload"]["session_id"]
+        reply = await client.request("turn.start", {"prompt": "work"}, session_id=session_id)
+        turn_id = reply["payload"]["turn_id"]
+        await wait_for(started.exists, 60, "the tool to start")
+        await client.queue_add(session_id, "other")
+        sent = await client.queue_add(session_id, "send me")
+        sending = asyncio.create_task(client.queue_send_now(session_id, sent["entry_id"]))
+        await client.status()  # a round trip: the daemon took it
+        await client.watch(session_id)
+        await client.request("turn.cancel", {"turn_id": turn_id})
+        with pytest.raises(QueueError) as ended:
+            await asyncio.wait_for(sending, 60)
+        assert ended.value.code == "turn_finished"
+        turns, _ = await _watched_turns(client, 2, before=("work",))
+    finally:
+        await client.close()
+    assert [t.prompt for t in turns] == ["send me", "other"]
+
+
+def test_sync_client_queue(home: Path, project: Path, fake: FakeProviderServer) -> None:
+    write_settings(home, fake)
+    started, release = _blocking_turn(fake, project)
+    fake.enqueue(Reply(text=["b done"]))
+    with SyncClient.connect(context(home, project)) as client:
+        init = client.request("initialize", {"supported_protocol_versions": [1]})
+        assert init["error"] is None
+        session_id = client.request("session.create", {})["payload"]["session_id"]
+        reply = client.request("turn.start", {"prompt": "work"}, session_id=session_id)
+        assert reply["error"] is None, reply
+        asyncio.run(wait_for(started.exists, 60, "the tool to start"))
+        a = client.queue_add(session_id, "a")
+        b = client.queue_add(session_id, "b")
+        moved = client.queue_move(session_id, b["entry_id"], 0)
+        assert [e["text"] for e in moved] == ["b", "a"]
+        assert client.queue_remove(session_id, a["entry_id"]) == [b]
+        assert client.queue_list(session_id) == [b]
+        with pytest.raises(QueueError) as unknown:
+            client.queue_send_now(session_id, a["entry_id"])
+        assert unknown.value.code == "unknown_entry"
+        client.watch(session_id)
+        release.touch()
+        started_turns: dict[str, str] = {}
+        for event in client.events(timeout=60):
+            if isinstance(event, Watched) and isinstance(event.event, TurnStarted):
+                started_turns[event.event.turn_id] = event.event.prompt
+            elif (
+                isinstance(event, Watched)
+                and isinstance(event.event, dict)
+                and event.event["event"] == "turn.terminal"
+                and started_turns.get(event.event["payload"]["turn_id"]) == "b"
+            ):
+                assert event.event["payload"]["assistant_text"] == "b done"
+                break
+        # The running turn (live from the watch on), then the queued one.
+        assert list(started_turns.values()) == ["work", "b"]
