@@ -335,8 +335,10 @@ class PromptQueue:
             return False
         entry = entries[0]
         launch = self._launch.get(entry.entry_id) or self._served.get(session_id)
-        if launch is None or not self._free(session_id):
+        if launch is None:
             return False  # it waits to be served (after a restart)
+        if self.hold() or not self._free(session_id):  # again, after the read
+            return False
         conn = self._open_runner(launch, session_id)
         ended = asyncio.Event()
         writer = asyncio.create_task(self._write(conn, ended))
