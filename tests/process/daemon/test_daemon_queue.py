@@ -402,3 +402,55 @@ def test_sync_client_queue(home: Path, project: Path, fake: FakeProviderServer) 
                 break
         # The running turn (live from the watch on), then the queued one.
         assert list(started_turns.values()) == ["work", "b"]
+
+
+async def test_a_client_takes_control_of_a_queued_turn_running_without_one(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    """A queued turn running after its client left is held like a lost client's: another
+    client's ``control_request`` is granted at once, with the turn, which it may cancel;
+    it then controls the queue."""
+    write_settings(home, fake)
+    started, release = _blocking_turn(fake, project)
+    queued_started = project / "queued-started"
+    command = f"touch {queued_started}; sleep 600"
+    fake.enqueue(
+        Reply(text=[], tool_calls=[FakeToolCall("t2", "shell", json.dumps({"command": command}))])
+    )
+    client = await persistent(home, project)
+    try:
+        session_id = (await client.request("session.create", {}))["payload"]["session_id"]
+        reply = await client.request("turn.start", {"prompt": "work"}, session_id=session_id)
+        assert reply["error"] is None, reply
+        await wait_for(started.exists, 60, "the tool to start")
+        await client.queue_add(session_id, "long queued")
+        await client.queue_add(session_id, "later")
+    finally:
+        await client.close()
+    release.touch()
+    await wait_for(queued_started.exists, 60, "the queued turn's tool to start")
+    other = await persistent(home, project)
+    try:
+        with pytest.raises(QueueError) as refused:
+            await other.queue_remove(session_id, "q_nope")
+        assert refused.value.code == "not_controller"
+        granted = await asyncio.wait_for(other.request_control(session_id), 30)
+        assert len(granted["turns"]) == 1
+        turn_id = granted["turns"][0]["turn_id"]
+        [later] = await other.queue_list(session_id)
+        assert later["text"] == "later"
+        assert await other.queue_remove(session_id, later["entry_id"]) == []
+        await other.attach(turn_id)
+        cancel = await other.request("turn.cancel", {"turn_id": turn_id})
+        assert cancel["error"] is None, cancel
+        async with asyncio.timeout(60):
+            while True:
+                event = await other.next_event()
+                assert event is not None
+                if isinstance(event, dict) and event["event"] == "turn.terminal":
+                    assert event["payload"]["status"] == "cancelled"
+                    break
+    finally:
+        await other.close()
+    replay = await replay_in_new_shim(home, project, session_id)
+    assert _user_texts(replay) == ["work", "long queued"]
