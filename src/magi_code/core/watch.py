@@ -3,7 +3,8 @@
 A watcher is told what happens on a session, whoever does it: each turn's events (from
 ``turn.started`` to ``turn.terminal``) and *session events* (``turn_started`` with the
 starting connection's label and prompt, ``control_changed``, ``control_requested``,
-``approval_requested``, ``approval_resolved``). Watchers only read.
+``approval_requested``, ``approval_resolved``, ``queue_changed``, ``title_changed``).
+Watchers only read.
 
 The hand-off from durable history to live events is per turn: a turn is delivered
 either as history items (``session.replay``'s) or live, from its ``turn.started``, never
