@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Final
 
@@ -53,6 +54,11 @@ PROTOCOL_VERSION: Final = 1
 # ACP's code for a session (or other resource) that does not exist.
 RESOURCE_NOT_FOUND: Final = -32002
 REPLAY_PAGE: Final = 32
+MCP_SERVERS_REFUSED: Final = (
+    "mcpServers: at most 16 stdio servers, 64 KiB in all, each with a command and "
+    "environment variable names of letters, digits and _"
+)
+_UNSAFE_SERVER_NAME: Final = re.compile(r"[^A-Za-z0-9_.-]")
 # The largest file text the editor may hand the core (RFC-0002 §6.8: one frame holds it).
 MAX_EDITOR_TEXT_BYTES: Final = 768 * 1024
 
@@ -103,6 +109,8 @@ class Session:
     session_id: str
     cwd: Path
     client: Client
+    # The editor's MCP servers (RFC-0002 §6.13 shape), given again to a new core.
+    mcp_servers: list[dict[str, Any]]
     # The running prompt's events, tool details and approval requests (the pump puts them
     # here).
     queue: asyncio.Queue[Queued] | None = None
@@ -278,20 +286,22 @@ class Agent:
     async def new_session(self, method: str, params: Any) -> dict[str, Any]:
         params = _object(params)
         cwd = _cwd(params.get("cwd"))
-        _mcp_servers(params)
+        servers = _mcp_servers(params)
         client = await self._client(cwd)
-        session_id: str = (await _call(client, "session.create", {}))["session_id"]
+        created = await _call(client, "session.create", {}, mcp_servers=servers)
+        session_id: str = created["session_id"]
         # Held only while a turn runs (turn.start attaches), so other frontends can too.
         await client.request("session.close", {}, session_id=session_id)
-        self.sessions[session_id] = Session(session_id, cwd, client)
+        self.sessions[session_id] = Session(session_id, cwd, client, servers)
         return {"sessionId": session_id, "modes": await _modes(client, session_id)}
 
     async def load_session(self, method: str, params: Any) -> dict[str, Any]:
         params = _object(params)
         session_id = _session_id(params)
         cwd = _cwd(params.get("cwd"))
-        _mcp_servers(params)
+        servers = _mcp_servers(params)
         client = await self._client(cwd)
+        await _give_mcp_servers(client, session_id, servers, busy_ok=not servers)
         after: str | None = None
         while True:
             payload: dict[str, Any] = {"limit": REPLAY_PAGE}
@@ -300,18 +310,14 @@ class Agent:
             try:
                 page = await _call(client, "session.replay", payload, session_id)
             except RpcError as error:
-                if error.data in ({"code": "session_unavailable"}, {"code": "invalid_session_id"}):
-                    raise RpcError(
-                        RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id}
-                    ) from None
-                raise
+                raise _not_found(error, session_id) from None
             for item in page["events"]:
                 for update in updates.replay_updates(item):
                     self._update(session_id, update)
             if not page["truncated"]:
                 break
             after = page["next_cursor"]
-        self.sessions[session_id] = Session(session_id, cwd, client)
+        self.sessions[session_id] = Session(session_id, cwd, client, servers)
         return {"modes": await _modes(client, session_id)}
 
     async def set_mode(self, method: str, params: Any) -> dict[str, Any]:
@@ -364,8 +370,12 @@ class Agent:
         text = _prompt_text(params.get("prompt"))
         if session.queue is not None:
             raise RpcError(rpc.INVALID_REQUEST, "A prompt is already running in this session")
-        # The project's connection now: a new one if the daemon was restarted meanwhile.
-        session.client = await self._client(session.cwd)
+        # The project's connection now: a new one if the daemon was restarted meanwhile,
+        # which knows the session's MCP servers only once they are given again.
+        client = await self._client(session.cwd)
+        if client is not session.client and session.mcp_servers:
+            await _give_mcp_servers(client, session.session_id, session.mcp_servers)
+        session.client = client
         queue: asyncio.Queue[Queued] = asyncio.Queue()
         session.queue, session.turn_id, session.cancel_requested = queue, None, False
         try:
@@ -608,13 +618,44 @@ def _subject_key(request: ApprovalRequest) -> str:
     return f"{request.kind}\x1f{parts!r}"
 
 
+async def _give_mcp_servers(
+    client: Client, session_id: str, servers: list[dict[str, Any]], *, busy_ok: bool = False
+) -> None:
+    """Make ``servers`` the session's own MCP servers in the core (``session.open`` with
+    them, then ``session.close``); ``busy_ok``: a session another client holds is left
+    as it is."""
+    try:
+        await _call(client, "session.open", {}, session_id, mcp_servers=servers)
+    except RpcError as error:
+        if busy_ok and error.data == {"code": "session_busy"}:
+            return
+        raise _not_found(error, session_id) from None
+    await client.request("session.close", {}, session_id=session_id)
+
+
+def _not_found(error: RpcError, session_id: str) -> RpcError:
+    """A v1 session error as ACP's "resource not found" (others as they are)."""
+    if error.data in ({"code": "session_unavailable"}, {"code": "invalid_session_id"}):
+        return RpcError(RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id})
+    return error
+
+
 async def _call(
-    client: Client, method: str, payload: dict[str, Any], session_id: str | None = None
+    client: Client,
+    method: str,
+    payload: dict[str, Any],
+    session_id: str | None = None,
+    *,
+    mcp_servers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A v1 request's payload; its error as the JSON-RPC error it maps to."""
     try:
-        reply = await client.request(method, payload, session_id=session_id)
+        reply = await client.request(
+            method, payload, session_id=session_id, mcp_servers=mcp_servers
+        )
     except (DaemonUnavailable, DaemonError) as exc:  # the core went away (a restart, a stop)
+        if getattr(exc, "code", None) == "invalid_mcp_servers":
+            raise invalid_params(MCP_SERVERS_REFUSED) from None
         raise RpcError(
             rpc.INTERNAL_ERROR,
             "The connection to the service ended",
@@ -669,11 +710,46 @@ def _cwd(value: Any) -> Path:
     return path
 
 
-def _mcp_servers(params: dict[str, Any]) -> list[Any]:
+def _mcp_servers(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The editor's stdio MCP servers as the core takes them (RFC-0002 §6.13); HTTP and
+    SSE servers (which ``initialize`` does not offer) are left out. A name becomes a
+    server name the core accepts: characters other than letters, digits, ``_.-`` are
+    ``_``, cut to 64."""
     servers = params.get("mcpServers")
     if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
         raise invalid_params("mcpServers must be a list of objects")
-    return servers
+    stdio: list[dict[str, Any]] = []
+    for server in servers:
+        if server.get("type") in ("http", "sse", "acp"):
+            continue
+        name, command = server.get("name"), server.get("command")
+        args, env = server.get("args", []), server.get("env", [])
+        if not (
+            isinstance(name, str)
+            and name
+            and isinstance(command, str)
+            and isinstance(args, list)
+            and all(isinstance(a, str) for a in args)
+            and isinstance(env, list)
+            and all(
+                isinstance(e, dict)
+                and isinstance(e.get("name"), str)
+                and isinstance(e.get("value"), str)
+                for e in env
+            )
+        ):
+            raise invalid_params("a stdio MCP server needs a name, a command, args and env")
+        stdio.append(
+            {
+                "name": _UNSAFE_SERVER_NAME.sub("_", name)[:64],
+                "command": command,
+                "args": list(args),
+                "env": {e["name"]: e["value"] for e in env},
+            }
+        )
+    if len({s["name"] for s in stdio}) < len(stdio):
+        raise invalid_params("mcpServers names must be unique")
+    return stdio
 
 
 def _prompt_text(blocks: Any) -> str:

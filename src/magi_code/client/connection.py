@@ -251,6 +251,7 @@ class Client:
         request_id: str | None = None,
         deadline_ms: int | None = None,
         idempotency_key: str | None = None,
+        mcp_servers: Sequence[Mapping[str, Any]] | None = None,
     ) -> ResponseEnvelope:
         """Send a v1 request envelope; returns its v1 response envelope.
 
@@ -263,6 +264,11 @@ class Client:
         with the original outcome and starts nothing. If the connection ends after the
         request was sent and before its response, :class:`OutcomeUnknown` is raised
         (with the key); resume with :meth:`resume_turn` on a new client.
+
+        ``session.create`` and ``session.open`` may give the session ``mcp_servers`` of its
+        own (RFC-0002 §6.13: ``{"name", "command", "args", "env"}`` maps), which replace
+        the ones it had; a definition the daemon refuses raises :class:`DaemonError`
+        ``invalid_mcp_servers``.
         """
         rid = request_id or f"c-{next(self._ids)}"
         if rid in self._requests:
@@ -277,6 +283,8 @@ class Client:
             frame["deadline_ms"] = deadline_ms
         if idempotency_key is not None:
             frame["idempotency_key"] = idempotency_key
+        if mcp_servers is not None:
+            frame["mcp_servers"] = [dict(server) for server in mcp_servers]
         self._check_open()  # nothing is sent on an ended connection: safe to retry
         future: asyncio.Future[ResponseEnvelope] = asyncio.get_running_loop().create_future()
         sent_payload = frame["message"]["payload"]  # a copy: later edits do not change it

@@ -138,6 +138,7 @@ class SyncClient:
         request_id: str | None = None,
         deadline_ms: int | None = None,
         idempotency_key: str | None = None,
+        mcp_servers: Sequence[Mapping[str, Any]] | None = None,
         timeout: float | None = None,
     ) -> ResponseEnvelope:
         """:meth:`Client.request`. A ``timeout`` on ``turn.start`` leaves its outcome
@@ -149,6 +150,7 @@ class SyncClient:
             request_id=request_id,
             deadline_ms=deadline_ms,
             idempotency_key=idempotency_key,
+            mcp_servers=mcp_servers,
         )
         return self._run(call, timeout)
 

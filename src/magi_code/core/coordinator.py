@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from magi_code.protocol import envelope
 from magi_code.protocol.envelope import Identity, Rejected, Request
@@ -29,6 +29,9 @@ from magi_code.storage.launch import LaunchContext
 
 from .output import Batch, Output, TurnEvent
 from .routes import Endpoint, Reply, RequestExpired, Route, SessionRule
+
+if TYPE_CHECKING:
+    from magi_code.protocol.v2 import McpServer
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +245,7 @@ class ServiceCoordinator:
         *,
         idempotency_key: str | None = None,
         deadline_ms: int | None = None,
+        mcp_servers: tuple[McpServer, ...] | None = None,
     ) -> Batch | None:
         """Handle a request envelope already decoded by a transport (v2 ``request``).
 
@@ -249,9 +253,13 @@ class ServiceCoordinator:
         deadline passed while the handler waited.
         """
         decoded = envelope.decode_object(message, conn.reserved.__contains__)
-        if isinstance(decoded, Request) and (idempotency_key or deadline_ms is not None):
+        extras = idempotency_key or deadline_ms is not None or mcp_servers is not None
+        if isinstance(decoded, Request) and extras:
             decoded = dataclasses.replace(
-                decoded, idempotency_key=idempotency_key, deadline_ms=deadline_ms
+                decoded,
+                idempotency_key=idempotency_key,
+                deadline_ms=deadline_ms,
+                mcp_servers=mcp_servers,
             )
         return await self._handle(conn, decoded)
 

@@ -23,7 +23,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.bounds import string_fits
@@ -41,7 +41,13 @@ from magi_code.sessions.store import SessionStore, WriterLease
 from .coordinator import Connection
 from .routes import Endpoint, Reply, check_fields, empty_payload
 
+if TYPE_CHECKING:
+    from magi_code.protocol.v2 import McpServer
+
 log = logging.getLogger(__name__)
+
+# Sessions given MCP servers of their own (RFC-0002 §6.13) that the service keeps at once.
+MAX_SESSIONS_WITH_MCP_SERVERS: Final = 4096
 
 _PAGE_FIELDS: Final = frozenset({"after", "limit"})
 
@@ -111,6 +117,9 @@ class SessionService:
         self._releasing: dict[str, asyncio.Event] = {}
         # Told when a connection takes a session's lease here (the prompt queue resumes).
         self.served: Callable[[Connection, str], None] | None = None
+        # Each session's own MCP servers, joined to the configured ones for its turns:
+        # in memory only (their env may hold secrets), for the service's life.
+        self._mcp_servers: dict[str, tuple[McpServer, ...]] = {}
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
@@ -120,6 +129,27 @@ class SessionService:
             "session.replay": Endpoint(_validate_replay, self._replay),
             "session.close": Endpoint(_validate_session_op, self._close),
         }
+
+    # -- a session's own MCP servers --------------------------------------------------------
+
+    def mcp_servers(self, session_id: str) -> tuple[McpServer, ...]:
+        return self._mcp_servers.get(session_id, ())
+
+    def _check_mcp_room(
+        self, session_id: str | None, servers: tuple[McpServer, ...] | None
+    ) -> None:
+        """Refuse (before anything changes) servers for one session too many."""
+        full = len(self._mcp_servers) >= MAX_SESSIONS_WITH_MCP_SERVERS
+        if servers and session_id not in self._mcp_servers and full:
+            raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+
+    def _set_mcp_servers(self, session_id: str, servers: tuple[McpServer, ...] | None) -> None:
+        """The request's servers replace the session's (none given: they stay; an empty
+        list removes them)."""
+        if servers:
+            self._mcp_servers[session_id] = servers
+        elif servers is not None:
+            self._mcp_servers.pop(session_id, None)
 
     # -- attachment bookkeeping (also used by turns) --------------------------------------
 
@@ -305,11 +335,15 @@ class SessionService:
         return Reply(await asyncio.to_thread(page))
 
     async def _create(self, conn: Connection, request: Request, _: None) -> Reply:
+        self._check_mcp_room(None, request.mcp_servers)
         attachment = await self.create(conn, explicit=True)
+        self._set_mcp_servers(attachment.session_id, request.mcp_servers)
         return Reply({"session_id": attachment.session_id, "status": "open"}, attachment.session_id)
 
     async def _open(self, conn: Connection, request: Request, session_id: str) -> Reply:
+        self._check_mcp_room(session_id, request.mcp_servers)
         await self.attach(conn, session_id, explicit=True)
+        self._set_mcp_servers(session_id, request.mcp_servers)
         return Reply({"session_id": session_id, "status": "open"}, session_id)
 
     async def _replay(

@@ -660,7 +660,14 @@ class TurnService:
         except BaseException:
             await self._abandon(attachment)
             raise
-        turn = TurnRequest(conn.ctx, attachment.session_id, turn_id, prompt, history)
+        turn = TurnRequest(
+            conn.ctx,
+            attachment.session_id,
+            turn_id,
+            prompt,
+            history,
+            self.sessions.mcp_servers(attachment.session_id),
+        )
         info = TurnInfo(
             turn_id,
             attachment.session_id,

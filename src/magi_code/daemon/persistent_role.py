@@ -140,6 +140,7 @@ class PersistentRole:
                 frame.message,
                 idempotency_key=frame.idempotency_key,
                 deadline_ms=frame.deadline_ms,
+                mcp_servers=frame.mcp_servers,
             )
         except RequestExpired:
             log.info("request expired during admission")

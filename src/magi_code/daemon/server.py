@@ -84,6 +84,7 @@ CAPABILITIES: Final = (
     "turn.steer",
     "session.library",
     "session.queue",
+    "session.mcp_servers",
 )
 
 

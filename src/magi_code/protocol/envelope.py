@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -42,6 +42,9 @@ from .limits import (
     MAX_STRING_BYTES,
     PROTOCOL_VERSION,
 )
+
+if TYPE_CHECKING:
+    from .v2 import McpServer
 
 ENVELOPE_FIELDS: Final = frozenset(
     {"protocol_version", "kind", "request_id", "session_id", "method", "payload"}
@@ -87,6 +90,8 @@ class Request:
     idempotency_key: str | None = None
     # and give it a deadline (Unix time in ms), checked again where admission waits.
     deadline_ms: int | None = None
+    # A session.create/session.open's MCP servers for the session (RFC-0002 §6.13).
+    mcp_servers: tuple[McpServer, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ never carry request data, paths or secrets.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, Literal, TypeGuard, cast
@@ -34,6 +35,11 @@ MAX_BUILD_ID_CHARS: Final = 128
 MAX_CLIENT_VERSION_CHARS: Final = 64
 # A ``queue_move`` index (a queue holds far fewer entries: past its tail is its tail).
 MAX_QUEUE_INDEX: Final = 1024
+# ``mcp_servers`` of a ``request`` frame (§6.13): a session's own MCP servers, bounded.
+MAX_SESSION_MCP_SERVERS: Final = 16
+MAX_SESSION_MCP_BYTES: Final = 64 * 1024
+MCP_SERVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 Role = Literal["v1_shim", "persistent", "control"]
 ROLES: Final[dict[str, str]] = {
@@ -69,6 +75,7 @@ class Code(StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INVALID_DEADLINE = "invalid_deadline"
     INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
+    INVALID_MCP_SERVERS = "invalid_mcp_servers"
     UNKNOWN_APPROVAL = "unknown_approval"
     GRANTS_UNAVAILABLE = "grants_unavailable"
     RESYNC_REQUIRED = "resync_required"
@@ -99,6 +106,7 @@ MESSAGES: Final[dict[Code, str]] = {
     Code.DEADLINE_EXCEEDED: "the request deadline passed before it could run",
     Code.INVALID_DEADLINE: "the request deadline is invalid",
     Code.INVALID_IDEMPOTENCY_KEY: "the idempotency key is invalid",
+    Code.INVALID_MCP_SERVERS: "the MCP server definitions are invalid",
 }
 
 # Frame types by sender. A client frame valid for no role is ``unknown_frame``; one valid
@@ -379,14 +387,41 @@ class Eof(_Frozen):
     __slots__ = ()
 
 
-class Request(_Frozen):
-    """A v1 request envelope as a map, with the v2 extras (deadline, idempotency key)."""
+class McpServer(_Frozen):
+    """One MCP server a client gives a session (§6.13). Its ``env`` values may be secrets:
+    the repr names the variables only."""
 
-    __slots__ = ("message", "request_id", "deadline_ms", "idempotency_key")  # noqa: RUF023
+    __slots__ = ("name", "command", "args", "env")  # noqa: RUF023
+    name: str
+    command: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def __init__(
+        self, name: str, command: str, args: tuple[str, ...], env: Mapping[str, str]
+    ) -> None:
+        self._set(name, command, args, env)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.command, self.args, tuple(sorted(self.env.items()))))
+
+    def __repr__(self) -> str:
+        return (
+            f"McpServer(name={self.name!r}, command={self.command!r}, args={self.args!r}, "
+            f"env={sorted(self.env)!r})"
+        )
+
+
+class Request(_Frozen):
+    """A v1 request envelope as a map, with the v2 extras (deadline, idempotency key, a
+    session's MCP servers)."""
+
+    __slots__ = ("message", "request_id", "deadline_ms", "idempotency_key", "mcp_servers")  # noqa: RUF023
     message: object
     request_id: str | None
     deadline_ms: int | None
     idempotency_key: str | None
+    mcp_servers: tuple[McpServer, ...] | None
 
     def __init__(
         self,
@@ -394,8 +429,9 @@ class Request(_Frozen):
         request_id: str | None,
         deadline_ms: int | None = None,
         idempotency_key: str | None = None,
+        mcp_servers: tuple[McpServer, ...] | None = None,
     ) -> None:
-        self._set(message, request_id, deadline_ms, idempotency_key)
+        self._set(message, request_id, deadline_ms, idempotency_key, mcp_servers)
 
 
 class Control(_Frozen):
@@ -818,7 +854,49 @@ def _request(frame: Mapping[str, Any]) -> Request:
     key = frame.get("idempotency_key")
     if key is not None and not valid_idempotency_key(key):
         raise Rejected(request_error(request_id, Code.INVALID_IDEMPOTENCY_KEY))
-    return Request(message, request_id, deadline, key)
+    servers = frame.get("mcp_servers")
+    if servers is not None:
+        servers = mcp_servers(servers)
+        if servers is None:
+            raise Rejected(request_error(request_id, Code.INVALID_MCP_SERVERS))
+    return Request(message, request_id, deadline, key, servers)
+
+
+def mcp_servers(value: object) -> tuple[McpServer, ...] | None:
+    """A ``request`` frame's ``mcp_servers`` (§6.13); None when it breaks the rules."""
+    if not isinstance(value, list) or len(value) > MAX_SESSION_MCP_SERVERS:
+        return None
+    servers: list[McpServer] = []
+    size = 0
+    for item in value:
+        if not isinstance(item, dict) or not set(item) <= {"name", "command", "args", "env"}:
+            return None
+        name, command = item.get("name"), item.get("command")
+        args, env = item.get("args", []), item.get("env", {})
+        if not (
+            isinstance(name, str)
+            and MCP_SERVER_NAME.fullmatch(name)
+            and isinstance(command, str)
+            and command
+            and "\0" not in command
+            and isinstance(args, list)
+            and all(isinstance(a, str) and "\0" not in a for a in args)
+            and isinstance(env, dict)
+            and all(
+                isinstance(k, str)
+                and _ENV_NAME.fullmatch(k)
+                and isinstance(v, str)
+                and "\0" not in v
+                for k, v in env.items()
+            )
+        ):
+            return None
+        strings = [name, command, *args, *env, *env.values()]
+        size += sum(len(text.encode("utf-8", "surrogatepass")) for text in strings)
+        if size > MAX_SESSION_MCP_BYTES or name in (s.name for s in servers):
+            return None
+        servers.append(McpServer(name, command, tuple(args), dict(env)))
+    return tuple(servers)
 
 
 def _snapshot(frame: Mapping[str, Any]) -> Snapshot:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from magi_code.auth.credentials import resolve_headers
@@ -37,8 +38,10 @@ from .refreshing import RefreshingAgent
 from .skills import SKILL_TOOL_NAME, SkillCache, turn_tools
 from .subagent import TASK_TOOL_NAME, TaskTool
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
-    from magi_code.tools.mcp import McpServers
+    from magi_code.tools.mcp import McpServerLike, McpServers
 
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 8192
 ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME, SKILL_TOOL_NAME}
@@ -132,6 +135,8 @@ class TurnRequest:
     turn_id: str
     prompt: str
     history: SessionContext
+    # The session's own MCP servers (a client's, RFC-0002 §6.13), beside the configured.
+    mcp_servers: tuple[McpServerLike, ...] = ()
 
 
 class TurnRuntime:
@@ -202,7 +207,7 @@ class TurnRuntime:
         # The toolset imports the MCP SDK only when the settings configure a server.
         from magi_code.tools.mcp import McpToolset
 
-        servers = settings.mcp_servers.values()
+        servers = joined_mcp_servers(settings.mcp_servers, turn.mcp_servers)
         # The launch context is the owner: its connection's end stops what it alone used.
         toolset = (
             McpToolset(servers, tool_ctx)
@@ -242,6 +247,24 @@ class TurnRuntime:
             await hooks.user_prompt_submit(turn.prompt)
             final_text = await agent.run(history, turn.prompt, session=turn.history)
             await hooks.stop(final_text)
+
+
+def joined_mcp_servers(
+    configured: Mapping[str, McpServerLike], own: Iterable[McpServerLike]
+) -> list[McpServerLike]:
+    """The configured MCP servers and the session's own; on a name clash the configured
+    server is used and the session's is left out (a client never replaces what the user's
+    settings say a name is)."""
+    servers = list(configured.values())
+    clashes = 0
+    for server in own:
+        if server.name in configured:
+            clashes += 1
+        else:
+            servers.append(server)
+    if clashes:
+        log.warning("%d of the session's MCP servers have a configured server's name", clashes)
+    return servers
 
 
 def turn_sandbox(ctx: LaunchContext, settings: Settings) -> Sandbox | None:
