@@ -192,7 +192,12 @@ async def test_load_streams_back_the_history_including_a_v1_frontends_turn(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    fake.enqueue(Reply(text=("first answer",)), Reply(text=("v1 answer",)))
+    fake.enqueue(
+        tool_reply(tool_call("c1", "write_file", path="notes.txt", content="hi\n")),
+        Reply(text=("first answer",)),
+        tool_reply(tool_call("c2", "read_file", path="missing.txt")),
+        Reply(text=("v1 answer",)),
+    )
     async with acp_agent(home, project) as (conn, _editor):
         await conn.initialize(protocol_version=1)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
@@ -205,15 +210,26 @@ async def test_load_streams_back_the_history_including_a_v1_frontends_turn(
         await conn.load_session(cwd=str(project), session_id=session_id, mcp_servers=[])
         history = [
             (u["sessionUpdate"], u["content"]["text"])
+            if u["sessionUpdate"] != "tool_call"
+            else ("tool_call", u["kind"], u["title"], u["status"])
             for u in editor.updates
-            if u["sessionUpdate"] in ("user_message_chunk", "agent_message_chunk")
+            if u["sessionUpdate"] in ("user_message_chunk", "agent_message_chunk", "tool_call")
         ]
         assert history == [
             ("user_message_chunk", "first question"),
+            ("tool_call", "edit", "Write file: notes.txt", "completed"),
             ("agent_message_chunk", "first answer"),
             ("user_message_chunk", "v1 question"),
+            ("tool_call", "read", "Read file: missing.txt", "failed"),
             ("agent_message_chunk", "v1 answer"),
         ]
+        replayed = [u for u in editor.updates if u["sessionUpdate"] == "tool_call"]
+        assert replayed[0]["rawInput"] == {"path": "notes.txt", "content": "hi\n"}
+        assert replayed[0]["locations"] == [{"path": str(project / "notes.txt")}]
+        assert replayed[0]["content"] == [
+            {"type": "content", "content": {"type": "text", "text": "Completed."}}
+        ]
+        assert len({u["toolCallId"] for u in replayed}) == 2
         listed = await conn.list_sessions()
         assert session_id in [s.session_id for s in listed.sessions]
         with pytest.raises(RequestError) as missing:

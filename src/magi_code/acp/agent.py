@@ -38,6 +38,7 @@ from magi_code.client import (
     ErrorInfo,
     FileRequest,
     Overloaded,
+    SessionError,
     ToolDetail,
 )
 from magi_code.dataclass import dataclass, field
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION: Final = 1
 # ACP's code for a session (or other resource) that does not exist.
 RESOURCE_NOT_FOUND: Final = -32002
-REPLAY_PAGE: Final = 32
 MCP_SERVERS_REFUSED: Final = (
     "mcpServers: at most 16 stdio servers, 64 KiB in all, each with a command and "
     "environment variable names of letters, digits and _"
@@ -302,21 +302,27 @@ class Agent:
         servers = _mcp_servers(params)
         client = await self._client(cwd)
         await _give_mcp_servers(client, session_id, servers, busy_ok=not servers)
-        after: str | None = None
+        cursor: str | None = None
         while True:
-            payload: dict[str, Any] = {"limit": REPLAY_PAGE}
-            if after is not None:
-                payload["after"] = after
             try:
-                page = await _call(client, "session.replay", payload, session_id)
-            except RpcError as error:
+                page = await client.transcript(session_id, cursor)
+            except SessionError as exc:
+                error = RpcError(
+                    rpc.INTERNAL_ERROR, "The session cannot be read", {"code": exc.code}
+                )
                 raise _not_found(error, session_id) from None
-            for item in page["events"]:
-                for update in updates.replay_updates(item):
+            except (DaemonUnavailable, DaemonError) as exc:
+                raise RpcError(
+                    rpc.INTERNAL_ERROR,
+                    "The connection to the service ended",
+                    {"code": getattr(exc, "code", None)},
+                ) from None
+            for item in page["items"]:
+                for update in updates.replay_updates(item, cwd):
                     self._update(session_id, update)
-            if not page["truncated"]:
+            cursor = page["next_cursor"]
+            if cursor is None:
                 break
-            after = page["next_cursor"]
         self.sessions[session_id] = Session(session_id, cwd, client, servers)
         return {"modes": await _modes(client, session_id)}
 

@@ -64,6 +64,12 @@ TOOL_SUBJECTS: Final = {
 MAX_TITLE_CHARS: Final = 200
 # Details of calls not reported yet that a turn keeps (a subagent's are never reported).
 MAX_PENDING_DETAILS: Final = 64
+# The content of a replayed tool call (its output is not replayed, as it is not streamed).
+REPLAYED: Final = {
+    "completed": "Completed.",
+    "failed": "Failed.",
+    "no_result": "No result: its turn ended before it did.",
+}
 AUTH_FAILURES: Final = frozenset(
     {"auth_missing", "auth_refresh_failed", "auth_unreadable", "provider_auth_failed"}
 )
@@ -144,19 +150,7 @@ class TurnView:
         return []
 
     def _call_fields(self, call: dict[str, Any]) -> dict[str, Any]:
-        name, arguments = call["tool"], call["arguments"]
-        subject = arguments.get(TOOL_SUBJECTS.get(name, ""))
-        title = TOOL_TITLES.get(name, name)
-        if isinstance(subject, str) and subject.strip():
-            title = f"{title}: {subject.strip().splitlines()[0]}"
-        fields: dict[str, Any] = {
-            "title": title[:MAX_TITLE_CHARS],
-            "kind": TOOL_KINDS.get(name, "other"),
-            "rawInput": arguments,
-        }
-        if call["locations"]:
-            fields["locations"] = [self._location(place) for place in call["locations"]]
-        return fields
+        return call_fields(call, self.cwd)
 
     def _diff_fields(self, diff: dict[str, Any]) -> dict[str, Any]:
         path = str(self.cwd / diff["path"])
@@ -174,11 +168,30 @@ class TurnView:
             }
         return {"content": [content], "locations": [{"path": path}]}
 
-    def _location(self, place: dict[str, Any]) -> dict[str, Any]:
-        location: dict[str, Any] = {"path": str(self.cwd / place["path"])}
-        if "line" in place:
-            location["line"] = place["line"]
-        return location
+
+def call_fields(call: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    """A tool call's title, kind, raw input and locations from its detail (RFC-0002 §6.8
+    ``call``), paths absolute under ``cwd``."""
+    name, arguments = call["tool"], call["arguments"]
+    subject = arguments.get(TOOL_SUBJECTS.get(name, ""))
+    title = TOOL_TITLES.get(name, name)
+    if isinstance(subject, str) and subject.strip():
+        title = f"{title}: {subject.strip().splitlines()[0]}"
+    fields: dict[str, Any] = {
+        "title": title[:MAX_TITLE_CHARS],
+        "kind": TOOL_KINDS.get(name, "other"),
+        "rawInput": arguments,
+    }
+    if call["locations"]:
+        fields["locations"] = [_location(place, cwd) for place in call["locations"]]
+    return fields
+
+
+def _location(place: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    location: dict[str, Any] = {"path": str(cwd / place["path"])}
+    if "line" in place:
+        location["line"] = place["line"]
+    return location
 
 
 def stop_reason(terminal: dict[str, Any], cancel_requested: bool) -> str | None:
@@ -194,12 +207,26 @@ def stop_reason(terminal: dict[str, Any], cancel_requested: bool) -> str | None:
     return "end_turn"
 
 
-def replay_updates(item: dict[str, Any]) -> list[dict[str, Any]]:
-    """A ``session.replay`` item as the updates ``session/load`` streams back."""
+def replay_updates(item: dict[str, Any], cwd: Path) -> list[dict[str, Any]]:
+    """A transcript item (RFC-0002 §6.14) as the updates ``session/load`` streams back:
+    messages as chunks, a tool call as one ``tool_call`` that is already over."""
     kind = item["kind"]
     if kind == "message":
         chunk = "user_message_chunk" if item["role"] == "user" else "agent_message_chunk"
         return [text_chunk(chunk, item["text"])] if item["text"] else []
     if kind == "summary":  # what replaced the compacted history: the agent's summary
         return [text_chunk("agent_message_chunk", item["text"])] if item["text"] else []
+    if kind == "tool_call":
+        status = item["status"]
+        return [
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": f"{item['turn_id']}/{item['call_id']}",
+                **call_fields(item["call"], cwd),
+                "status": "completed" if status == "completed" else "failed",
+                "content": [
+                    {"type": "content", "content": {"type": "text", "text": REPLAYED[status]}}
+                ],
+            }
+        ]
     return []

@@ -70,6 +70,7 @@ from .types import (
     SnapshotPage,
     TitleChanged,
     ToolDetail,
+    TranscriptPage,
     TurnStarted,
     Watched,
     WatchedApproval,
@@ -95,6 +96,7 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "session_rename": ("session_result", "session_error"),
     "session_archive": ("session_result", "session_error"),
     "session_unarchive": ("session_result", "session_error"),
+    "session_transcript": ("transcript_result", "session_error"),
     "watch": ("watch_result", "watch_error"),
     "unwatch": ("unwatched", "watch_error"),
     "control_request": ("control_granted", "grant_error"),
@@ -681,6 +683,18 @@ class Client:
         """Show an archived session in the default lists again. Raises
         :class:`SessionError`."""
         return await self._session_change("session_unarchive", {"session_id": session_id})
+
+    async def transcript(self, session_id: str, cursor: str | None = None) -> TranscriptPage:
+        """One page of the session's conversation with its tool calls, in order
+        (RFC-0002 §6.14): the ``session.replay`` items (messages, summary, terminals) and
+        ``tool_call`` items. Pass ``next_cursor`` for the next page. Raises
+        :class:`SessionError` (``invalid_request``, ``invalid_session_id``,
+        ``session_unavailable``, ``session_busy``)."""
+        fields: dict[str, Any] = {"session_id": session_id}
+        if cursor is not None:
+            fields["cursor"] = cursor
+        answer = await self._call("session_transcript", fields, v2.TranscriptResult)
+        return TranscriptPage(items=answer.items, next_cursor=answer.next_cursor, gap=answer.gap)
 
     async def _session_change(self, kind: str, fields: dict[str, Any]) -> SessionInfo:
         return cast(SessionInfo, (await self._call(kind, fields, v2.SessionResult)).session)

@@ -43,6 +43,7 @@ from .types import (
     SessionInfo,
     SessionsPage,
     SnapshotItem,
+    TranscriptPage,
     WatchResult,
 )
 
@@ -231,6 +232,11 @@ class SyncClient:
             project_dir=project_dir, title=title, archived=archived, cursor=cursor, limit=limit
         )
         return self._run(page, timeout)
+
+    def transcript(
+        self, session_id: str, cursor: str | None = None, *, timeout: float | None = None
+    ) -> TranscriptPage:
+        return self._run(self._client.transcript(session_id, cursor), timeout)
 
     def rename_session(
         self, session_id: str, title: str, *, timeout: float | None = None

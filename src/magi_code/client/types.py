@@ -279,6 +279,13 @@ class SessionsPage(TypedDict):
     incomplete: bool  # some sessions could not be examined or read
 
 
+class TranscriptPage(TypedDict):
+    # session.replay item bodies (no cursor) and {"kind": "tool_call", ...} items, in order
+    items: list[dict[str, Any]]
+    next_cursor: str | None  # None on the last page
+    gap: bool  # some history could not be read or lies before the window
+
+
 class SnapshotItem(TypedDict):
     """One turn the daemon knows: running, or finished within retention."""
 

@@ -21,14 +21,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
+
+import orjson
 
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol import envelope
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.v2 import MAX_TRANSCRIPT_PAGE_BYTES
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.listing import LibraryQuery
+from magi_code.sessions.store import Transcript
 from magi_code.storage.launch import LaunchContext
+from magi_code.tools.frontend import call_detail
 from magi_code.turns import failures
 
 from .approvals import ApprovalService
@@ -471,6 +477,15 @@ class PersistentCoordinator:
             raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
         return await asyncio.to_thread(self.sessions.store.library, query)
 
+    async def transcript(self, session_id: str, start: int, project: Path) -> dict[str, object]:
+        """A page of the session's conversation with its tool calls (RFC-0002 §6.14) from
+        item ``start``; tool call paths relative to ``project``. Raises ServiceError
+        (``invalid_session_id``, ``session_unavailable``, ``session_busy``)."""
+        if self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        transcript = await asyncio.to_thread(self.sessions.store.transcript, session_id)
+        return await asyncio.to_thread(transcript_page, transcript, start, project)
+
     async def change_session(
         self, kind: str, session_id: str, title: str | None
     ) -> dict[str, object]:
@@ -494,6 +509,44 @@ class PersistentCoordinator:
             return item
         archived = kind == "session_archive"
         return await asyncio.to_thread(store.set_archived, session_id, archived)
+
+
+def transcript_page(transcript: Transcript, start: int, project: Path) -> dict[str, object]:
+    """Items ``start`` on of the transcript's conversation, as many as fit a page (at
+    least one). Blocking (a tool call's detail resolves its paths)."""
+    items: list[dict[str, object]] = []
+    size, index, more = 0, 0, False
+    for index, entry in enumerate(transcript.conversation()):
+        if index < start:
+            continue
+        if isinstance(entry, tuple):
+            call, is_error = entry
+            detail = call_detail(call.name, call.arguments, project) or {
+                "tool": call.name,
+                "arguments": {},
+                "truncated": True,
+                "locations": [],
+            }
+            status = "no_result" if is_error is None else "failed" if is_error else "completed"
+            item: dict[str, object] = {
+                "kind": "tool_call",
+                "turn_id": call.turn_id,
+                "call_id": call.call_id,
+                "call": detail,
+                "status": status,
+            }
+        else:
+            item = entry.body
+        size += len(orjson.dumps(item))
+        if items and size > MAX_TRANSCRIPT_PAGE_BYTES:
+            more = True
+            break
+        items.append(item)
+    return {
+        "items": items,
+        "next_cursor": str(index) if more else None,
+        "gap": transcript.gap,
+    }
 
 
 def _turn_started(event: TurnEvent) -> dict[str, Any]:

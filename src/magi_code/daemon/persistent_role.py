@@ -111,6 +111,8 @@ class PersistentRole:
                         await in_order
                 elif isinstance(frame, v2.SessionsList | v2.SessionChange):
                     await self._library(frame)
+                elif isinstance(frame, v2.SessionTranscript):
+                    await self._transcript(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
@@ -244,6 +246,17 @@ class PersistentRole:
             self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
             return
         self.peer.send({"t": "session_result", "id": frame.id, "session": item})
+
+    async def _transcript(self, frame: v2.SessionTranscript) -> None:
+        """A page of a session's conversation with its tool calls (§6.14)."""
+        try:
+            page = await self.core.transcript(
+                frame.session_id, frame.start, self.conn.ctx.project_dir
+            )
+        except ServiceError as exc:
+            self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
+            return
+        self.peer.send({"t": "transcript_result", "id": frame.id, **page})
 
     async def _session_policy(self, frame: v2.SessionPolicy) -> None:
         policy = cast(Policy | None, frame.policy)

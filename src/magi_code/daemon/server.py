@@ -85,6 +85,7 @@ CAPABILITIES: Final = (
     "session.library",
     "session.queue",
     "session.mcp_servers",
+    "session.transcript",
 )
 
 

@@ -39,7 +39,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_SESSION_PAGE_ITEMS
 from magi_code.protocol.text import one_line, without_hidden
 from magi_code.sessions.listing import LibraryQuery
-from magi_code.sessions.records import ToolCallRecord, ToolResultRecord
+from magi_code.sessions.records import ToolCallRecord
 from magi_code.sessions.store import ForeignEntries, SessionStore, Transcript
 from magi_code.storage.launch import LaunchContext
 
@@ -192,23 +192,15 @@ def transcript_lines(transcript: Transcript) -> Iterator[str]:
     """The conversation as text: a blank line and a heading line per message, then its
     text; tool calls one line each, where they happened; turns that did not complete say
     how they ended."""
-    calls = [r for r in transcript.records if isinstance(r, ToolCallRecord)]
-    failed = {
-        (r.turn_id, r.call_id)
-        for r in transcript.records
-        if isinstance(r, ToolResultRecord) and r.is_error
-    }
     started = transcript.gap
     if transcript.gap:
         yield HISTORY_CUT
     text: list[str] = []
-    for item in transcript.items:
-        body = item.body
-        if body["kind"] != "summary":
-            # Calls made before this item; the empty part that ends a reply a call
-            # interrupted carries the call's own seq and comes first.
-            while calls and calls[0].seq < item.seq:
-                yield _call_line(calls.pop(0), failed)
+    for entry in transcript.conversation():
+        if isinstance(entry, tuple):
+            yield _call_line(*entry)
+            continue
+        body = entry.body
         if body["kind"] == "terminal":
             if body["status"] != "completed":
                 yield f"[turn {body['status']}]"
@@ -225,13 +217,11 @@ def transcript_lines(transcript: Transcript) -> Iterator[str]:
             text.clear()
             if message:
                 yield from message.split("\n")
-    for call in calls:
-        yield _call_line(call, failed)
 
 
-def _call_line(call: ToolCallRecord, failed: set[tuple[str, str]]) -> str:
+def _call_line(call: ToolCallRecord, is_error: bool | None) -> str:
     arguments = one_line(call.arguments)
     if len(arguments) > MAX_ARGUMENT_CHARS:
         arguments = arguments[: MAX_ARGUMENT_CHARS - 1] + "…"
-    outcome = " (failed)" if (call.turn_id, call.call_id) in failed else ""
+    outcome = " (failed)" if is_error else ""
     return f"  · {one_line(call.name)} {arguments}{outcome}"

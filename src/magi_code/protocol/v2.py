@@ -40,6 +40,12 @@ MAX_SESSION_MCP_SERVERS: Final = 16
 MAX_SESSION_MCP_BYTES: Final = 64 * 1024
 MCP_SERVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+# A ``transcript_result`` page's items, encoded, at most (one frame holds 1 MiB), and its
+# cursor (the index of the page's first item).
+MAX_TRANSCRIPT_PAGE_BYTES: Final = 512 * 1024
+# A transcript's ``tool_call`` item: how the call ended (``no_result``: its turn ended first).
+TRANSCRIPT_CALL_STATUSES: Final = frozenset({"completed", "failed", "no_result"})
+_TRANSCRIPT_CURSOR: Final = re.compile(r"[0-9]{1,9}")
 
 Role = Literal["v1_shim", "persistent", "control"]
 ROLES: Final[dict[str, str]] = {
@@ -140,6 +146,7 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "queue_remove",
             "queue_move",
             "queue_send_now",
+            "session_transcript",
         }
     ),
     "control": frozenset({"control"}),
@@ -192,6 +199,7 @@ SERVER_FRAMES: Final = frozenset(
         "session_error",
         "queue_result",
         "queue_error",
+        "transcript_result",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -508,6 +516,19 @@ class SessionsList(_Frozen):
         self._set(id, project_dir, title, archived, cursor, limit)
 
 
+class SessionTranscript(_Frozen):
+    """``session_transcript``: a page of a session's conversation with its tool calls
+    (§6.14); ``start`` is the index its cursor names."""
+
+    __slots__ = ("id", "session_id", "start")
+    id: object
+    session_id: str
+    start: int
+
+    def __init__(self, id: object, session_id: str, start: int) -> None:
+        self._set(id, session_id, start)
+
+
 class SessionChange(_Frozen):
     """``session_rename`` (with ``title``), ``session_archive``, ``session_unarchive``
     (``kind`` is its ``t``; §6.11)."""
@@ -688,6 +709,7 @@ ClientFrame = (
     | SessionsList
     | SessionChange
     | QueueFrame
+    | SessionTranscript
 )
 
 
@@ -840,6 +862,8 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _session_change(kind, frame)
         case "queue_add" | "queue_list" | "queue_remove" | "queue_move" | "queue_send_now":
             return _queue_frame(kind, frame)
+        case "session_transcript":
+            return _session_transcript(frame)
         case _:
             return _attach(frame)
 
@@ -981,6 +1005,18 @@ def _sessions_list(frame: Mapping[str, Any]) -> SessionsList:
     if not ok:
         raise Rejected(frame_error("session_error", fid, Code.INVALID_REQUEST))
     return SessionsList(fid, project_dir, title, archived, cursor, limit)
+
+
+def _session_transcript(frame: Mapping[str, Any]) -> SessionTranscript:
+    fid, session_id, cursor = frame.get("id"), frame.get("session_id"), frame.get("cursor")
+    ok = isinstance(session_id, str) and _optional_id(session_id)
+    if cursor is not None and not (
+        isinstance(cursor, str) and _TRANSCRIPT_CURSOR.fullmatch(cursor)
+    ):
+        ok = False
+    if not ok or not isinstance(session_id, str):
+        raise Rejected(frame_error("session_error", fid, Code.INVALID_REQUEST))
+    return SessionTranscript(fid, session_id, 0 if cursor is None else int(cursor))
 
 
 def _session_change(kind: str, frame: Mapping[str, Any]) -> SessionChange:
@@ -1745,6 +1781,20 @@ class QueueResult(_Frozen):
         self._set(session_id, entries, entry_id)
 
 
+class TranscriptResult(_Frozen):
+    """``transcript_result`` (§6.14): ``items`` each have a ``kind``; a ``tool_call``
+    item's ``turn_id``, ``call_id``, ``call`` (tool, arguments, locations) and ``status``
+    (one of ``TRANSCRIPT_CALL_STATUSES``) are checked."""
+
+    __slots__ = ("items", "next_cursor", "gap")  # noqa: RUF023
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+    gap: bool
+
+    def __init__(self, items: list[dict[str, Any]], next_cursor: str | None, gap: bool) -> None:
+        self._set(items, next_cursor, gap)
+
+
 AnswerBody = (
     CallFailed
     | Done
@@ -1758,6 +1808,7 @@ AnswerBody = (
     | SessionsResult
     | SessionResult
     | QueueResult
+    | TranscriptResult
     | ApprovalResolvedFrame
 )
 
@@ -2093,10 +2144,37 @@ def _answer(kind: str, frame: Mapping[str, Any]) -> AnswerBody:
             if not isinstance(session_id, str | None) or not isinstance(entry_id, str | None):
                 raise Malformed("an invalid queue_result")
             return QueueResult(session_id, entries, entry_id)
+        case "transcript_result":
+            return _transcript_result(frame)
         case "approval_already_resolved":
             return _approval_resolved(frame, kind)
         case _:  # a server frame type this decoder does not know: a bug in this module
             raise Malformed(f"{kind!r} is not an answer")
+
+
+def _transcript_result(frame: Mapping[str, Any]) -> TranscriptResult:
+    items, cursor, gap = frame.get("items"), frame.get("next_cursor"), frame.get("gap")
+    if not _dicts(items) or not all(_transcript_item(item) for item in items):
+        raise Malformed("transcript_result without its items")
+    if not isinstance(cursor, str | None) or not isinstance(gap, bool):
+        raise Malformed("transcript_result with an invalid cursor or gap")
+    return TranscriptResult(items, cursor, gap)
+
+
+def _transcript_item(item: Mapping[str, Any]) -> bool:
+    kind = item.get("kind")
+    if kind != "tool_call":
+        return isinstance(kind, str)
+    call = item.get("call")
+    return (
+        isinstance(item.get("turn_id"), str)
+        and isinstance(item.get("call_id"), str)
+        and item.get("status") in TRANSCRIPT_CALL_STATUSES
+        and isinstance(call, dict)
+        and isinstance(call.get("tool"), str)
+        and isinstance(call.get("arguments"), dict)
+        and _dicts(call.get("locations"))
+    )
 
 
 def _part(kind: str, frame: Mapping[str, Any]) -> AttachPart | WatchPart:

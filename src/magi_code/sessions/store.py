@@ -220,6 +220,27 @@ class Transcript:
     records: tuple[Record, ...]
     gap: bool
 
+    def conversation(self) -> Iterator[Item | tuple[ToolCallRecord, bool | None]]:
+        """The items in order with each tool call where it happened (before the first
+        item after it), as ``(call, is_error)``: its result's flag, None when it has no
+        result (its turn ended first)."""
+        results: dict[tuple[str, str], bool | None] = {
+            (r.turn_id, r.call_id): r.is_error
+            for r in self.records
+            if isinstance(r, ToolResultRecord)
+        }
+        calls = [r for r in self.records if isinstance(r, ToolCallRecord)]
+        for item in self.items:
+            if item.body["kind"] != "summary":
+                # Calls made before this item; the empty part that ends a reply a call
+                # interrupted carries the call's own seq and comes first.
+                while calls and calls[0].seq < item.seq:
+                    call = calls.pop(0)
+                    yield call, results.get((call.turn_id, call.call_id))
+            yield item
+        for call in calls:
+            yield call, results.get((call.turn_id, call.call_id))
+
 
 @dataclass(frozen=True, slots=True)
 class SessionContext:
