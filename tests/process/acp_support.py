@@ -29,6 +29,7 @@ RESULTS: dict[str, type[BaseModel]] = {
     "session/list": schema.ListSessionsResponse,
     "session/prompt": schema.PromptResponse,
     "session/set_mode": schema.SetSessionModeResponse,
+    "session/set_config_option": schema.SetSessionConfigOptionResponse,
 }
 CLIENT_REQUESTS: dict[str, type[BaseModel]] = {
     "fs/read_text_file": schema.ReadTextFileRequest,

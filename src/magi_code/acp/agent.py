@@ -100,6 +100,16 @@ PERMISSION_OPTIONS: Final = {
     "reject_once": ("Reject", ("reject",)),
     "reject_always": ("Always reject in this session", ("reject",)),
 }
+# Config options: the most models offered, and the reasoning levels' names.
+MAX_MODEL_OPTIONS: Final = 128
+THOUGHT_LEVELS: Final = {
+    "default": "Default",
+    "low": "Low",
+    "medium": "Medium",
+    "high": "High",
+    "x_high": "Extra high",
+    "max": "Max",
+}
 PERMISSION_KINDS: Final = {"command": "execute", "file_change": "edit", "mcp_tool": "other"}
 Queued = dict[str, Any] | ToolDetail | ApprovalRequest | None
 
@@ -111,6 +121,10 @@ class Session:
     client: Client
     # The editor's MCP servers (RFC-0002 §6.13 shape), given again to a new core.
     mcp_servers: list[dict[str, Any]]
+    # The config options chosen (provider, model, level; None: the settings'), given
+    # again to a new core, and what the session's turns get (RFC-0002 §6.15).
+    chosen: tuple[str, str, str] | None = None
+    selected: dict[str, Any] = field(default_factory=dict)
     # The running prompt's events, tool details and approval requests (the pump puts them
     # here).
     queue: asyncio.Queue[Queued] | None = None
@@ -149,6 +163,7 @@ class Agent:
             "session/list": self.list_sessions,
             "session/prompt": self.prompt,
             "session/set_mode": self.set_mode,
+            "session/set_config_option": self.set_config_option,
         }
         self.notifications: dict[str, rpc.Handler] = {"session/cancel": self.cancel}
 
@@ -292,8 +307,12 @@ class Agent:
         session_id: str = created["session_id"]
         # Held only while a turn runs (turn.start attaches), so other frontends can too.
         await client.request("session.close", {}, session_id=session_id)
-        self.sessions[session_id] = Session(session_id, cwd, client, servers)
-        return {"sessionId": session_id, "modes": await _modes(client, session_id)}
+        session = self.sessions[session_id] = Session(session_id, cwd, client, servers)
+        return {
+            "sessionId": session_id,
+            "modes": await _modes(client, session_id),
+            "configOptions": await self._choose(session, None),
+        }
 
     async def load_session(self, method: str, params: Any) -> dict[str, Any]:
         params = _object(params)
@@ -323,8 +342,11 @@ class Agent:
             cursor = page["next_cursor"]
             if cursor is None:
                 break
-        self.sessions[session_id] = Session(session_id, cwd, client, servers)
-        return {"modes": await _modes(client, session_id)}
+        session = self.sessions[session_id] = Session(session_id, cwd, client, servers)
+        return {
+            "modes": await _modes(client, session_id),
+            "configOptions": await self._choose(session, None),
+        }
 
     async def set_mode(self, method: str, params: Any) -> dict[str, Any]:
         params = _object(params)
@@ -339,6 +361,30 @@ class Agent:
                 {"sessionUpdate": "current_mode_update", "currentModeId": effective},
             )
         return {}
+
+    async def set_config_option(self, method: str, params: Any) -> dict[str, Any]:
+        """``model`` or ``thought_level``: the session's own selection in the core, for its
+        next turns (a new model keeps the reasoning level when it has it)."""
+        params = _object(params)
+        session = self._session(_session_id(params))
+        config_id, value = params.get("configId"), params.get("value")
+        if config_id not in ("model", "thought_level") or not isinstance(value, str):
+            raise invalid_params("configId must be model or thought_level, value a string")
+        now = session.selected
+        model = value if config_id == "model" else now["model_id"]
+        level = value if config_id == "thought_level" else now["thinking_level"]
+        options = await self._choose(session, (now["provider_id"], model, level))
+        return {"configOptions": options}
+
+    async def _choose(
+        self, session: Session, chosen: tuple[str, str, str] | None
+    ) -> list[dict[str, Any]]:
+        """Make ``chosen`` the session's selection in the core (None: the settings'); its
+        config options then."""
+        client = await self._client(session.cwd)
+        session.selected = await _selection(client, session.session_id, chosen)
+        session.chosen = chosen
+        return await _config_options(client, session.selected)
 
     async def list_sessions(self, method: str, params: Any) -> dict[str, Any]:
         params = _object(params)
@@ -379,8 +425,11 @@ class Agent:
         # The project's connection now: a new one if the daemon was restarted meanwhile,
         # which knows the session's MCP servers only once they are given again.
         client = await self._client(session.cwd)
-        if client is not session.client and session.mcp_servers:
-            await _give_mcp_servers(client, session.session_id, session.mcp_servers)
+        if client is not session.client:
+            if session.mcp_servers:
+                await _give_mcp_servers(client, session.session_id, session.mcp_servers)
+            if session.chosen is not None:
+                await _selection(client, session.session_id, session.chosen)
         session.client = client
         queue: asyncio.Queue[Queued] = asyncio.Queue()
         session.queue, session.turn_id, session.cancel_requested = queue, None, False
@@ -575,6 +624,69 @@ async def _modes(client: Client, session_id: str) -> dict[str, Any]:
     """A new or loaded session starts in the settings' policy."""
     current = await _set_policy(client, session_id, None)
     return {"currentModeId": current, "availableModes": MODES}
+
+
+async def _selection(
+    client: Client, session_id: str, chosen: tuple[str, str, str] | None
+) -> dict[str, Any]:
+    """Set the session's own provider, model and reasoning level in the core (None: the
+    settings'); what its turns get now."""
+    try:
+        if chosen is None:
+            return await client.set_session_selection(session_id, None, None)
+        try:
+            return await client.set_session_selection(session_id, *chosen)
+        except DaemonError as exc:
+            if exc.code != "unsupported_reasoning":
+                raise
+            # A model without the level the session had: its default level.
+            return await client.set_session_selection(session_id, *chosen[:2], "default")
+    except (DaemonUnavailable, DaemonError) as exc:
+        code = getattr(exc, "code", None)
+        if code in ("invalid_selection", "invalid_request"):
+            raise invalid_params("the value is not one of the option's") from None
+        raise RpcError(
+            rpc.INTERNAL_ERROR, "The model cannot be chosen now", {"code": code}
+        ) from None
+
+
+async def _config_options(client: Client, now: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config options of a session whose turns get ``now``: the model (the provider's
+    available models in the catalog) and the reasoning level."""
+    models: list[dict[str, Any]] = []
+    offset: int | None = 0
+    while offset is not None and len(models) < MAX_MODEL_OPTIONS:
+        payload = {"provider_id": now["provider_id"], "offset": offset}
+        try:
+            page = await _call(client, "catalog.models", payload)
+        except RpcError:
+            break  # no catalog: the current model alone
+        models += [m for m in page["entries"] if m["available"]]
+        offset = page["next_offset"]
+    options = [{"value": m["model_id"], "name": m["label"]} for m in models[:MAX_MODEL_OPTIONS]]
+    if now["model_id"] not in [o["value"] for o in options]:
+        options.insert(0, {"value": now["model_id"], "name": now["model_id"]})
+    return [
+        {
+            "id": "model",
+            "name": "Model",
+            "category": "model",
+            "type": "select",
+            "currentValue": now["model_id"],
+            "options": options,
+        },
+        {
+            "id": "thought_level",
+            "name": "Reasoning",
+            "category": "thought_level",
+            "type": "select",
+            "currentValue": now["thinking_level"],
+            "options": [
+                {"value": level, "name": THOUGHT_LEVELS.get(level, level)}
+                for level in now["available_thinking_levels"]
+            ],
+        },
+    ]
 
 
 def _permission_options(offered: tuple[str, ...]) -> list[dict[str, str]]:

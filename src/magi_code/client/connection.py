@@ -97,6 +97,7 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "session_archive": ("session_result", "session_error"),
     "session_unarchive": ("session_result", "session_error"),
     "session_transcript": ("transcript_result", "session_error"),
+    "session_selection": ("session_selection_result", "session_selection_error"),
     "watch": ("watch_result", "watch_error"),
     "unwatch": ("unwatched", "watch_error"),
     "control_request": ("control_granted", "grant_error"),
@@ -575,6 +576,29 @@ class Client:
         """
         frame = {"session_id": session_id, "policy": policy}
         return (await self._call("approval_policy", frame, v2.PolicyResult)).effective
+
+    async def set_session_selection(
+        self,
+        session_id: str,
+        provider_id: str | None,
+        model_id: str | None,
+        thinking_level: str | None = None,
+    ) -> dict[str, Any]:
+        """Give the session its own provider, model and reasoning level (all None: the
+        settings' again) for its next turns, while the daemon runs (RFC-0002 §6.15).
+
+        Returns what the session's turns in this connection's project get now:
+        ``provider_id``, ``model_id``, ``thinking_level``, ``available_thinking_levels``.
+        Raises :class:`DaemonError` (``invalid_request``, ``invalid_selection``,
+        ``catalog_unavailable``, ``catalog_stale``, ``unsupported_reasoning``, ...).
+        """
+        frame = {
+            "session_id": session_id,
+            "provider_id": provider_id,
+            "model_id": model_id,
+            "thinking_level": thinking_level,
+        }
+        return (await self._call("session_selection", frame, v2.SelectionResult)).effective
 
     # -- steering --------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from magi_code.config.payloads import ConfigChange, parse_config_set
 from magi_code.config.settings import (
     Layer,
     ProviderDefinition,
+    Scope,
     Settings,
     all_providers,
     load_settings,
@@ -86,14 +87,18 @@ def default_model(
     return FALLBACK_MODEL
 
 
-def resolve_effective(ctx: LaunchContext, settings: Settings, now: Clock = time.time) -> Effective:
-    """Resolve selection, reasoning and fast mode exactly as ``config.get`` reports them.
+def resolve_effective(
+    ctx: LaunchContext, settings: Settings, now: Clock = time.time, session: Layer | None = None
+) -> Effective:
+    """Resolve selection, reasoning and fast mode exactly as ``config.get`` reports them;
+    ``session``, a session's own selection and reasoning (RFC-0002 §6.15), over all.
 
     Raises:
         ServiceError: ``configuration_unavailable`` for an unsafe ``MC_PROVIDER``/``MC_MODEL``.
     """
     provider_id, model_id = DEFAULT_PROVIDER, None
-    for layer in (settings.global_layer, settings.project_layer, _env_layer(ctx.env)):
+    layers = [settings.global_layer, settings.project_layer, _env_layer(ctx.env)]
+    for layer in (*layers, session or Layer()):
         if layer.provider is not None and layer.provider != provider_id:
             provider_id, model_id = layer.provider, None
         if layer.model is not None:
@@ -103,6 +108,8 @@ def resolve_effective(ctx: LaunchContext, settings: Settings, now: Clock = time.
     if model_id is None:
         model_id = default_model(ctx, provider, provider_id, at)
     configured = settings.configured_thinking_level
+    if session is not None and session.thinking_level is not None:
+        configured = session.thinking_level
     if provider is None:
         levels: tuple[str, ...] = ("default",)
         context_window = max_output = None
@@ -184,6 +191,19 @@ def _validate_target(
         provider, model, fresh=True
     ):
         raise ServiceError(ErrorCode.UNSUPPORTED_REASONING)
+
+
+def check_session_selection(ctx: LaunchContext, session: Layer, now: Clock = time.time) -> None:
+    """A session's own selection (provider and model) and reasoning obey the catalog rules
+    a ``config.set`` of them does. Blocking.
+
+    Raises:
+        ServiceError: ``invalid_selection``, ``catalog_unavailable``, ``catalog_stale``,
+            ``unsupported_reasoning``, ``configuration_unavailable``.
+    """
+    assert session.provider is not None and session.model is not None
+    change = ConfigChange(Scope.GLOBAL, (session.provider, session.model), session.thinking_level)
+    _validate_target(ctx, load_settings(ctx), change, now())
 
 
 def apply_config_set(ctx: LaunchContext, payload: object, now: Clock = time.time) -> dict[str, Any]:

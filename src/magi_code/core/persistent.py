@@ -26,6 +26,8 @@ from typing import Any, Final
 
 import orjson
 
+from magi_code.config.effective import Effective, check_session_selection, resolve_effective
+from magi_code.config.settings import Layer, load_settings
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol import envelope
 from magi_code.protocol.errors import ErrorCode, ServiceError
@@ -485,6 +487,33 @@ class PersistentCoordinator:
             raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
         transcript = await asyncio.to_thread(self.sessions.store.transcript, session_id)
         return await asyncio.to_thread(transcript_page, transcript, start, project)
+
+    async def select(
+        self, ctx: LaunchContext, session_id: str, selection: Layer | None
+    ) -> dict[str, object]:
+        """Give the session its own selection and reasoning (RFC-0002 §6.15; None: the
+        settings' again) once the catalog allows it; what its turns started from ``ctx``
+        get now. Raises ServiceError (``invalid_session_id``, ``invalid_selection``,
+        ``catalog_unavailable``, ``catalog_stale``, ``unsupported_reasoning``,
+        ``configuration_unavailable``, ``limit_exceeded``)."""
+        if self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        validate_session_id(session_id)
+        if selection is not None:
+            await asyncio.to_thread(check_session_selection, ctx, selection)
+        if not self.sessions.set_selection(session_id, selection):
+            raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
+
+        def effective() -> Effective:
+            return resolve_effective(ctx, load_settings(ctx), session=selection)
+
+        now = await asyncio.to_thread(effective)
+        return {
+            "provider_id": now.provider_id,
+            "model_id": now.model_id,
+            "thinking_level": now.thinking_level,
+            "available_thinking_levels": list(now.available_thinking_levels),
+        }
 
     async def change_session(
         self, kind: str, session_id: str, title: str | None

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from magi_code.config.settings import Layer
 from magi_code.dataclass import dataclass, field
 from magi_code.protocol.bounds import string_fits
 from magi_code.protocol.envelope import Request
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Sessions given MCP servers of their own (RFC-0002 §6.13) that the service keeps at once.
+# Sessions given MCP servers (RFC-0002 §6.13), or a selection (§6.15), of their own that
+# the service keeps at once.
 MAX_SESSIONS_WITH_MCP_SERVERS: Final = 4096
 
 _PAGE_FIELDS: Final = frozenset({"after", "limit"})
@@ -120,6 +122,8 @@ class SessionService:
         # Each session's own MCP servers, joined to the configured ones for its turns:
         # in memory only (their env may hold secrets), for the service's life.
         self._mcp_servers: dict[str, tuple[McpServer, ...]] = {}
+        # Each session's own selection and reasoning (RFC-0002 §6.15), in memory only.
+        self._selections: dict[str, Layer] = {}
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
@@ -150,6 +154,23 @@ class SessionService:
             self._mcp_servers[session_id] = servers
         elif servers is not None:
             self._mcp_servers.pop(session_id, None)
+
+    # -- a session's own selection and reasoning -------------------------------------------
+
+    def selection(self, session_id: str) -> Layer | None:
+        return self._selections.get(session_id)
+
+    def set_selection(self, session_id: str, selection: Layer | None) -> bool:
+        """Give the session its own selection (None: the settings' again); False when
+        too many sessions have one."""
+        if selection is None:
+            self._selections.pop(session_id, None)
+            return True
+        full = len(self._selections) >= MAX_SESSIONS_WITH_MCP_SERVERS
+        if session_id not in self._selections and full:
+            return False
+        self._selections[session_id] = selection
+        return True
 
     # -- attachment bookkeeping (also used by turns) --------------------------------------
 

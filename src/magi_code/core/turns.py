@@ -362,7 +362,9 @@ class TurnRun:
     async def _agent(self) -> None:
         if self.prepared is None:
             # A v1 turn: the settings as they are now, right before provider execution.
-            self.prepared = await asyncio.to_thread(read_settings, self.turn.ctx)
+            self.prepared = await asyncio.to_thread(
+                read_settings, self.turn.ctx, self.turn.selection
+            )
         # The session's stored grants, as they are when the turn starts.
         await self.service.approvals.load_session(self.session_id)
         await self.service.runtime.run(
@@ -644,7 +646,9 @@ class TurnService:
             prepared: Prepared | None = None
             if conn.persistent:
                 with self.gate.capture():
-                    prepared = await asyncio.to_thread(prepare_settings, conn.ctx)
+                    prepared = await asyncio.to_thread(
+                        prepare_settings, conn.ctx, self.sessions.selection(attachment.session_id)
+                    )
                 if deadline_passed(request.deadline_ms):
                     raise RequestExpired
             # Revalidate on the coordinator after the awaits: the client's output may be
@@ -667,6 +671,7 @@ class TurnService:
             prompt,
             history,
             self.sessions.mcp_servers(attachment.session_id),
+            self.sessions.selection(attachment.session_id),
         )
         info = TurnInfo(
             turn_id,

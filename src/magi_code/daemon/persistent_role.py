@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import msgpack
 
 from magi_code.config.approvals import Policy
+from magi_code.config.settings import Layer
 from magi_code.core.approvals import UnknownApproval
 from magi_code.core.coordinator import Connection
 from magi_code.core.handover import Refused
@@ -113,6 +114,8 @@ class PersistentRole:
                     await self._library(frame)
                 elif isinstance(frame, v2.SessionTranscript):
                     await self._transcript(frame)
+                elif isinstance(frame, v2.SessionSelection):
+                    await self._selection(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
@@ -257,6 +260,25 @@ class PersistentRole:
             self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
             return
         self.peer.send({"t": "transcript_result", "id": frame.id, **page})
+
+    async def _selection(self, frame: v2.SessionSelection) -> None:
+        """A session's own selection and reasoning (§6.15)."""
+        selection = None
+        if frame.provider_id is not None:
+            selection = Layer(frame.provider_id, frame.model_id, frame.thinking_level)
+        try:
+            effective = await self.core.select(self.conn.ctx, frame.session_id, selection)
+        except ServiceError as exc:
+            self.peer.send({"t": "session_selection_error", "id": frame.id, "code": exc.code.value})
+            return
+        self.peer.send(
+            {
+                "t": "session_selection_result",
+                "id": frame.id,
+                "session_id": frame.session_id,
+                "effective": effective,
+            }
+        )
 
     async def _session_policy(self, frame: v2.SessionPolicy) -> None:
         policy = cast(Policy | None, frame.policy)

@@ -86,6 +86,7 @@ CAPABILITIES: Final = (
     "session.queue",
     "session.mcp_servers",
     "session.transcript",
+    "session.selection",
 )
 
 

@@ -40,6 +40,10 @@ MAX_SESSION_MCP_SERVERS: Final = 16
 MAX_SESSION_MCP_BYTES: Final = 64 * 1024
 MCP_SERVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+# ``session_selection`` (§6.15): a provider or model ID, in characters, and the reasoning
+# levels (v1 ``thinking_level``).
+MAX_SELECTION_ID_CHARS: Final = 256
+THINKING_LEVELS: Final = ("default", "low", "medium", "high", "x_high", "max")
 # A ``transcript_result`` page's items, encoded, at most (one frame holds 1 MiB), and its
 # cursor (the index of the page's first item).
 MAX_TRANSCRIPT_PAGE_BYTES: Final = 512 * 1024
@@ -147,6 +151,7 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "queue_move",
             "queue_send_now",
             "session_transcript",
+            "session_selection",
         }
     ),
     "control": frozenset({"control"}),
@@ -200,6 +205,8 @@ SERVER_FRAMES: Final = frozenset(
         "queue_result",
         "queue_error",
         "transcript_result",
+        "session_selection_result",
+        "session_selection_error",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -555,6 +562,28 @@ class SessionPolicy(_Frozen):
         self._set(id, session_id, policy)
 
 
+class SessionSelection(_Frozen):
+    """``session_selection``: the session's own provider, model and reasoning level
+    (§6.15); all None: the settings' again."""
+
+    __slots__ = ("id", "session_id", "provider_id", "model_id", "thinking_level")  # noqa: RUF023
+    id: object
+    session_id: str
+    provider_id: str | None
+    model_id: str | None
+    thinking_level: str | None
+
+    def __init__(
+        self,
+        id: object,
+        session_id: str,
+        provider_id: str | None,
+        model_id: str | None,
+        thinking_level: str | None,
+    ) -> None:
+        self._set(id, session_id, provider_id, model_id, thinking_level)
+
+
 class GrantsRevoke(_Frozen):
     """Remove one allow rule: ``kind`` is ``commands`` (``value`` an argv list),
     ``tools`` or ``paths`` (``value`` a string)."""
@@ -710,6 +739,7 @@ ClientFrame = (
     | SessionChange
     | QueueFrame
     | SessionTranscript
+    | SessionSelection
 )
 
 
@@ -864,6 +894,8 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _queue_frame(kind, frame)
         case "session_transcript":
             return _session_transcript(frame)
+        case "session_selection":
+            return _session_selection(frame)
         case _:
             return _attach(frame)
 
@@ -1066,6 +1098,25 @@ def _session_policy(frame: Mapping[str, Any]) -> SessionPolicy:
         raise Rejected(frame_error("approval_error", fid, Code.INVALID_REQUEST))
     assert policy is None or isinstance(policy, str)
     return SessionPolicy(fid, session_id, policy)
+
+
+def _session_selection(frame: Mapping[str, Any]) -> SessionSelection:
+    fid, session_id = frame.get("id"), frame.get("session_id")
+    provider, model, level = (frame.get(k) for k in ("provider_id", "model_id", "thinking_level"))
+    chosen = provider is not None or model is not None or level is not None
+    ok = (
+        isinstance(session_id, str)
+        and _optional_id(session_id)
+        and (not chosen or (_selection_id(provider) and _selection_id(model)))
+        and (level is None or level in THINKING_LEVELS)
+    )
+    if not ok or not isinstance(session_id, str):
+        raise Rejected(frame_error("session_selection_error", fid, Code.INVALID_REQUEST))
+    return SessionSelection(fid, session_id, provider, model, level)
+
+
+def _selection_id(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_SELECTION_ID_CHARS
 
 
 # Where a session frame's bad arguments are answered.
@@ -1795,6 +1846,18 @@ class TranscriptResult(_Frozen):
         self._set(items, next_cursor, gap)
 
 
+class SelectionResult(_Frozen):
+    """``session_selection_result`` (§6.15): ``effective`` has the ``provider_id``,
+    ``model_id`` and ``thinking_level`` texts and the ``available_thinking_levels`` list."""
+
+    __slots__ = ("session_id", "effective")  # noqa: RUF023
+    session_id: str
+    effective: dict[str, Any]
+
+    def __init__(self, session_id: str, effective: dict[str, Any]) -> None:
+        self._set(session_id, effective)
+
+
 AnswerBody = (
     CallFailed
     | Done
@@ -1809,6 +1872,7 @@ AnswerBody = (
     | SessionResult
     | QueueResult
     | TranscriptResult
+    | SelectionResult
     | ApprovalResolvedFrame
 )
 
@@ -1856,6 +1920,7 @@ _CALL_ERRORS: Final = frozenset(
         "steer_error",
         "session_error",
         "queue_error",
+        "session_selection_error",
     }
 )
 _EMPTY_ANSWERS: Final = frozenset(
@@ -2146,6 +2211,8 @@ def _answer(kind: str, frame: Mapping[str, Any]) -> AnswerBody:
             return QueueResult(session_id, entries, entry_id)
         case "transcript_result":
             return _transcript_result(frame)
+        case "session_selection_result":
+            return _selection_result(frame)
         case "approval_already_resolved":
             return _approval_resolved(frame, kind)
         case _:  # a server frame type this decoder does not know: a bug in this module
@@ -2175,6 +2242,17 @@ def _transcript_item(item: Mapping[str, Any]) -> bool:
         and isinstance(call.get("arguments"), dict)
         and _dicts(call.get("locations"))
     )
+
+
+def _selection_result(frame: Mapping[str, Any]) -> SelectionResult:
+    effective = frame.get("effective")
+    if not isinstance(effective, dict):
+        raise Malformed("session_selection_result without effective")
+    _texts(effective, "session_selection_result", "provider_id", "model_id", "thinking_level")
+    levels = effective.get("available_thinking_levels")
+    if not isinstance(levels, list) or not all(isinstance(level, str) for level in levels):
+        raise Malformed("an invalid session_selection_result")
+    return SelectionResult(_session_of("session_selection_result", frame), effective)
 
 
 def _part(kind: str, frame: Mapping[str, Any]) -> AttachPart | WatchPart:

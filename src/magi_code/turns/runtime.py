@@ -14,7 +14,7 @@ from magi_code.auth.credentials import resolve_headers
 from magi_code.auth.store import AuthStore
 from magi_code.config.effective import Effective, resolve_effective
 from magi_code.config.schema import SANDBOX_LEVELS
-from magi_code.config.settings import Settings, load_settings, project_settings_path
+from magi_code.config.settings import Layer, Settings, load_settings, project_settings_path
 from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.apis import API_PROFILES
@@ -96,20 +96,21 @@ Prepared = PreparedSettings | ServiceError
 SETTINGS_LOCK_WAIT: Final = 2.0
 
 
-def read_settings(ctx: LaunchContext) -> Prepared:
-    """Selection, reasoning and fast settings as the files say now. Blocking.
+def read_settings(ctx: LaunchContext, session: Layer | None = None) -> Prepared:
+    """Selection, reasoning and fast settings as the files say now, with the session's
+    own selection and reasoning (``session``) over them. Blocking.
 
     What a v1 turn's worker reloads before provider execution: each file is replaced
     atomically, so it reads the old or the new one and never waits for a write.
     """
     try:
         settings = load_settings(ctx)
-        return PreparedSettings(settings, resolve_effective(ctx, settings))
+        return PreparedSettings(settings, resolve_effective(ctx, settings, session=session))
     except ServiceError as exc:
         return exc
 
 
-def prepare_settings(ctx: LaunchContext) -> Prepared:
+def prepare_settings(ctx: LaunchContext, session: Layer | None = None) -> Prepared:
     """Capture :func:`read_settings` under the settings files' locks (a persistent
     client's turn admission). Blocking (run it in a thread).
 
@@ -125,7 +126,7 @@ def prepare_settings(ctx: LaunchContext) -> Prepared:
                     stack.enter_context(locked(path, timeout=SETTINGS_LOCK_WAIT))
                 except TimeoutError:  # filelock.Timeout, not imported (see storage.files.locked)
                     raise ServiceError(ErrorCode.CONFIGURATION_BUSY) from None
-        return read_settings(ctx)
+        return read_settings(ctx, session)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,8 @@ class TurnRequest:
     history: SessionContext
     # The session's own MCP servers (a client's, RFC-0002 §6.13), beside the configured.
     mcp_servers: tuple[McpServerLike, ...] = ()
+    # The session's own selection and reasoning (RFC-0002 §6.15), over the settings'.
+    selection: Layer | None = None
 
 
 class TurnRuntime:

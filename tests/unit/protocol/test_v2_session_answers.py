@@ -1,6 +1,6 @@
-"""The answers to a session's transcript (RFC-0002 §6.14) as a persistent client reads
-them: typed values, and a frame that does not fit its type is malformed (the client ends
-the connection with ``protocol_error``)."""
+"""The answers to a session's transcript (RFC-0002 §6.14) and selection (§6.15) as a
+persistent client reads them: typed values, and a frame that does not fit its type is
+malformed (the client ends the connection with ``protocol_error``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from magi_code.protocol.v2 import (
     AnswerFrame,
     CallFailed,
     Malformed,
+    SelectionResult,
     TranscriptResult,
     decode_persistent_frame,
 )
@@ -71,5 +72,41 @@ def test_a_transcript_page_is_read() -> None:
 )
 def test_a_transcript_page_that_does_not_fit_is_malformed(fields: dict[str, Any]) -> None:
     frame = {"t": "transcript_result", "id": 4, "items": [], "next_cursor": None, "gap": False}
+    with pytest.raises(Malformed):
+        decode_persistent_frame({**frame, **fields})
+
+
+EFFECTIVE = {
+    "provider_id": "local",
+    "model_id": "m2",
+    "thinking_level": "high",
+    "available_thinking_levels": ["default", "high"],
+}
+
+
+def test_a_selection_answer_is_read() -> None:
+    frame = {"t": "session_selection_result", "id": 7, "session_id": "s1", "effective": EFFECTIVE}
+    assert decode_persistent_frame(frame) == AnswerFrame(
+        "session_selection_result", 7, SelectionResult("s1", EFFECTIVE)
+    )
+    failed = {"t": "session_selection_error", "id": 8, "code": "unsupported_reasoning"}
+    assert decode_persistent_frame(failed) == AnswerFrame(
+        "session_selection_error", 8, CallFailed("unsupported_reasoning")
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"effective": None},
+        {"session_id": None},
+        {"effective": {**EFFECTIVE, "model_id": None}},
+        {"effective": {k: v for k, v in EFFECTIVE.items() if k != "thinking_level"}},
+        {"effective": {**EFFECTIVE, "available_thinking_levels": "high"}},
+        {"effective": {**EFFECTIVE, "available_thinking_levels": [1]}},
+    ],
+)
+def test_a_selection_answer_that_does_not_fit_is_malformed(fields: dict[str, Any]) -> None:
+    frame = {"t": "session_selection_result", "id": 7, "session_id": "s1", "effective": EFFECTIVE}
     with pytest.raises(Malformed):
         decode_persistent_frame({**frame, **fields})
