@@ -1,10 +1,12 @@
 """The ACP methods (stable schema v1), each translated to v1 requests on the core.
 
 ``session/new`` creates a v1 session (and releases its writer lease at once, so a v1
-frontend can run a turn on it between prompts); ``session/prompt`` is one ``turn.start``
-whose events stream back as ``session/update`` notifications; ``session/load`` streams
-``session.replay`` back; ``session/cancel`` is ``turn.cancel``. ACP session IDs are the v1
-session IDs, so every frontend sees the same sessions. ``authenticate`` with
+frontend can run a turn on it between prompts), giving it the editor's stdio MCP servers
+(RFC-0002 §6.13); ``session/prompt`` is one ``turn.start`` whose events stream back as
+``session/update`` notifications; ``session/load`` streams the session's transcript back,
+tool calls included (§6.14); ``session/cancel`` is ``turn.cancel``. The config options
+(model, reasoning level) are the session's own selection in the core (§6.15). ACP
+session IDs are the v1 session IDs, so every frontend sees the same sessions. ``authenticate`` with
 ``codex-login`` is the core's ``auth.login.start``, with the browser opened here (the
 adapter runs on the user's machine; the core never opens one).
 

@@ -21,6 +21,7 @@ from tests.support.inprocess import InMemoryDaemon
 from tests.support.settings_lock import settings_lock_held
 from tests.support.v2peer import Frame, Peer
 
+from magi_code.config.settings import Layer
 from magi_code.core import turns
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns import runtime
@@ -33,9 +34,9 @@ async def capture_started(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     loop = asyncio.get_running_loop()
     capture = turns.prepare_settings
 
-    def observed(ctx: LaunchContext) -> runtime.Prepared:
+    def observed(ctx: LaunchContext, session: Layer | None = None) -> runtime.Prepared:
         loop.call_soon_threadsafe(started.set)
-        return capture(ctx)
+        return capture(ctx, session)
 
     monkeypatch.setattr(turns, "prepare_settings", observed)
     # A capture waits for the held lock as long as the test holds it.
