@@ -6,9 +6,9 @@ frontend can run a turn on it between prompts), giving it the editor's stdio MCP
 ``session/update`` notifications; ``session/load`` streams the session's transcript back,
 tool calls included (§6.14); ``session/cancel`` is ``turn.cancel``. The config options
 (model, reasoning level) are the session's own selection in the core (§6.15). ACP
-session IDs are the v1 session IDs, so every frontend sees the same sessions. ``authenticate`` with
-``codex-login`` is the core's ``auth.login.start``, with the browser opened here (the
-adapter runs on the user's machine; the core never opens one).
+session IDs are the v1 session IDs, so every frontend sees the same sessions.
+``authenticate`` with ``codex-login`` is the core's ``auth.login.start``, with the browser
+opened here (the adapter runs on the user's machine; the core never opens one).
 
 Approvals: every core connection answers approval requests. A request of the running
 prompt's turn reaches ``Agent.prompt``'s event loop (through the same queue as the turn's
