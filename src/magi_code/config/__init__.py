@@ -1,14 +1,13 @@
 """Settings, model catalogs and the effective configuration (domain layer).
 
-Routes map onto this package as follows (the coordinator runs the sync calls in its
-configuration worker thread):
+Routes map onto this package as follows (the coordinator checks each payload against
+its declared shape first, and runs the sync calls in its configuration worker thread):
 
-- ``config.get``: ``parse_empty`` + ``effective_config(ctx, load_settings(ctx))``
+- ``config.get``: ``effective_config(ctx, load_settings(ctx))``
 - ``config.set``: ``apply_config_set(ctx, payload)``
-- ``catalog.providers``: ``parse_provider_page`` + ``provider_page``
-- ``catalog.models``: ``parse_model_page`` + ``model_page``
-- ``catalog.refresh``: ``parse_refresh`` + ``resolve_provider`` (for credentials) +
-  ``await refresh(...)``
+- ``catalog.providers``: ``provider_page``
+- ``catalog.models``: ``model_page``
+- ``catalog.refresh``: ``resolve_provider`` (for credentials) + ``await refresh(...)``
 """
 
 from magi_code.config.catalog import (
@@ -29,12 +28,6 @@ from magi_code.config.effective import (
     apply_config_set,
     effective_config,
     resolve_effective,
-)
-from magi_code.config.payloads import (
-    parse_empty,
-    parse_model_page,
-    parse_provider_page,
-    parse_refresh,
 )
 from magi_code.config.schema import write_settings_schema
 from magi_code.config.settings import (
@@ -65,10 +58,6 @@ __all__ = [
     "load_settings",
     "lookup_model",
     "model_page",
-    "parse_empty",
-    "parse_model_page",
-    "parse_provider_page",
-    "parse_refresh",
     "provider_page",
     "read_catalog",
     "refresh",

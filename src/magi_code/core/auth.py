@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from magi_code.auth.login import CodexLogin
 from magi_code.auth.operations import auth_status, logout
@@ -26,44 +26,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 
 from .coordinator import Connection
 from .output import Batch
-from .routes import Endpoint, Reply, check_fields, empty_payload, payload_id
-
-_LOGIN_FIELDS: Final = frozenset({"provider_id"})
-
-
-def _string(payload: dict[str, Any], name: str) -> str:
-    value = payload.get(name)
-    if not isinstance(value, str) or not value:
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    return value
-
-
-def _validate_login_start(request: Request) -> str:
-    check_fields(request.payload, _LOGIN_FIELDS)
-    return _string(request.payload, "provider_id")
-
-
-def _validate_callback(request: Request) -> tuple[str, str]:
-    check_fields(request.payload, frozenset({"login_id", "input"}))
-    login_id = payload_id(request.payload, "login_id")
-    text = request.payload.get("input")
-    if not isinstance(text, str):
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    return login_id, text
-
-
-def _validate_login_cancel(request: Request) -> str:
-    check_fields(request.payload, frozenset({"login_id"}))
-    return payload_id(request.payload, "login_id")
-
-
-def _validate_logout(request: Request) -> tuple[str, bool]:
-    check_fields(request.payload, frozenset({"provider_id", "confirmed"}))
-    provider_id = _string(request.payload, "provider_id")
-    confirmed = request.payload.get("confirmed", False)
-    if not isinstance(confirmed, bool):
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    return provider_id, confirmed
+from .routes import Endpoint, Reply
 
 
 @dataclass(eq=False, slots=True)
@@ -82,11 +45,11 @@ class AuthService:
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
-            "auth.status": Endpoint(empty_payload, self._status),
-            "auth.login.start": Endpoint(_validate_login_start, self._login_start),
-            "auth.login.callback": Endpoint(_validate_callback, self._login_callback),
-            "auth.login.cancel": Endpoint(_validate_login_cancel, self._login_cancel),
-            "auth.logout": Endpoint(_validate_logout, self._logout),
+            "auth.status": Endpoint(self._status),
+            "auth.login.start": Endpoint(self._login_start),
+            "auth.login.callback": Endpoint(self._login_callback),
+            "auth.login.cancel": Endpoint(self._login_cancel),
+            "auth.logout": Endpoint(self._logout),
         }
 
     async def _providers_for(self, conn: Connection) -> list[ProviderDefinition]:
@@ -100,12 +63,15 @@ class AuthService:
             self._providers[conn.conn_id] = providers
         return providers
 
-    async def _status(self, conn: Connection, request: Request, _: None) -> Reply:
+    async def _status(self, conn: Connection, request: Request, _: object) -> Reply:
         providers = await self._providers_for(conn)
         store = AuthStore(conn.ctx.auth_path)
         return Reply(await asyncio.to_thread(auth_status, conn.ctx, providers, store))
 
-    async def _login_start(self, conn: Connection, request: Request, provider_id: str) -> Reply:
+    async def _login_start(
+        self, conn: Connection, request: Request, payload: dict[str, Any]
+    ) -> Reply:
+        provider_id = payload["provider_id"]
         if provider_id != CODEX_PROVIDER_ID:
             raise ServiceError(ErrorCode.PROVIDER_UNAVAILABLE)
         if self.login is not None:
@@ -151,18 +117,21 @@ class AuthService:
         return login
 
     async def _login_callback(
-        self, conn: Connection, request: Request, args: tuple[str, str]
+        self, conn: Connection, request: Request, payload: dict[str, Any]
     ) -> Reply:
-        login_id, text = args
+        login_id, text = payload["login_id"], payload["input"]
         self._find(conn, login_id).flow.submit_callback(text)
         return Reply({"login_id": login_id, "status": "submitted"})
 
-    async def _login_cancel(self, conn: Connection, request: Request, login_id: str) -> Reply:
+    async def _login_cancel(
+        self, conn: Connection, request: Request, payload: dict[str, Any]
+    ) -> Reply:
+        login_id = payload["login_id"]
         self._find(conn, login_id).flow.request_cancel()
         return Reply({"login_id": login_id, "status": "cancellation_requested"})
 
-    async def _logout(self, conn: Connection, request: Request, args: tuple[str, bool]) -> Reply:
-        provider_id, confirmed = args
+    async def _logout(self, conn: Connection, request: Request, payload: dict[str, Any]) -> Reply:
+        provider_id, confirmed = payload["provider_id"], payload.get("confirmed", False)
         providers = await self._providers_for(conn)
         store = AuthStore(conn.ctx.auth_path)
         payload = await asyncio.to_thread(logout, store, provider_id, confirmed, providers)

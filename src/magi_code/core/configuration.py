@@ -35,16 +35,10 @@ from magi_code.auth.credentials import CredentialsError, resolve_headers
 from magi_code.auth.store import AuthStore
 from magi_code.config.catalog import model_page, provider_page, refresh, resolve_provider
 from magi_code.config.effective import apply_config_set, effective_config
-from magi_code.config.payloads import (
-    parse_config_set,
-    parse_empty,
-    parse_model_page,
-    parse_provider_page,
-    parse_refresh,
-)
 from magi_code.config.settings import Scope, load_settings, settings_path
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.limits import MAX_CATALOG_PAGE_ITEMS
 from magi_code.providers.http import HttpClients, transport_options
 from magi_code.storage.launch import LaunchContext
 
@@ -58,16 +52,6 @@ ScopeOf = Callable[[Connection, Any], tuple[str, ...] | None]
 
 # Answers a connection may have queued but not yet written before it gets busy.
 MAX_UNWRITTEN_ANSWERS: Final = 16
-
-
-def _validate(parse: Callable[[object], Any]) -> Callable[[Request], Any]:
-    return lambda request: parse(request.payload)
-
-
-def _validate_set(request: Request) -> dict[str, Any]:
-    # Checked whole before the gate; the writer re-validates under its lock.
-    parse_config_set(request.payload)
-    return request.payload
 
 
 def _path(path: os.PathLike[str]) -> str:
@@ -85,11 +69,16 @@ def catalog_scope(ctx: LaunchContext, provider_id: str) -> tuple[str, ...]:
 
 
 def _set_scope(conn: Connection, payload: dict[str, Any]) -> tuple[str, ...]:
-    return settings_scope(conn.ctx, parse_config_set(payload).scope)
+    return settings_scope(conn.ctx, Scope(payload["scope"]))
 
 
-def _refresh_scope(conn: Connection, provider_id: str) -> tuple[str, ...]:
-    return catalog_scope(conn.ctx, provider_id)
+def _refresh_scope(conn: Connection, payload: dict[str, Any]) -> tuple[str, ...]:
+    return catalog_scope(conn.ctx, payload["provider_id"])
+
+
+def _page(payload: dict[str, Any]) -> tuple[int, int]:
+    """A catalog page's ``(offset, limit)``, defaults filled in."""
+    return payload.get("offset", 0), payload.get("limit", MAX_CATALOG_PAGE_ITEMS)
 
 
 def _reads(conn: Connection, parsed: Any) -> None:
@@ -108,17 +97,11 @@ class ConfigurationService:
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
-            "catalog.providers": Endpoint(
-                _validate(parse_provider_page), self._deferred(self._providers, _reads)
-            ),
-            "catalog.models": Endpoint(
-                _validate(parse_model_page), self._deferred(self._models, _reads)
-            ),
-            "catalog.refresh": Endpoint(
-                _validate(parse_refresh), self._deferred(self._refresh, _refresh_scope)
-            ),
-            "config.get": Endpoint(_validate(parse_empty), self._deferred(self._get, _reads)),
-            "config.set": Endpoint(_validate_set, self._deferred(self._set, _set_scope)),
+            "catalog.providers": Endpoint(self._deferred(self._providers, _reads)),
+            "catalog.models": Endpoint(self._deferred(self._models, _reads)),
+            "catalog.refresh": Endpoint(self._deferred(self._refresh, _refresh_scope)),
+            "config.get": Endpoint(self._deferred(self._get, _reads)),
+            "config.set": Endpoint(self._deferred(self._set, _set_scope)),
         }
 
     def busy(self, conn: Connection) -> bool:
@@ -193,15 +176,17 @@ class ConfigurationService:
 
     # -- the five routes -------------------------------------------------------------------
 
-    async def _providers(self, conn: Connection, page: tuple[int, int]) -> dict[str, Any]:
+    async def _providers(self, conn: Connection, payload: dict[str, Any]) -> dict[str, Any]:
         settings = await asyncio.to_thread(load_settings, conn.ctx)
-        return provider_page(conn.ctx, settings, *page)
+        return provider_page(conn.ctx, settings, *_page(payload))
 
-    async def _models(self, conn: Connection, page: tuple[str, int, int]) -> dict[str, Any]:
+    async def _models(self, conn: Connection, payload: dict[str, Any]) -> dict[str, Any]:
         settings = await asyncio.to_thread(load_settings, conn.ctx)
+        page = (payload["provider_id"], *_page(payload))
         return await asyncio.to_thread(model_page, conn.ctx, settings, *page)
 
-    async def _refresh(self, conn: Connection, provider_id: str) -> dict[str, Any]:
+    async def _refresh(self, conn: Connection, payload: dict[str, Any]) -> dict[str, Any]:
+        provider_id = payload["provider_id"]
         ctx = conn.ctx
         settings = await asyncio.to_thread(load_settings, ctx)
         provider = resolve_provider(ctx, settings, provider_id)
@@ -213,7 +198,7 @@ class ConfigurationService:
             raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED) from exc
         return await refresh(ctx, settings, provider_id, http, headers)
 
-    async def _get(self, conn: Connection, _: None) -> dict[str, Any]:
+    async def _get(self, conn: Connection, _: object) -> dict[str, Any]:
         settings = await asyncio.to_thread(load_settings, conn.ctx)
         return await asyncio.to_thread(effective_config, conn.ctx, settings)
 

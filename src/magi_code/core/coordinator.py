@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from magi_code.protocol import envelope
 from magi_code.protocol.envelope import Identity, Rejected, Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
-from magi_code.protocol.operations import EVENTS, OPERATIONS
+from magi_code.protocol.operations import EVENTS, OPERATIONS, DeclaredOperation
 from magi_code.storage.launch import LaunchContext
 
 from .output import Batch, Output, TurnEvent
-from .routes import Endpoint, Reply, RequestExpired, Route, SessionRule
+from .routes import Endpoint, Reply, RequestExpired, Route, SessionRule, Validator
 
 if TYPE_CHECKING:
     from magi_code.protocol.v2 import McpServer
@@ -143,6 +143,16 @@ class Connection:
         return batch.done.is_set() and not self.output.closed
 
 
+def _validator(op: DeclaredOperation, check: Validator | None) -> Validator:
+    """``op``'s declared checks, then the endpoint's ``check``: what its handler gets."""
+
+    def validate(request: Request) -> Any:
+        op.check(request.payload, request.session_id)
+        return request.payload if check is None else check(request)
+
+    return validate
+
+
 class ServiceCoordinator:
     def __init__(self, transports: Sequence[str]) -> None:
         self.transports = tuple(transports)
@@ -169,9 +179,8 @@ class ServiceCoordinator:
         for op in declared:
             endpoint = endpoints[op.name]
             session = SessionRule(op.session)
-            self._routes[op.name] = Route(
-                op.name, endpoint.validate, endpoint.handle, session, op.gated
-            )
+            validate = _validator(op, endpoint.check)
+            self._routes[op.name] = Route(op.name, validate, endpoint.handle, session, op.gated)
         self.routes_version += 1
 
     @property

@@ -7,8 +7,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from magi_code.dataclass import dataclass
-from magi_code.protocol.envelope import Request, check_id_bytes
-from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.envelope import Request
 
 from .output import TurnEvent
 
@@ -54,11 +53,16 @@ Validator = Callable[[Request], Any]
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """What a domain service supplies for one operation: its payload validator and its
-    handler. Everything else about the operation is declared (``protocol/operations``)."""
+    """What a domain service supplies for one operation: its handler and, only where the
+    operation has one, a check its declared request shape cannot express. Everything
+    else about the operation, the checks of its payload included, is declared
+    (``protocol/operations``).
 
-    validate: Validator
+    ``check`` runs after the declared checks and before the initialization gate; what it
+    returns is what the handler gets, which is otherwise the checked payload."""
+
     handle: Handler
+    check: Validator | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,26 +70,15 @@ class Route:
     """An operation as the coordinator applies it: its declaration and its endpoint."""
 
     name: str
+    # The declared checks, then the endpoint's own: what the handler gets.
     validate: Validator
     handle: Handler
     session: SessionRule = SessionRule.FORBIDDEN
     gated: bool = True
 
 
-def empty_payload(request: Request) -> None:
-    if request.payload:
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-
-
-def check_fields(payload: dict[str, Any], allowed: frozenset[str]) -> None:
-    if not allowed.issuperset(payload):
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-
-
-def payload_id(payload: dict[str, Any], name: str) -> str:
-    """The ID a payload names (a turn or login ID): a non-empty string, and within the ID
-    bound as every ID field is (``limit_exceeded``, as for an over-long envelope ID)."""
-    value = payload.get(name)
-    if not isinstance(value, str) or not value:
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    return check_id_bytes(value)
+def required_session(request: Request) -> str:
+    """The outer session ID of an operation that requires one (the coordinator refused
+    the request without it)."""
+    assert request.session_id is not None
+    return request.session_id

@@ -13,20 +13,17 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from magi_code.auth.readiness import ReadinessCheck, ReadinessMemo
-from magi_code.protocol.bounds import string_fits
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import (
     ADVERTISED_LIMITS,
-    MAX_NAME_BYTES,
-    MAX_NEGOTIATION_ITEMS,
     MAX_SUMMARY_BYTES,
     PROTOCOL_VERSION,
 )
 from magi_code.version import package_version
 
 from .coordinator import Connection, ServiceCoordinator
-from .routes import Endpoint, Reply, check_fields, empty_payload
+from .routes import Endpoint, Reply
 
 SERVER_NAME: Final = "magi-code"
 
@@ -42,42 +39,15 @@ ACTIVITY_CAPABILITIES: Final[dict[str, Any]] = {
     "max_summary_bytes": MAX_SUMMARY_BYTES,
 }
 
-_INIT_FIELDS: Final = frozenset({"supported_protocol_versions", "requested_capabilities"})
-
 # Shared, never mutated: the two possible ``status`` payloads.
 _STATUS: Final[dict[bool, dict[str, Any]]] = {
     ready: {"service": "ready", "provider_auth_ready": ready} for ready in (False, True)
 }
 
 
-def _negotiation_list(value: object) -> list[Any]:
-    if not isinstance(value, list):
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    if not value or len(value) > MAX_NEGOTIATION_ITEMS:
-        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-    return value
-
-
-def validate_initialize(request: Request) -> None:
-    payload = request.payload
-    check_fields(payload, _INIT_FIELDS)
-    if "supported_protocol_versions" not in payload:
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    versions = _negotiation_list(payload["supported_protocol_versions"])
-    for item in versions:
-        if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item <= 0xFFFF:
-            raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    requested = payload.get("requested_capabilities", [])
-    if not isinstance(requested, list):
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    if len(requested) > MAX_NEGOTIATION_ITEMS:
-        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-    for name in requested:
-        if not isinstance(name, str):
-            raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-        if not string_fits(name, MAX_NAME_BYTES):
-            raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-    if PROTOCOL_VERSION not in versions:
+def _offers_v1(request: Request) -> None:
+    """The one check of ``initialize`` its shape cannot express: the client speaks v1."""
+    if PROTOCOL_VERSION not in request.payload["supported_protocol_versions"]:
         raise ServiceError(ErrorCode.UNSUPPORTED_VERSION)
 
 
@@ -93,9 +63,9 @@ class ServiceInfo:
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
-            "initialize": Endpoint(validate_initialize, self._initialize),
-            "status": Endpoint(empty_payload, self._status),
-            "capabilities": Endpoint(empty_payload, self._capabilities),
+            "initialize": Endpoint(self._initialize, check=_offers_v1),
+            "status": Endpoint(self._status),
+            "capabilities": Endpoint(self._capabilities),
         }
 
     async def connection_closed(self, connection: Connection) -> None:
@@ -133,12 +103,12 @@ class ServiceInfo:
             }
         )
 
-    async def _status(self, conn: Connection, request: Request, _: None) -> Reply:
+    async def _status(self, conn: Connection, request: Request, _: object) -> Reply:
         try:
             ready = await asyncio.to_thread(self._readiness.answer, conn.ctx)
         except ServiceError as exc:
             raise ServiceError(ErrorCode.INTERNAL_ERROR) from exc
         return Reply(_STATUS[ready])
 
-    async def _capabilities(self, conn: Connection, request: Request, _: None) -> Reply:
+    async def _capabilities(self, conn: Connection, request: Request, _: object) -> Reply:
         return Reply(self.capabilities(conn))

@@ -27,20 +27,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.config.settings import Layer
 from magi_code.dataclass import dataclass, field
-from magi_code.protocol.bounds import string_fits
 from magi_code.protocol.envelope import Request
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import (
-    MAX_ID_BYTES,
     MAX_SESSION_ATTACHMENTS,
     MAX_SESSION_PAGE_ITEMS,
 )
-from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.outcomes import TurnOutcome
 from magi_code.sessions.store import SessionStore, WriterLease
 
 from .coordinator import Connection
-from .routes import Endpoint, Reply, check_fields, empty_payload
+from .routes import Endpoint, Reply, required_session
 
 if TYPE_CHECKING:
     from magi_code.protocol.v2 import McpServer
@@ -50,8 +47,6 @@ log = logging.getLogger(__name__)
 # Sessions given MCP servers (RFC-0002 §6.13), or a selection (§6.15), of their own that
 # the service keeps at once.
 MAX_SESSIONS_WITH_MCP_SERVERS: Final = 4096
-
-_PAGE_FIELDS: Final = frozenset({"after", "limit"})
 
 
 @dataclass(eq=False, slots=True)
@@ -83,35 +78,6 @@ def _nothing_to_cancel() -> None:
     """A close during a recovery write waits for it (there is no turn to cancel)."""
 
 
-def _page_args(payload: dict[str, Any]) -> tuple[Any, int]:
-    check_fields(payload, _PAGE_FIELDS)
-    limit = payload.get("limit", MAX_SESSION_PAGE_ITEMS)
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    if limit > MAX_SESSION_PAGE_ITEMS:
-        raise ServiceError(ErrorCode.LIMIT_EXCEEDED)
-    after = payload.get("after")
-    if after is not None and not (isinstance(after, str) and string_fits(after, MAX_ID_BYTES)):
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    return after, limit
-
-
-def _validate_list(request: Request) -> tuple[str | None, int]:
-    after, limit = _page_args(request.payload)
-    return (None if after is None else validate_session_id(after)), limit
-
-
-def _validate_replay(request: Request) -> tuple[str, Any, int]:
-    session_id = validate_session_id(request.session_id)
-    after, limit = _page_args(request.payload)
-    return session_id, after, limit
-
-
-def _validate_session_op(request: Request) -> str:
-    empty_payload(request)
-    return validate_session_id(request.session_id)
-
-
 class SessionService:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
@@ -127,11 +93,11 @@ class SessionService:
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
-            "session.list": Endpoint(_validate_list, self._list),
-            "session.create": Endpoint(empty_payload, self._create),
-            "session.open": Endpoint(_validate_session_op, self._open),
-            "session.replay": Endpoint(_validate_replay, self._replay),
-            "session.close": Endpoint(_validate_session_op, self._close),
+            "session.list": Endpoint(self._list),
+            "session.create": Endpoint(self._create),
+            "session.open": Endpoint(self._open),
+            "session.replay": Endpoint(self._replay),
+            "session.close": Endpoint(self._close),
         }
 
     # -- a session's own MCP servers --------------------------------------------------------
@@ -346,8 +312,8 @@ class SessionService:
 
     # -- routes --------------------------------------------------------------------------
 
-    async def _list(self, conn: Connection, request: Request, args: tuple[Any, int]) -> Reply:
-        after, limit = args
+    async def _list(self, conn: Connection, request: Request, payload: dict[str, Any]) -> Reply:
+        after, limit = payload.get("after"), payload.get("limit", MAX_SESSION_PAGE_ITEMS)
         # Past the scan budget the v1 stdio contract answers limit_exceeded; a persistent
         # (v2) client pages through the examined entries, told ``incomplete``.
         page = functools.partial(
@@ -355,25 +321,26 @@ class SessionService:
         )
         return Reply(await asyncio.to_thread(page))
 
-    async def _create(self, conn: Connection, request: Request, _: None) -> Reply:
+    async def _create(self, conn: Connection, request: Request, _: object) -> Reply:
         self._check_mcp_room(None, request.mcp_servers)
         attachment = await self.create(conn, explicit=True)
         self._set_mcp_servers(attachment.session_id, request.mcp_servers)
         return Reply({"session_id": attachment.session_id, "status": "open"}, attachment.session_id)
 
-    async def _open(self, conn: Connection, request: Request, session_id: str) -> Reply:
+    async def _open(self, conn: Connection, request: Request, _: object) -> Reply:
+        session_id = required_session(request)
         self._check_mcp_room(session_id, request.mcp_servers)
         await self.attach(conn, session_id, explicit=True)
         self._set_mcp_servers(session_id, request.mcp_servers)
         return Reply({"session_id": session_id, "status": "open"}, session_id)
 
-    async def _replay(
-        self, conn: Connection, request: Request, args: tuple[str, Any, int]
-    ) -> Reply:
-        session_id, after, limit = args
+    async def _replay(self, conn: Connection, request: Request, payload: dict[str, Any]) -> Reply:
+        session_id = required_session(request)
+        after, limit = payload.get("after"), payload.get("limit", MAX_SESSION_PAGE_ITEMS)
         return Reply(await asyncio.to_thread(self.store.replay, session_id, after, limit))
 
-    async def _close(self, conn: Connection, request: Request, session_id: str) -> Reply:
+    async def _close(self, conn: Connection, request: Request, _: object) -> Reply:
+        session_id = required_session(request)
         attachment = self._attachments.get(session_id)
         if attachment is None or attachment.owner != conn.conn_id:
             # Idempotent for any valid ID; never touches another client's lease.

@@ -58,7 +58,6 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_PAYLOAD_BYTES, MAX_STRING_BYTES
 from magi_code.protocol.text import utf8_parts
 from magi_code.providers.errors import ProviderFailure
-from magi_code.sessions.ids import validate_session_id
 from magi_code.turns import failures
 from magi_code.turns.agent import CompactionRequired, IterationLimitExceeded, OutputLimitExceeded
 from magi_code.turns.runtime import (
@@ -75,7 +74,7 @@ from .approvals import ApprovalService
 from .coordinator import Connection
 from .idempotency import RETAIN_SECONDS, StartKeys, repeated
 from .output import Batch, TurnEvent, TurnInfo
-from .routes import Endpoint, Reply, RequestExpired, check_fields, payload_id
+from .routes import Endpoint, Reply, RequestExpired
 from .sessions import Attachment, SessionService
 from .settings_gate import SettingsGate
 from .tool_relay import ToolRelay
@@ -101,7 +100,6 @@ MAX_DELTA_BYTES: Final = 8192
 # it. ``MC_CANCEL_GRACE_SECONDS`` in the launch environment sets another.
 CANCEL_GRACE_SECONDS: Final = 10.0
 CANCEL_GRACE_ENV: Final = "MC_CANCEL_GRACE_SECONDS"
-_START_FIELDS: Final = frozenset({"prompt", "options"})
 # The terminal payload without its text, with counters and failure at their widest,
 # bounds the text.
 _TERMINAL_OVERHEAD: Final = len(
@@ -192,24 +190,6 @@ def failure_label(exc: BaseException) -> str:
     else:
         label = failures.INTERNAL
     return label if label in failures.REMEDIES else failures.INTERNAL
-
-
-def _validate_start(request: Request) -> str:
-    payload = request.payload
-    check_fields(payload, _START_FIELDS)
-    prompt = payload.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    if "options" in payload and payload["options"] != {}:
-        raise ServiceError(ErrorCode.INVALID_PAYLOAD)
-    if request.session_id is not None:
-        validate_session_id(request.session_id)
-    return prompt
-
-
-def _validate_cancel(request: Request) -> str:
-    check_fields(request.payload, frozenset({"turn_id"}))
-    return payload_id(request.payload, "turn_id")
 
 
 class TurnRun:
@@ -583,11 +563,12 @@ class TurnService:
 
     def routes(self) -> Mapping[str, Endpoint]:
         return {
-            "turn.start": Endpoint(_validate_start, self._start),
-            "turn.cancel": Endpoint(_validate_cancel, self._cancel),
+            "turn.start": Endpoint(self._start),
+            "turn.cancel": Endpoint(self._cancel),
         }
 
-    async def _start(self, conn: Connection, request: Request, prompt: str) -> Reply:
+    async def _start(self, conn: Connection, request: Request, payload: dict[str, Any]) -> Reply:
+        prompt = payload["prompt"]
         key = request.idempotency_key
         if key is None:
             return await self._admit(conn, request, prompt)
@@ -712,7 +693,8 @@ class TurnService:
         if not attachment.explicit:
             await self.sessions.release(attachment)
 
-    async def _cancel(self, conn: Connection, request: Request, turn_id: str) -> Reply:
+    async def _cancel(self, conn: Connection, request: Request, payload: dict[str, Any]) -> Reply:
+        turn_id = payload["turn_id"]
         run = self.active.get(turn_id)
         # Cancel authority follows the session's controller (the starting client, or the
         # holder of a control grant, RFC-0002 §6).

@@ -3,9 +3,10 @@ payload, its errors, its session rule and gate, the service that runs it), every
 and the error codes.
 
 This module is the source of the shipped JSON Schema documents, of the reference tables
-in ``docs/protocol/`` and of the route facts in ``protocol/operations.py`` (generated:
-the coordinator routes by them, the capabilities list them). Adding an operation is its
-declaration here and its endpoint (validator and handler) in its service. It may only
+in ``docs/protocol/`` and of the route facts and request shapes in
+``protocol/operations.py`` (generated: the coordinator routes by them and checks every
+request payload against them, the capabilities list them). Adding an operation is its
+declaration here and its handler in its service. It may only
 import the protocol layer; values that other layers own (reasoning levels, activity
 enumerations, login states, catalog states) are written out here and name their origin
 in ``sources``. Tests resolve
@@ -226,9 +227,9 @@ SessionRule = Literal["forbidden", "required", "optional"]
 @dataclass(frozen=True, kw_only=True)
 class Operation:
     """One v1 operation, declared once: the schemas, the reference docs, the route the
-    coordinator applies and what the embedded service advertises before its services are
-    built (``protocol/route_table.py``, generated) all come from here. Its domain
-    service supplies only the payload validator and the handler."""
+    coordinator applies and the checks of its request payload (``protocol/operations.py``,
+    generated, and ``protocol/payloads.py``) all come from here. Its domain service
+    supplies only the handler (and a check a shape cannot express, if any)."""
 
     name: str
     # The domain service that runs it (``composition``'s service keys; ``info``: the
@@ -241,6 +242,8 @@ class Operation:
     session: SessionRule = "forbidden"
     # An optional outer ``session_id`` that is present must be a valid session ID.
     checks_session: bool = False
+    # The outer ``session_id`` is checked before the payload (else after it).
+    session_first: bool = False
     # Refused with ``not_initialized`` before ``initialize`` (after payload validation).
     gated: bool = True
     # Operation-specific errors beyond the envelope checks, each with when it happens.
@@ -611,7 +614,7 @@ _DECLARED: Final[tuple[Operation, ...]] = (
         service="sessions",
         area="sessions",
         summary="One page of durable sessions, ordered by session ID.",
-        request=Obj(fields=(PAGE_AFTER_SESSION, SESSION_PAGE_LIMIT)),
+        request=Obj(fields=(PAGE_AFTER_SESSION, SESSION_PAGE_LIMIT), check_order=("limit",)),
         response=Obj(
             fields=(
                 Field(
@@ -693,7 +696,9 @@ _DECLARED: Final[tuple[Operation, ...]] = (
         area="sessions",
         summary="One page of a session's history projected for display, from a cursor.",
         session="required",
+        session_first=True,
         request=Obj(
+            check_order=("limit",),
             fields=(
                 Field(
                     name="after",
@@ -704,7 +709,7 @@ _DECLARED: Final[tuple[Operation, ...]] = (
                     "`resync_required`, not an error.",
                 ),
                 SESSION_PAGE_LIMIT,
-            )
+            ),
         ),
         response=Obj(
             fields=(
@@ -958,7 +963,7 @@ _DECLARED: Final[tuple[Operation, ...]] = (
         service="configuration",
         area="catalogs and configuration",
         summary="One page of the configured providers.",
-        request=Obj(fields=(CATALOG_OFFSET, CATALOG_LIMIT)),
+        request=Obj(fields=(CATALOG_OFFSET, CATALOG_LIMIT), by_constraint=True),
         response=Obj(
             fields=(
                 Field(
@@ -993,7 +998,8 @@ _DECLARED: Final[tuple[Operation, ...]] = (
                 Field(name="provider_id", shape=Str(), doc="The provider."),
                 CATALOG_OFFSET,
                 CATALOG_LIMIT,
-            )
+            ),
+            by_constraint=True,
         ),
         response=Obj(
             fields=(

@@ -1,14 +1,17 @@
 """A small declarative model of JSON payload shapes, and its JSON Schema (2020-12) form.
 
 The v1 definitions (``definitions.py``) are written in these terms once; the schema
-documents, the reference tables in ``docs/protocol/`` and the tests that hold the
-request validators to the definitions all read them.
+documents, the reference tables in ``docs/protocol/`` and the request payload checks
+(``protocol/payloads.py``, through the generated block of ``protocol/operations.py``)
+all read them.
 
 Shapes describe JSON values: :class:`Str`, :class:`Int`, :class:`Bool`, :class:`Arr`,
 :class:`Obj` (with :class:`Field` members), :class:`Nullable` and :class:`Union` (a
 tagged choice of objects). Every constraint of a *request* shape names the error code a
 violation gets (``codes``, default ``invalid_payload``); constraints listed in ``late``
-are checked by the operation itself after the payload validator, which lets them pass.
+are checked by the operation's handler, after the payload validation derived from the
+shape (``protocol/payloads.py``), which lets them pass. An object of a request also
+declares the order its members are checked in (``Obj.check_order``, ``by_constraint``).
 
 Every shape renders in two profiles (:data:`Profile`):
 
@@ -59,7 +62,7 @@ class Shape:
     doc: str = ""
     # constraint name -> the error code a violation gets (requests only).
     codes: Mapping[str, ErrorCode] = field(default_factory=dict)
-    # constraints the operation checks after its payload validator.
+    # constraints the operation's handler checks (after the derived payload validation).
     late: frozenset[str] = frozenset()
     # attribute -> where the code defines its value (``module:NAME``, or
     # ``module:function.parameter`` for a parameter's ``Literal`` type); a test resolves
@@ -161,6 +164,11 @@ class Obj(Shape):
     unknown: Shape | None = None
     # The most UTF-8 bytes of its compact JSON encoding.
     max_json_bytes: int | None = None
+    # Requests: the order its members are checked in (``protocol/payloads.py``): these
+    # first, in this order, then the others as declared; ``by_constraint``: every
+    # member's type, then every member's next constraint kind (else each member in turn).
+    check_order: tuple[str, ...] = ()
+    by_constraint: bool = False
 
     def member(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)
