@@ -18,14 +18,9 @@ from magi_code.config.catalog import (
     provider_page,
     refresh,
 )
-from magi_code.config.payloads import (
-    parse_empty,
-    parse_model_page,
-    parse_provider_page,
-    parse_refresh,
-)
 from magi_code.config.settings import load_settings
 from magi_code.protocol.errors import ErrorCode, ServiceError
+from magi_code.protocol.operations import declared
 from magi_code.storage.launch import LaunchContext
 
 SECRET = "sk-live-abcdefghijklmnopqrstuvwxyz0123456789"
@@ -101,24 +96,27 @@ def test_provider_paging_edges(ctx: LaunchContext) -> None:
 )
 def test_provider_page_payload_errors(payload: Any, code: ErrorCode) -> None:
     with pytest.raises(ServiceError) as info:
-        parse_provider_page(payload)
+        declared("catalog.providers").check(payload, None)
     assert info.value.code is code
 
 
-def test_page_payload_defaults_and_bounds() -> None:
-    assert parse_provider_page({}) == (0, 32)
-    assert parse_provider_page({"offset": 100_000, "limit": 1}) == (100_000, 1)
-    assert parse_model_page({"provider_id": "anthropic"}) == ("anthropic", 0, 32)
-    assert parse_refresh({"provider_id": "x"}) == "x"
-    parse_empty({})
+def test_page_payload_bounds() -> None:
+    def check(method: str, payload: Any) -> None:
+        declared(method).check(payload, None)
+
+    check("catalog.providers", {})
+    check("catalog.providers", {"offset": 100_000, "limit": 1})
+    check("catalog.models", {"provider_id": "anthropic"})
+    check("catalog.refresh", {"provider_id": "x"})
+    check("config.get", {})
     for bad in ({"provider_id": 1}, {}, {"provider_id": "a", "limit": 40}, {"provider_id": None}):
         with pytest.raises(ServiceError):
-            parse_model_page(bad)
+            check("catalog.models", bad)
     for bad in ({}, {"provider_id": "a", "offset": 0}):
         with pytest.raises(ServiceError):
-            parse_refresh(bad)
+            check("catalog.refresh", bad)
     with pytest.raises(ServiceError) as info:
-        parse_empty({"x": 1})
+        check("config.get", {"x": 1})
     assert info.value.code is ErrorCode.INVALID_PAYLOAD
 
 
