@@ -6,14 +6,13 @@ This module is the source of the shipped JSON Schema documents, of the reference
 in ``docs/protocol/`` and of the route facts and request shapes in
 ``protocol/operations.py`` (generated: the coordinator routes by them and checks every
 request payload against them, the capabilities list them). Adding an operation is its
-declaration here and its handler in its service. It may only
-import the protocol layer; values that other layers own (reasoning levels, activity
-enumerations, login states, catalog states) are written out here and name their origin
-in ``sources``. Tests resolve
-every source and compare, check every request shape against the real payload
-validators case by case, and validate every record the service writes in the process
-and conformance tests against the generated schemas, so a change on either side that
-is not made on the other fails a test.
+declaration here and its handler in its service. It may only import the protocol
+layer; values that other layers own (reasoning levels, activity enumerations, login
+states, catalog states) are written out here and name their origin in ``sources``.
+Tests resolve every source and compare, hold the service's request checks to every
+request schema (case by case and as properties), and validate every record the service
+writes in the process and conformance tests against the generated schemas, so a change
+on either side that is not made on the other fails a test.
 """
 
 from __future__ import annotations
