@@ -55,7 +55,7 @@ CONSTRAINTS: Final = (
 )
 # Codes of the structure checks; any other code is a value's problem, checked after them.
 STRUCTURAL: Final = frozenset({ErrorCode.INVALID_PAYLOAD, ErrorCode.LIMIT_EXCEEDED})
-_TYPES: Final[Mapping[str, type | tuple[type, ...]]] = {
+_TYPES: Final[Mapping[str, type]] = {
     "string": str,
     "integer": int,
     "boolean": bool,
@@ -145,13 +145,15 @@ class _Checker:
         """Check one constraint kind of ``value`` on ``data`` (``None``: checked by
         ``type`` alone)."""
         if constraint == "type":
-            if data is None:
-                if not value.nullable:
-                    self.fail(value, "type")
-            elif not isinstance(data, _TYPES[value.type]) or (
-                value.type == "integer" and isinstance(data, bool)
+            # Decided at once whatever its code: nothing else can be checked on it.
+            if (data is None and not value.nullable) or (
+                data is not None
+                and (
+                    not isinstance(data, _TYPES[value.type])
+                    or (value.type == "integer" and isinstance(data, bool))
+                )
             ):
-                self.fail(value, "type")
+                raise ServiceError(value.code("type"))
             return
         if data is None:
             return
