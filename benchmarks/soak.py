@@ -16,6 +16,11 @@ every process is stopped and the temporary MC_HOME removed afterwards.
 
     .venv/bin/python benchmarks/soak.py [--minutes 5] [--turns 5000] [--interval 30]
     make soak MINUTES=60 TURNS=100000
+
+``--tracemalloc FRAMES`` starts the daemon with ``MC_DAEMON_TRACEMALLOC=FRAMES`` and
+signals it (``SIGUSR2``) at every sample, so that it writes where its Python heap grew
+(``daemon/allocations.py``); the reports are copied to ``--tracemalloc-dir`` (default
+``soak-tracemalloc/``) before the temporary MC_HOME goes.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ import asyncio
 import collections
 import contextlib
 import json
+import os
 import random
+import shutil
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -49,6 +57,7 @@ from benchlib import (
 )
 
 from magi_code.client import Client
+from magi_code.endpoint.paths import runtime_paths
 from magi_code.protocol import envelope
 
 MIB = 2**20
@@ -139,6 +148,7 @@ class Run:
         self.sessions: list[str | None] = [None] * SESSIONS
         self.free = list(range(SESSIONS))
         self.rng = random.Random(args.seed)
+        self.dumps = 0  # allocation reports asked of the daemon (--tracemalloc)
 
     def more(self) -> bool:
         return time.monotonic() < self.deadline and self.stats.started < self.args.turns
@@ -161,6 +171,11 @@ class Run:
                 action = self.rng.choices([a for a, _ in ACTIONS], [w for _, w in ACTIONS])[0]
                 if not await self.one_turn(svc, slot, action):
                     return
+        except EOFError:
+            # A finding, not the end of the run: say what the shim said and go on.
+            self.stats.outcome("shim_exited")
+            said = (await svc.stderr_text()).strip().splitlines()
+            print(f"   a shim exited: {said[-1] if said else 'nothing on stderr'}", flush=True)
         finally:
             await stop_service(svc)
 
@@ -219,6 +234,9 @@ class Run:
             done = not self.more()
             rows.append(await self.sample(client, daemon, began))
             print_row(rows[-1])
+            if self.args.tracemalloc:
+                daemon.send_signal(signal.SIGUSR2)
+                self.dumps += 1
             if done:
                 return
             with contextlib.suppress(TimeoutError):
@@ -326,10 +344,28 @@ async def main(args: argparse.Namespace) -> None:
                     final = dict(await client.status())
                     if final["zombies"] == 0 and not any(final["children"].values()):
                         break
+                if args.tracemalloc:
+                    await keep_allocation_reports(ws, run.dumps, args.tracemalloc_dir)
             print_slopes(rows)
             totals = ", ".join(f"{k} {v}" for k, v in sorted(run.stats.totals.items()))
             print(f"   turns {run.stats.started:,}: {totals}")
             print(f"   at the end: children {final['children']}, zombies {final['zombies']}")
+
+
+async def keep_allocation_reports(ws: Workspace, count: int, target: str) -> None:
+    """Copy the daemon's ``tracemalloc-<n>.txt`` out of the temporary MC_HOME (the last
+    one once the daemon wrote it)."""
+    run_dir = runtime_paths(daemon_launch_context(ws)).state_dir
+    last = run_dir / f"tracemalloc-{count}.txt"
+    for _ in range(600):
+        if last.exists():
+            break
+        await asyncio.sleep(0.1)
+    os.makedirs(target, exist_ok=True)
+    reports = sorted(run_dir.glob("tracemalloc-*.txt"))
+    for report in reports:
+        shutil.copy(report, target)
+    print(f"   {len(reports)} allocation reports in {target}/")
 
 
 def parse_args() -> argparse.Namespace:
@@ -338,9 +374,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=5000, help="start at most this many turns")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run's choices")
+    parser.add_argument(
+        "--tracemalloc", type=int, default=0, metavar="FRAMES",
+        help="trace the daemon's allocations with this many frames, a report per sample",
+    )  # fmt: skip
+    parser.add_argument("--tracemalloc-dir", default="soak-tracemalloc")
     return parser.parse_args()
 
 
 if __name__ == "__main__":
     arguments = parse_args()
+    if arguments.tracemalloc:
+        # Every daemon this run starts (the first client starts it) is traced.
+        DAEMON_ENV["MC_DAEMON_TRACEMALLOC"] = str(arguments.tracemalloc)
     run_with_daemons(main, "soak", arguments)

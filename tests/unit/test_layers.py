@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import magi_code
+from magi_code.daemon.preload import NEVER_RUN
 
 ROOT = Path(magi_code.__file__).parent
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -131,3 +132,12 @@ def test_no_modules_import_each_other_in_a_cycle() -> None:
     for node in sorted(modules()):
         if node not in state:
             visit(node, [])
+
+
+def test_the_daemon_preload_skips_exactly_what_the_layers_keep_from_the_daemon() -> None:
+    # What the daemon leaves out of its preload it must never be able to import (else an
+    # upgrade could mix new code into it); what it could import it must preload.
+    layers = readme_layers()
+    own = next(index for index, layer in enumerate(layers) if "daemon" in layer)
+    above = {name for layer in layers[own + 1 :] for name in layer}
+    assert above | APART["daemon"] == NEVER_RUN

@@ -275,6 +275,7 @@ def _serve(
         from magi_code.tools.sandbox import bubblewrap
         from magi_code.turns.runtime import warm_turn_modules
 
+        from .allocations import AllocationTracer, trace_frames
         from .heap import HeapTrimmer
         from .preload import import_product_modules
         from .reaper import OrphanReaper, become_subreaper, stop_descendants
@@ -317,6 +318,10 @@ def _serve(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, server.request_stop, "signal")
+        if frames := trace_frames(ctx.env):
+            tracer = AllocationTracer(keeper.paths.state_dir, frames)
+            tracer.start()
+            loop.add_signal_handler(signal.SIGUSR2, tracer.request)
 
         def warm() -> None:
             warm_turn_modules()
