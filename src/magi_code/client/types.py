@@ -360,6 +360,7 @@ class ControlStatus(TypedDict, total=False):
     mode: str
     uptime_seconds: int
     retained_turns: int
+    retained_turn_bytes: int
     sessions_held: int
     rss_bytes: int
     open_fds: int

@@ -4,7 +4,10 @@ Every typed turn event a persistent connection's output carries is recorded here
 or not its client is still connected), so a reattaching client can snapshot a turn and
 get exactly the events after the last sequence it saw, or an explicit resync answer when
 they were evicted. Bounds (RFC-0002 §6): :data:`MAX_TURN_EVENTS` events per turn,
-finished turns kept :data:`RETAIN_SECONDS` and at most :data:`MAX_FINISHED_TURNS`.
+finished turns kept :data:`RETAIN_SECONDS`, at most :data:`MAX_FINISHED_TURNS` of them
+and at most :data:`MAX_FINISHED_BYTES` of their events (counted as encoded, the oldest
+finished turns go first). A finished turn the journal no longer holds is still read from
+its session's durable history (``session.replay``, ``attach`` with ``session_id``).
 
 Snapshots page: each turn gets an ordinal when first recorded, and a page's cursor is the
 last ordinal it covered, so a client following cursors sees every matching turn once.
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import msgpack
+import orjson
 
 from magi_code.dataclass import dataclass, field
 
@@ -26,6 +30,9 @@ from .output import TurnEvent, TurnInfo
 MAX_TURN_EVENTS: Final = 512
 RETAIN_SECONDS: Final = 600.0
 MAX_FINISHED_TURNS: Final = 256
+# 256 turns of a few hundred events each stay well under it; four turns at the per-turn
+# ring's worst case (512 events of up to ~8 KiB each) reach it.
+MAX_FINISHED_BYTES: Final = 16 * 1024 * 1024
 MAX_RUNNING_TURNS: Final = 1024
 # What one snapshot page may carry: well inside the 1 MiB frame, whatever the items.
 SNAPSHOT_PAGE_BYTES: Final = 512 * 1024
@@ -51,6 +58,8 @@ class TurnLog:
     info: TurnInfo
     ordinal: int
     events: deque[TurnEvent] = field(default_factory=lambda: deque(maxlen=MAX_TURN_EVENTS))
+    sizes: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_TURN_EVENTS))
+    size: int = 0  # the buffered events' encoded bytes
     text: list[str] = field(default_factory=list)
     last_sequence: int = -1
     evicted_upto: int = -1  # highest sequence no longer buffered
@@ -61,7 +70,11 @@ class TurnLog:
     def append(self, event: TurnEvent) -> None:
         if len(self.events) == self.events.maxlen:
             self.evicted_upto = self.events[0].sequence
+            self.size -= self.sizes[0]
+        size = len(orjson.dumps(event.envelope))
         self.events.append(event)
+        self.sizes.append(size)
+        self.size += size
         self.last_sequence = max(self.last_sequence, event.sequence)
 
     def after(self, sequence: int) -> list[TurnEvent]:
@@ -113,6 +126,10 @@ class TurnJournal:
         """Finished turns still kept for snapshot and attach."""
         return sum(1 for log in self._turns.values() if log.finished_at is not None)
 
+    def retained_bytes(self) -> int:
+        """The encoded size of the finished turns' kept events."""
+        return sum(log.size for log in self._turns.values() if log.finished_at is not None)
+
     def record(self, event: TurnEvent) -> None:
         """Record one turn event and hand it to the turn's followers."""
         log = self._turns.get(event.turn_id)
@@ -130,6 +147,7 @@ class TurnJournal:
             log.finished_at = self._clock()
             # The terminal carries the authoritative text: drop the per-delta pieces.
             log.text.clear()
+            self._prune()
         for deliver in list(log.followers):
             deliver(event)
         if log.terminal is not None:
@@ -222,8 +240,15 @@ class TurnJournal:
             for turn_id, log in self._turns.items()
             if log.finished_at is not None and now - log.finished_at > RETAIN_SECONDS
         ]
-        # Oldest first (insertion order): beyond the cap the earliest finished turns go.
-        expired += finished[: max(0, len(finished) - MAX_FINISHED_TURNS)]
+        # Oldest first (insertion order): beyond either cap the earliest finished turns go.
+        kept = len(finished)
+        kept_bytes = sum(self._turns[turn_id].size for turn_id in finished)
+        for turn_id in finished:
+            if kept <= MAX_FINISHED_TURNS and kept_bytes <= MAX_FINISHED_BYTES:
+                break
+            expired.append(turn_id)
+            kept -= 1
+            kept_bytes -= self._turns[turn_id].size
         for turn_id in expired:
             del self._turns[turn_id]
         while len(self._turns) > MAX_FINISHED_TURNS + MAX_RUNNING_TURNS:

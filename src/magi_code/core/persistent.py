@@ -233,6 +233,7 @@ class PersistentCoordinator:
         """What the daemon keeps beyond running turns (``status`` only: not on a hot path)."""
         return {
             "retained_turns": self.journal.retained(),
+            "retained_turn_bytes": self.journal.retained_bytes(),
             "sessions_held": self.sessions.held() if self.sessions is not None else 0,
         }
 

@@ -44,21 +44,26 @@ def trace_frames(env: Mapping[str, str]) -> int:
     return min(int(raw), MAX_FRAMES) if raw.isdigit() else 0
 
 
+# An allocation site (its stack, innermost frame last) -> (bytes, blocks) there.
+Sites = dict[tracemalloc.Traceback, tuple[int, int]]
+
+
 class AllocationTracer:
     """Started with :meth:`start`; each :meth:`request` writes one numbered report."""
 
     def __init__(self, directory: Path, frames: int) -> None:
         self._directory = directory
         self._frames = frames
-        self._first: tracemalloc.Snapshot | None = None
-        self._previous: tracemalloc.Snapshot | None = None
+        # Each snapshot is kept grouped by site only: a fraction of its traces' memory.
+        self._first: Sites = {}
+        self._previous: Sites = {}
         self._count = 0
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         tracemalloc.start(self._frames)
-        self._first = self._previous = self._snapshot()
+        self._first = self._previous = self._sites(tracemalloc.take_snapshot())
 
     def request(self) -> None:
         """Take a snapshot now and write its report soon (a signal handler)."""
@@ -66,16 +71,16 @@ class AllocationTracer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _report(self, raw: tracemalloc.Snapshot) -> None:
+    async def _report(self, snapshot: tracemalloc.Snapshot) -> None:
         traced = tracemalloc.get_traced_memory()
         async with self._lock:
-            path = await asyncio.to_thread(self.write, raw, traced)
+            path = await asyncio.to_thread(self.write, snapshot, traced)
         log.info("wrote %s", path.name)
 
-    def write(self, raw: tracemalloc.Snapshot, traced: tuple[int, int]) -> Path:
-        """Write ``tracemalloc-<n>.txt`` (n from 1) for ``raw``; returns its path."""
-        assert self._first is not None and self._previous is not None, "start() first"
-        snapshot = raw.filter_traces(_IGNORED)
+    def write(self, snapshot: tracemalloc.Snapshot, traced: tuple[int, int]) -> Path:
+        """Write ``tracemalloc-<n>.txt`` (n from 1) for ``snapshot``; returns its path."""
+        sites = self._sites(snapshot)
+        del snapshot
         self._count += 1
         current, peak = traced
         rss = resident_bytes()
@@ -87,21 +92,32 @@ class AllocationTracer:
         for title, base in (("since start", self._first), ("since previous", self._previous)):
             lines.append("")
             lines.append(f"top {TOP} growth {title} (size diff, count diff, site):")
-            lines.extend(self._growth(snapshot, base))
-        self._previous = snapshot
+            lines.extend(_growth(sites, base))
+        self._previous = sites
         path = self._directory / f"tracemalloc-{self._count}.txt"
         atomic_write(path, ("\n".join(lines) + "\n").encode(), 0o600)
         return path
 
-    def _snapshot(self) -> tracemalloc.Snapshot:
-        return tracemalloc.take_snapshot().filter_traces(_IGNORED)
-
-    def _growth(self, snapshot: tracemalloc.Snapshot, base: tracemalloc.Snapshot) -> list[str]:
+    def _sites(self, snapshot: tracemalloc.Snapshot) -> Sites:
         key = "traceback" if self._frames > 1 else "lineno"
-        lines = []
-        for stat in snapshot.compare_to(base, key)[:TOP]:
-            lines.append(f"{stat.size_diff / 1024:+10.1f} KiB {stat.count_diff:+8d}")
-            # Innermost frame first: where the block was allocated, then its callers.
-            for frame in reversed(stat.traceback):
-                lines.append(f"      {frame.filename}:{frame.lineno}")
-        return lines
+        return {
+            stat.traceback: (stat.size, stat.count)
+            for stat in snapshot.filter_traces(_IGNORED).statistics(key)
+        }
+
+
+def _growth(sites: Sites, base: Sites) -> list[str]:
+    """The sites whose size changed most (either way), largest change first."""
+    diffs = [
+        (size - base.get(site, (0, 0))[0], count - base.get(site, (0, 0))[1], site)
+        for site, (size, count) in sites.items()
+    ]
+    diffs += [(-size, -count, site) for site, (size, count) in base.items() if site not in sites]
+    diffs.sort(key=lambda diff: abs(diff[0]), reverse=True)
+    lines = []
+    for size, count, site in diffs[:TOP]:
+        lines.append(f"{size / 1024:+10.1f} KiB {count:+8d}")
+        # Innermost frame first: where the block was allocated, then its callers.
+        for frame in reversed(site):
+            lines.append(f"      {frame.filename}:{frame.lineno}")
+    return lines

@@ -400,7 +400,8 @@ def _health_lines(status: dict[str, Any]) -> str:
         f"  connections: {connections}; "
         f"most queued output {status['max_outbound_queued_bytes']} bytes\n"
         f"  held:    {status['sessions_held']} sessions, "
-        f"{status['retained_turns']} finished turns retained\n"
+        f"{status['retained_turns']} finished turns retained "
+        f"({status['retained_turn_bytes']} bytes)\n"
     )
 
 

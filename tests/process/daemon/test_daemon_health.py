@@ -74,6 +74,7 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
         before = await _settled(lambda: asyncio.to_thread(status, home))
         _check_health(before, tools=0, control=1)
         assert before["active_turns"] == 0 and before["retained_turns"] == 0
+        assert before["retained_turn_bytes"] == 0
 
         reply = await client.request("turn.start", {"prompt": "run it"})
         assert reply["error"] is None, reply
@@ -94,6 +95,8 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
         after = await _settled(client.status)
         _check_health(after, tools=0, control=0)
         assert after["active_turns"] == 0 and after["retained_turns"] == 1
+        # Its events, as encoded: at least the terminal with the reply's text.
+        assert after["retained_turn_bytes"] > len(terminal["assistant_text"])
     finally:
         await client.close()
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import msgpack
+import orjson
 import pytest
 
 from magi_code.core.journal import (
+    MAX_FINISHED_BYTES,
+    MAX_FINISHED_TURNS,
     MAX_TURN_EVENTS,
     RETAIN_SECONDS,
     SNAPSHOT_PAGE_BYTES,
@@ -119,3 +122,53 @@ def test_snapshot_filters_by_session_turns_and_project() -> None:
 def test_a_cursor_not_issued_by_the_journal_is_refused() -> None:
     with pytest.raises(BadCursor):
         TurnJournal().snapshot(SnapshotQuery(cursor="nonsense"))
+
+
+def test_finished_turns_beyond_the_count_bound_go_oldest_first() -> None:
+    journal = TurnJournal()
+    for i in range(MAX_FINISHED_TURNS + 10):
+        _finished(journal, f"t{i}", "done")
+    assert journal.retained() == MAX_FINISHED_TURNS
+    kept = [item["turn_id"] for item in _all(journal)]
+    assert kept == [f"t{i}" for i in range(10, MAX_FINISHED_TURNS + 10)]
+    assert journal.attach("t9", -1, lambda _: None) is None
+    assert journal.attach("t10", -1, lambda _: None) is not None
+
+
+def test_finished_turns_beyond_the_byte_bound_go_oldest_first() -> None:
+    journal = TurnJournal()
+    # Each turn buffers ~2 MiB: 256 deltas of 4 KiB, and its terminal with the same text.
+    piece = "z" * 4096
+    turns = MAX_FINISHED_BYTES // (2 * 256 * len(piece)) + 3
+    for i in range(turns):
+        turn = info(f"t{i}")
+        journal.record(_event("turn.started", 0, turn=turn))
+        for seq in range(1, 257):
+            journal.record(_event("turn.assistant_delta", seq, turn=turn, text=piece))
+        text = piece * 256
+        journal.record(_event("turn.terminal", 257, turn=turn, assistant_text=text))
+        assert journal.retained_bytes() <= MAX_FINISHED_BYTES
+    kept = [item["turn_id"] for item in _all(journal)]
+    assert 0 < len(kept) < turns
+    # The newest turns are the ones kept, whole.
+    assert kept == [f"t{i}" for i in range(turns - len(kept), turns)]
+    assert journal.retained_bytes() > MAX_FINISHED_BYTES - 3 * 2**20
+    answer = journal.attach(kept[-1], -1, lambda _: None)
+    assert answer is not None and answer[0] == "finished" and len(answer[1]) == 258
+
+
+def test_a_turn_ring_counts_only_the_events_it_still_holds() -> None:
+    journal = TurnJournal()
+    for i in range(MAX_TURN_EVENTS * 3):
+        journal.record(_event("turn.assistant_delta", i, text="w" * 100))
+    journal.record(_event("turn.terminal", MAX_TURN_EVENTS * 3, assistant_text=""))
+    one = len(orjson.dumps(_event("turn.assistant_delta", 1, text="w" * 100).envelope))
+    assert journal.retained_bytes() < (MAX_TURN_EVENTS + 1) * (one + 16)
+
+
+def _all(journal: TurnJournal) -> list[dict[str, object]]:
+    items, cursor = journal.snapshot()
+    while cursor is not None:
+        more, cursor = journal.snapshot(SnapshotQuery(cursor=cursor))
+        items += more
+    return items
