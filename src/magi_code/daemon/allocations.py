@@ -30,9 +30,10 @@ log = logging.getLogger("magi_code.daemon")
 TRACE_ENV: Final = "MC_DAEMON_TRACEMALLOC"
 MAX_FRAMES: Final = 64
 TOP: Final = 25
-# Neither the tracer's own bookkeeping nor the import machinery's is the daemon's growth.
+# Neither the tracers' own bookkeeping nor the import machinery's is the daemon's growth.
 _IGNORED: Final = (
     tracemalloc.Filter(False, tracemalloc.__file__),
+    tracemalloc.Filter(False, __file__),
     tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
     tracemalloc.Filter(False, "<frozen importlib._bootstrap_external>"),
 )

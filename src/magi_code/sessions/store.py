@@ -176,13 +176,22 @@ def _page(
 
 class _WindowCache:
     """A few recently parsed windows; used from worker threads, hence the lock, held only
-    for a dictionary operation."""
+    for a dictionary operation.
+
+    At most :data:`CAPACITY` windows covering at most :data:`CAPACITY_BYTES` of history
+    (the least recently used go first, the one just stored stays whatever its size): a
+    window is up to 2 MiB of history, parsed and projected it takes about six times that
+    in memory, and a daemon's sessions only grow, so a cache bounded by count alone would
+    grow with them to 8 full windows (~100 MiB).
+    """
 
     CAPACITY: Final = 8
+    CAPACITY_BYTES: Final = 4 * 1024 * 1024
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, tuple[_CacheKey, _Parsed]] = OrderedDict()
+        self._bytes = 0
 
     def latest(self, session_id: str) -> tuple[_CacheKey, _Parsed] | None:
         """The session's entry, whatever the file it described has become since."""
@@ -194,14 +203,27 @@ class _WindowCache:
 
     def put(self, session_id: str, key: _CacheKey, parsed: _Parsed) -> None:
         with self._lock:
+            self._drop(session_id)
             self._entries[session_id] = (key, parsed)
-            self._entries.move_to_end(session_id)
-            while len(self._entries) > self.CAPACITY:
-                self._entries.popitem(last=False)
+            self._bytes += _covered(parsed[0])
+            while len(self._entries) > 1 and (
+                len(self._entries) > self.CAPACITY or self._bytes > self.CAPACITY_BYTES
+            ):
+                self._drop(next(iter(self._entries)))
 
     def forget(self, session_id: str) -> None:
         with self._lock:
-            self._entries.pop(session_id, None)
+            self._drop(session_id)
+
+    def _drop(self, session_id: str) -> None:
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self._bytes -= _covered(entry[1][0])
+
+
+def _covered(window: ParsedWindow) -> int:
+    """The history bytes a parsed window covers (from its first record to its end)."""
+    return window.end - window.starts[0] if window.starts else 0
 
 
 class ForeignEntries(PermissionError):
