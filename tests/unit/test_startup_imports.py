@@ -2,8 +2,9 @@
 
 ``import magi_code.cli`` (every command's first step) loads no heavy third-party module;
 ``magi_code.tools.mcp`` and a toolset without servers load nothing of the MCP SDK; the
-daemon's preload imports every product module but not the SDK, nor the HTTP stack every
-turn uses, which ``warm_turn_modules`` loads (the daemon calls it once it is ready).
+daemon's preload imports every product module it can run (none of the frontends') but not
+the SDK, nor the HTTP stack every turn uses, which ``warm_turn_modules`` loads (the daemon
+calls it once it is ready).
 """
 
 from __future__ import annotations
@@ -121,6 +122,10 @@ def test_the_daemon_preload_loads_the_product_but_no_sdk_and_warming_the_http_st
         "names = import_product_modules()\n"
         "assert 'magi_code.tools.mcp' in names and 'magi_code.composition' in names\n"
         f"assert [m for m in {WARMED!r} if m in sys.modules] == [], 'warmed at once'\n"
+        # The frontends' side, which the daemon never runs, is left out.
+        "frontends = [m for m in sys.modules if m.split('.')[:2] in (\n"
+        "    ['magi_code', 'acp'], ['magi_code', 'cli'], ['magi_code', 'client'])]\n"
+        "assert frontends == [], frontends\n"
         "from magi_code.turns.runtime import warm_turn_modules\n"
         "warm_turn_modules()\n"
     )
