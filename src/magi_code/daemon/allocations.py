@@ -5,10 +5,11 @@ grows in the field: with ``MC_DAEMON_TRACEMALLOC=<frames>`` in its environment t
 starts :mod:`tracemalloc` once its modules are loaded (what start-up imports is not
 traced), keeping ``<frames>`` frames of each allocation's stack (1 to 64). Each
 ``SIGUSR2`` then writes ``tracemalloc-<n>.txt`` (0600) in the daemon's ``run/``
-directory: the traced total, and the allocation sites that grew most since the first
-snapshot and since the previous one. Only taking the snapshot holds the loop (copying the
-traces); comparing and writing run in a worker thread, one report at a time. Tracing
-itself makes every allocation slower, so this is never on unless asked.
+directory: the traced total, tracemalloc's own memory and RSS, and the allocation sites
+that grew most since the first snapshot and since the previous one. Only taking the
+snapshot holds the loop (copying the traces); comparing and writing run in a worker
+thread, one report at a time. Tracing itself makes every allocation slower, so this is
+never on unless asked.
 """
 
 from __future__ import annotations
@@ -73,21 +74,22 @@ class AllocationTracer:
         task.add_done_callback(self._tasks.discard)
 
     async def _report(self, snapshot: tracemalloc.Snapshot) -> None:
-        traced = tracemalloc.get_traced_memory()
+        traced = (*tracemalloc.get_traced_memory(), tracemalloc.get_tracemalloc_memory())
         async with self._lock:
             path = await asyncio.to_thread(self.write, snapshot, traced)
         log.info("wrote %s", path.name)
 
-    def write(self, snapshot: tracemalloc.Snapshot, traced: tuple[int, int]) -> Path:
-        """Write ``tracemalloc-<n>.txt`` (n from 1) for ``snapshot``; returns its path."""
+    def write(self, snapshot: tracemalloc.Snapshot, traced: tuple[int, int, int]) -> Path:
+        """Write ``tracemalloc-<n>.txt`` (n from 1) for ``snapshot``; ``traced`` is the
+        traced memory, its peak and the tracer's own, when it was taken. Returns its path."""
         sites = self._sites(snapshot)
         del snapshot
         self._count += 1
-        current, peak = traced
+        current, peak, own = (value / 2**20 for value in traced)
         rss = resident_bytes()
         lines = [
             f"snapshot {self._count} pid {os.getpid()} frames {self._frames}",
-            f"traced {current / 2**20:.2f} MiB (peak {peak / 2**20:.2f} MiB)"
+            f"traced {current:.2f} MiB (peak {peak:.2f} MiB), tracemalloc's own {own:.2f} MiB"
             + (f", rss {rss / 2**20:.2f} MiB" if rss is not None else ""),
         ]
         for title, base in (("since start", self._first), ("since previous", self._previous)):
