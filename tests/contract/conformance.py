@@ -97,6 +97,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[BUILDS] = set()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The gate holds every scenario to the contract in both modes (`make test` runs the
+    # transport's in both, the rest in the default mode); before the mode filter runs.
+    for item in items:
+        item.add_marker(pytest.mark.both_modes)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     try:
