@@ -386,3 +386,21 @@ async def test_a_client_that_stops_reading_is_cut_then_recovers_by_attach(
     assert text == rest[-1]["payload"]["assistant_text"] == "".join(chunks)
     await slow.close()
     await watcher.close()
+
+
+async def test_a_burst_past_the_inbox_bound_pauses_reading_and_every_frame_is_answered(
+    daemon: InMemoryDaemon,
+) -> None:
+    # Far more frames than the inbox holds (64), sent before reading any answer: reading
+    # pauses, resumes as the role works the inbox down, and nothing is lost or reordered.
+    peer = await _peer(daemon)
+    ids = [f"b{i}" for i in range(300)]
+    for rid in ids:
+        message = envelope.request(rid, "status", {})
+        await peer.channel.send({"t": "request", "message": message})
+    answered = []
+    while len(answered) < len(ids):
+        frame = await peer.until(lambda f: f["t"] == "message")
+        answered.append(frame["message"]["request_id"])
+    assert answered == ids
+    await peer.close()
