@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import socket
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from magi_code.endpoint.peer import check_peer
 from magi_code.protocol.frames import FrameDecoder, FrameError, encode_frame
@@ -44,6 +46,8 @@ from .handshake import (
 __all__ = ["CONNECT_TIMEOUT", "Channel", "launch_of", "socket_for"]
 
 READ_CHUNK = 65536
+# Between tries to connect while the daemon's listen backlog is full.
+BACKLOG_RETRY_SECONDS: Final = 0.02
 
 
 class Channel:
@@ -80,9 +84,7 @@ class Channel:
         """
         check_socket_dir(socket_path)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(str(socket_path), limit=READ_CHUNK * 2), timeout
-            )
+            reader, writer = await _open(socket_path, timeout)
         except OSError as exc:
             raise connect_failure(exc, socket_path, timeout) from None
         sock = writer.get_extra_info("socket")
@@ -177,3 +179,41 @@ class Channel:
         self._writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await self._writer.wait_closed()
+
+
+async def _open(
+    socket_path: Path, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect within ``timeout``.
+
+    The socket is connected here, not by asyncio: on a full listen backlog a non-blocking
+    ``AF_UNIX`` connect fails with ``EAGAIN`` and asyncio would wait for the socket to be
+    writable and take it as connected when it is not (its peer credentials then read as
+    nobody's). A full backlog is tried again: a daemon accepting a burst of connections
+    drains it within milliseconds, and only one that stopped accepting runs out the
+    timeout.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(str(socket_path))
+            break
+        except BlockingIOError as exc:
+            sock.close()
+            if exc.errno != errno.EAGAIN or loop.time() + BACKLOG_RETRY_SECONDS >= deadline:
+                raise
+        except BaseException:
+            sock.close()
+            raise
+        await asyncio.sleep(BACKLOG_RETRY_SECONDS)
+    try:
+        return await asyncio.wait_for(
+            asyncio.open_unix_connection(sock=sock, limit=READ_CHUNK * 2),
+            max(deadline - loop.time(), 0),
+        )
+    except BaseException:
+        sock.close()
+        raise

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from magi_code.client import Channel, socket_for
+from magi_code.client import Channel, Client, socket_for
 from magi_code.client.channel import launch_of
 from magi_code.protocol import envelope
 from magi_code.protocol.frames import HEADER, FrameDecoder, encode_frame
@@ -218,6 +220,36 @@ def test_the_daemon_lifts_the_fd_limit_it_inherited(home: Path, project: Path) -
     held = [_raw(home, project) for _ in range(200)]  # more than the starter's limit
     for sock in held:
         sock.close()
+
+
+async def test_a_client_waits_out_a_full_backlog_instead_of_failing_at_once(
+    home: Path, project: Path
+) -> None:
+    # A stopped daemon accepts nothing: fill its listen backlog until connecting would
+    # block, as a burst of connections does for a moment to a busy one.
+    pid = _start(home, project)
+    os.kill(pid, signal.SIGSTOP)
+    backlog: list[socket.socket] = []
+    try:
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(str(socket_for(context(home, project))))
+            except BlockingIOError:
+                sock.close()
+                break
+            backlog.append(sock)
+        connecting = asyncio.create_task(Client.connect(context(home, project), "control"))
+        await asyncio.sleep(0.5)
+        assert not connecting.done(), "the client gave up on a full backlog at once"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for sock in backlog:
+        sock.close()
+    client = await asyncio.wait_for(connecting, 30)
+    assert (await client.status())["pid"] == pid
+    await client.close()
 
 
 async def test_a_stalled_v1_shim_is_dropped_and_its_turn_cancelled(
