@@ -34,6 +34,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.v2 import MAX_TRANSCRIPT_PAGE_BYTES
 from magi_code.sessions.ids import validate_session_id
 from magi_code.sessions.listing import LibraryQuery
+from magi_code.sessions.rewind import commit_rewind, plan_rewind, rewind_answer
 from magi_code.sessions.store import Transcript
 from magi_code.storage.launch import LaunchContext
 from magi_code.tools.frontend import call_detail
@@ -539,6 +540,38 @@ class PersistentCoordinator:
             return item
         archived = kind == "session_archive"
         return await asyncio.to_thread(store.set_archived, session_id, archived)
+
+    # -- fork and rewind (RFC-0002 §6.13) ------------------------------------------------
+
+    async def fork_session(self, session_id: str, cursor: str) -> dict[str, object]:
+        """A new session with the history up to ``cursor``; its library entry. A read of
+        the original: it needs no control. Raises ServiceError (the v1 session errors),
+        :class:`StaleCursor` or :class:`NotTurnBoundary`."""
+        if self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        return await asyncio.to_thread(self.sessions.store.fork, session_id, cursor)
+
+    async def rewind_session(
+        self, conn: Connection, session_id: str, cursor: str, files: bool, commit: bool, force: bool
+    ) -> dict[str, Any]:
+        """``session.rewind``'s answer: its preview (a read), or with ``commit`` the
+        rewind itself, under the session's lease (control: ``session_busy`` while another
+        client holds it; :class:`TurnRunning` while a turn runs on it). Watchers are told
+        ``rewound``. Raises as :meth:`fork_session` too."""
+        if self.sessions is None:
+            raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
+        store = self.sessions.store
+        valid = validate_session_id(session_id)
+        if not commit:
+            plan = await asyncio.to_thread(plan_rewind, store, valid, cursor)
+            return rewind_answer(plan, None, files)
+        async with self.sessions.claimed(conn, valid) as lease:
+            plan, results = await asyncio.to_thread(
+                commit_rewind, store, lease, cursor, files, force
+            )
+        answer = rewind_answer(plan, results, files)
+        self.watchers.session(valid, {"event": "rewound", "session_id": valid, "to_cursor": cursor})
+        return answer
 
 
 def transcript_page(transcript: Transcript, start: int, project: Path) -> dict[str, object]:

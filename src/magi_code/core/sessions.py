@@ -20,9 +20,10 @@ session, or under a lease of its own when none does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.config.settings import Layer
@@ -72,6 +73,10 @@ def _acts_for(conn: Connection, attachment: Attachment) -> bool:
     """``conn`` holds ``attachment``, or runs its session's queue (RFC-0002 §6.12): the
     queue's turns run on the controller's attachment, under its control."""
     return attachment.owner == conn.conn_id or conn.queue_of == attachment.session_id
+
+
+class TurnRunning(Exception):
+    """A change between turns was asked for while a turn runs on the session."""
 
 
 def _nothing_to_cancel() -> None:
@@ -285,6 +290,32 @@ class SessionService:
         """The session's attachment here (None when no connection holds it)."""
         attachment = self._attachments.get(session_id)
         return None if attachment is None or attachment.closing else attachment
+
+    @contextlib.asynccontextmanager
+    async def claimed(self, conn: Connection, session_id: str) -> AsyncIterator[WriterLease]:
+        """The session's writer lease for a change of its history made between turns (a
+        rewind, RFC-0002 §6.13): under ``conn``'s attachment, or an implicit one taken as
+        a turn takes it; no turn starts and no close releases it meanwhile.
+
+        Raises:
+            TurnRunning: a turn runs on the session here.
+            ServiceError: ``SESSION_BUSY`` (another client or process holds it), and as
+                ``attach``.
+        """
+        held = self._attachments.get(session_id)
+        if held is not None and held.busy:
+            raise TurnRunning
+        attachment = await self.attach(conn, session_id, explicit=False)
+        if attachment.busy:
+            raise TurnRunning
+        attachment.cancel_turn = _nothing_to_cancel
+        attachment.idle.clear()
+        try:
+            yield attachment.lease
+        finally:
+            attachment.cancel_turn = None
+            attachment.idle.set()
+            await self.turn_finished(attachment)
 
     async def release_control(self, conn: Connection, session_id: str) -> bool:
         """``control.release``: give up ``conn``'s hold (False when it held none).

@@ -29,6 +29,7 @@ from magi_code.core.journal import BadCursor, SnapshotQuery
 from magi_code.core.output import TurnEvent
 from magi_code.core.queue import QueueRefused
 from magi_code.core.routes import RequestExpired
+from magi_code.core.sessions import TurnRunning
 from magi_code.core.watch import StaleCursor
 from magi_code.protocol import v2
 from magi_code.protocol.deadlines import deadline_passed
@@ -37,6 +38,8 @@ from magi_code.protocol.frames import FrameError
 from magi_code.protocol.v2 import Code
 from magi_code.sessions.listing import BadCursor as BadLibraryCursor
 from magi_code.sessions.listing import LibraryQuery
+from magi_code.sessions.store import NotTurnBoundary
+from magi_code.sessions.store import StaleCursor as StoreStaleCursor
 
 from .control_role import answer_control
 from .outbound import Outbound
@@ -48,6 +51,12 @@ log = logging.getLogger("magi_code.daemon")
 
 # Events per attach frame are packed up to this many bytes (a frame holds 1 MiB).
 ATTACH_PART_BYTES: Final = 512 * 1024
+# What a fork or rewind that cannot go ahead is answered (§6.13).
+_FORK_ERRORS: Final[dict[type[Exception], Code]] = {
+    StoreStaleCursor: Code.RESYNC_REQUIRED,
+    NotTurnBoundary: Code.NOT_TURN_BOUNDARY,
+    TurnRunning: Code.TURN_RUNNING,
+}
 
 
 class PersistentRole:
@@ -116,6 +125,8 @@ class PersistentRole:
                     await self._transcript(frame)
                 elif isinstance(frame, v2.SessionSelection):
                     await self._selection(frame)
+                elif isinstance(frame, v2.SessionFork | v2.SessionRewind):
+                    await self._fork_or_rewind(frame)
                 else:
                     assert isinstance(frame, v2.Attach)
                     await self._attach(frame)
@@ -279,6 +290,25 @@ class PersistentRole:
                 "effective": effective,
             }
         )
+
+    async def _fork_or_rewind(self, frame: v2.SessionFork | v2.SessionRewind) -> None:
+        """Fork a session, or preview or commit a rewind (§6.13)."""
+        try:
+            if isinstance(frame, v2.SessionFork):
+                item = await self.core.fork_session(frame.session_id, frame.at_cursor)
+                self.peer.send({"t": "session_result", "id": frame.id, "session": item})
+                return
+            answer = await self.core.rewind_session(
+                self.conn, frame.session_id, frame.at_cursor, frame.files, frame.commit, frame.force
+            )
+        except ServiceError as exc:
+            self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
+            return
+        except (StoreStaleCursor, NotTurnBoundary, TurnRunning) as exc:
+            code = _FORK_ERRORS[type(exc)]
+            self.peer.send(v2.frame_error("session_error", frame.id, code))
+            return
+        self.peer.send({"t": "rewind_result", "id": frame.id, **answer})
 
     async def _session_policy(self, frame: v2.SessionPolicy) -> None:
         policy = cast(Policy | None, frame.policy)

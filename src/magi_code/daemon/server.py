@@ -87,6 +87,8 @@ CAPABILITIES: Final = (
     "session.mcp_servers",
     "session.transcript",
     "session.selection",
+    "session.fork",
+    "session.rewind",
 )
 
 

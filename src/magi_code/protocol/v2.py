@@ -93,6 +93,8 @@ class Code(StrEnum):
     TURN_FINISHED = "turn_finished"
     NOT_CONTROLLER = "not_controller"
     UNKNOWN_ENTRY = "unknown_entry"
+    NOT_TURN_BOUNDARY = "not_turn_boundary"
+    TURN_RUNNING = "turn_running"
 
 
 MESSAGES: Final[dict[Code, str]] = {
@@ -152,6 +154,8 @@ ROLE_FRAMES: Final[dict[str, frozenset[str]]] = {
             "queue_send_now",
             "session_transcript",
             "session_selection",
+            "session_fork",
+            "session_rewind",
         }
     ),
     "control": frozenset({"control"}),
@@ -207,6 +211,7 @@ SERVER_FRAMES: Final = frozenset(
         "transcript_result",
         "session_selection_result",
         "session_selection_error",
+        "rewind_result",
     }
 )
 # Approval answers (``approval_answer.decision``) and grant scopes (``grants_revoke``).
@@ -550,6 +555,35 @@ class SessionChange(_Frozen):
         self._set(kind, id, session_id, title)
 
 
+class SessionFork(_Frozen):
+    """``session.fork``: a new session with the history up to a cursor (§6.13)."""
+
+    __slots__ = ("id", "session_id", "at_cursor")  # noqa: RUF023
+    id: object
+    session_id: str
+    at_cursor: str
+
+    def __init__(self, id: object, session_id: str, at_cursor: str) -> None:
+        self._set(id, session_id, at_cursor)
+
+
+class SessionRewind(_Frozen):
+    """``session.rewind``: its preview, or with ``commit`` the rewind (§6.13)."""
+
+    __slots__ = ("id", "session_id", "at_cursor", "files", "commit", "force")  # noqa: RUF023
+    id: object
+    session_id: str
+    at_cursor: str
+    files: bool
+    commit: bool
+    force: bool
+
+    def __init__(
+        self, id: object, session_id: str, at_cursor: str, files: bool, commit: bool, force: bool
+    ) -> None:
+        self._set(id, session_id, at_cursor, files, commit, force)
+
+
 class SessionPolicy(_Frozen):
     """``approval_policy``: the session's own approval policy (None: the settings')."""
 
@@ -740,6 +774,8 @@ ClientFrame = (
     | QueueFrame
     | SessionTranscript
     | SessionSelection
+    | SessionFork
+    | SessionRewind
 )
 
 
@@ -896,6 +932,8 @@ def decode(frame: Mapping[str, Any], role: str) -> ClientFrame:
             return _session_transcript(frame)
         case "session_selection":
             return _session_selection(frame)
+        case "session_fork" | "session_rewind":
+            return _fork_or_rewind(kind, frame)
         case _:
             return _attach(frame)
 
@@ -1059,6 +1097,29 @@ def _session_change(kind: str, frame: Mapping[str, Any]) -> SessionChange:
     if not ok or not isinstance(session_id, str):
         raise Rejected(frame_error("session_error", fid, Code.INVALID_REQUEST))
     return SessionChange(kind, fid, session_id, title if kind == "session_rename" else None)
+
+
+def _fork_or_rewind(kind: str, frame: Mapping[str, Any]) -> SessionFork | SessionRewind:
+    fid, session_id, cursor = frame.get("id"), frame.get("session_id"), frame.get("at_cursor")
+    flags = [frame.get(name, default) for name, default in _REWIND_FLAGS]
+    ok = (
+        isinstance(session_id, str)
+        and _optional_id(session_id)
+        and isinstance(cursor, str)
+        and _optional_id(cursor, MAX_CURSOR_BYTES)
+        and all(isinstance(flag, bool) for flag in flags)
+    )
+    if not ok:
+        raise Rejected(frame_error("session_error", fid, Code.INVALID_REQUEST))
+    assert isinstance(session_id, str) and isinstance(cursor, str)
+    if kind == "session_fork":
+        return SessionFork(fid, session_id, cursor)
+    files, commit, force = (bool(flag) for flag in flags)
+    return SessionRewind(fid, session_id, cursor, files, commit, force)
+
+
+# ``session_rewind``'s flags and their defaults (``session_fork`` has none: all default).
+_REWIND_FLAGS: Final = (("files", True), ("commit", False), ("force", False))
 
 
 def _grants_list(frame: Mapping[str, Any]) -> GrantsList:

@@ -44,6 +44,7 @@ from magi_code.sessions.records import (
     CompactionRecord,
     HeaderRecord,
     Record,
+    RewindRecord,
     TerminalRecord,
     UnknownRecord,
     UserRecord,
@@ -160,6 +161,28 @@ def latest_compaction(records: Sequence[Record]) -> CompactionRecord | None:
     return None
 
 
+def effective(records: Sequence[Record]) -> list[Record]:
+    """``records`` without those rewinds took back: a ``RewindRecord`` drops every record
+    after its ``to_seq`` and before itself, except a compaction checkpoint whose cutoff is
+    at or before ``to_seq`` (what it summarizes is still the conversation); the rewind
+    record itself goes too. Without a rewind, ``records`` as they are."""
+    if not any(type(record) is RewindRecord for record in records):
+        return list(records)
+    kept: list[Record] = []
+    for record in records:
+        if type(record) is RewindRecord:
+            assert isinstance(record, RewindRecord)
+            to_seq = record.to_seq
+            kept = [
+                r
+                for r in kept
+                if r.seq <= to_seq or (isinstance(r, CompactionRecord) and r.cutoff_seq <= to_seq)
+            ]
+        else:
+            kept.append(record)
+    return kept
+
+
 def window_omits_history(window: ParsedWindow, compaction: CompactionRecord | None) -> bool:
     """Whether records the projection needs lie before the window.
 
@@ -233,7 +256,7 @@ def _digest(body: dict[str, object]) -> bytes:
 
 # Records that are not part of the conversation.
 _OUTSIDE_CONVERSATION: Final = frozenset(
-    {UnknownRecord, HeaderRecord, CompactionRecord, ApprovalRecord}
+    {UnknownRecord, HeaderRecord, CompactionRecord, ApprovalRecord, RewindRecord}
 )
 # The head of each kind of text item.
 _HEADS: Final[dict[str, dict[str, object]]] = {
@@ -259,6 +282,9 @@ def project(records: Sequence[Record], earlier: Projection | None = None) -> Pro
     (the same objects) ``earlier`` saw and add no compaction checkpoint, only the records
     after those are projected.
     """
+    if any(type(record) is RewindRecord for record in records):
+        # Rare (a rewound session): projected whole each time, its text items reused.
+        records, earlier = effective(records), _texts_only(earlier)
     if earlier is not None and _goes_on(earlier.fold, records):
         old = earlier.fold
         fold = _Fold(
@@ -279,6 +305,14 @@ def project(records: Sequence[Record], earlier: Projection | None = None) -> Pro
         item = items[index]
         positions[(item.seq, item.sub, item.part)] = index
     return Projection(items, basis, positions, fold)
+
+
+def _texts_only(earlier: Projection | None) -> Projection | None:
+    """``earlier`` such that ``project`` reuses its text items and nothing else."""
+    if earlier is None:
+        return None
+    fold = _Fold(-1, set(), None, earlier.fold.texts)
+    return Projection([], -1, {}, fold)
 
 
 def _goes_on(fold: _Fold, records: Sequence[Record]) -> bool:

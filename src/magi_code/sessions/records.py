@@ -41,6 +41,13 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
     # ``pending``) and when settled (the same ``approval_id``). The v1 replay projection,
     # an allowlist, never shows it; the v2 watch history does (``projection.history_after``).
     "approval": ("turn_id", "approval_id", "kind", "decision"),
+    # A file a turn's tool changed (``checkpoints``): its project root and path in it, and
+    # the SHA-256 of its content before and after (``""``: no file). Decoded as an
+    # ``UnknownRecord``: replay never shows it; a rewind reads it (``rewind``).
+    "file_change": ("turn_id", "root", "path", "before", "after"),
+    # ``session.rewind`` (RFC-0002 §6.13): the records after ``to_seq`` (up to this one)
+    # are no longer the conversation (``rewind.effective``); they stay in the file.
+    "rewind": ("to_seq",),
 }
 # Fields a record of that type may carry or omit. Encoding omits one whose value is None;
 # a present field must be valid (a bad value makes the whole line malformed).
@@ -149,6 +156,12 @@ class ApprovalRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RewindRecord:
+    seq: int
+    to_seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownRecord:
     """A well-formed record of a type this version does not know; never projected."""
 
@@ -165,6 +178,7 @@ Record = (
     | TerminalRecord
     | CompactionRecord
     | ApprovalRecord
+    | RewindRecord
     | UnknownRecord
 )
 
@@ -297,6 +311,11 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
                 _optional_str(obj, "subject"),
                 _optional_str(obj, "by"),
             )
+        case "rewind":
+            to_seq = _seq(obj.get("to_seq"))
+            if to_seq >= seq:  # a rewind goes back only
+                raise _Malformed
+            return RewindRecord(seq, to_seq)
         case _:
             return UnknownRecord(seq, kind)
 

@@ -54,6 +54,7 @@ from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.idempotency import valid_idempotency_key
 from magi_code.protocol.limits import MAX_ID_BYTES, MAX_SESSION_REPLAY_WINDOW_BYTES
+from magi_code.sessions.checkpoints import Checkpoints, file_change_of
 from magi_code.sessions.commit import CommitQueue
 from magi_code.sessions.fileio import (
     APPEND_LOCK,
@@ -91,20 +92,26 @@ from magi_code.sessions.projection import (
     ParsedWindow,
     Projection,
     build_page,
+    effective,
     extend_window,
     history_after,
+    latest_compaction,
     parse_window,
     project,
+    resolve_cursor,
     window_omits_history,
 )
 from magi_code.sessions.queue import QueueEntry, read_queue, update_queue
 from magi_code.sessions.records import (
     AssistantRecord,
     Record,
+    RewindRecord,
     TerminalRecord,
     ToolCallRecord,
     ToolResultRecord,
+    UnknownRecord,
     UserRecord,
+    decode_line,
     encode_record,
     now_rfc3339,
 )
@@ -118,6 +125,8 @@ REPLAY_LOCK_WAIT: Final = 0.05
 WRITER_LOCK_WAIT: Final = 5.0
 # How often ``remove`` empties a directory that an opener racing it refilled.
 REMOVE_ATTEMPTS: Final = 3
+# A session's sidecar names at most this many of its forks (the latest).
+MAX_FORK_LINKS: Final = 64
 
 ContextRecord = UserRecord | AssistantRecord | ToolCallRecord | ToolResultRecord | TerminalRecord
 _CONTEXT_TYPES: Final = (
@@ -229,6 +238,14 @@ def _covered(window: ParsedWindow) -> int:
 class ForeignEntries(PermissionError):
     """What ``SessionStore.remove`` leaves alone: a session directory, or an entry in it,
     that another user owns, or a directory (the store never makes one there)."""
+
+
+class StaleCursor(Exception):
+    """A fork or rewind cursor that does not match the session's replay projection."""
+
+
+class NotTurnBoundary(Exception):
+    """A fork or rewind cursor that names an item inside a turn (not its terminal)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,19 +526,30 @@ class SessionStore:
             raise unavailable() from None
         raise unavailable()
 
-    def _build(self, session_id: str, project_dir: Path | None) -> None:
+    def _build(
+        self,
+        session_id: str,
+        project_dir: Path | None,
+        meta: Mapping[str, object] | None = None,
+        body: bytes = b"",
+    ) -> None:
+        """Write a new session: its header, then ``body`` (whole history lines: a fork's),
+        and its sidecar with ``meta`` besides the project directory."""
         staging = self._root / (NEW_PREFIX + session_id)
         os.mkdir(staging, DIR_MODE)
-        files = (LEASE_LOCK, APPEND_LOCK, HISTORY, *((META,) if project_dir else ()))
+        has_meta = project_dir is not None or bool(meta)
+        files = (LEASE_LOCK, APPEND_LOCK, HISTORY, *((META,) if has_meta else ()))
         try:
             dir_fd = os.open(staging, DIR_FLAGS)
             try:
                 created = now_rfc3339()
                 header = {"type": "header", "session_id": session_id, "created_at": created}
-                contents = {HISTORY: encode_record(header, 0, created)}
-                if project_dir is not None:
-                    project = os.path.realpath(project_dir)
-                    contents[META] = encode_meta({"project_dir": project})
+                contents = {HISTORY: encode_record(header, 0, created) + body}
+                if has_meta:
+                    sidecar = dict(meta or {})
+                    if project_dir is not None:
+                        sidecar["project_dir"] = os.path.realpath(project_dir)
+                    contents[META] = encode_meta(sidecar)
                 for name in files:
                     fd = open_regular(
                         name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd, mode=FILE_MODE
@@ -680,11 +708,12 @@ class SessionStore:
         """
         name = validate_session_id(session_id)
         window = self._read_window(name, WRITER_LOCK_WAIT)
-        compaction = window.compaction
+        kept = effective(window.records)
+        compaction = window.compaction if len(kept) == len(window.records) else None
+        if compaction is None:
+            compaction = latest_compaction(kept)
         cutoff = compaction.cutoff_seq if compaction else -1
-        records = tuple(
-            r for r in window.records if r.seq > cutoff and isinstance(r, _CONTEXT_TYPES)
-        )
+        records = tuple(r for r in kept if r.seq > cutoff and isinstance(r, _CONTEXT_TYPES))
         return SessionContext(
             summary=compaction.summary if compaction else None,
             cutoff_seq=compaction.cutoff_seq if compaction else None,
@@ -742,11 +771,12 @@ class SessionStore:
             name, WRITER_LOCK_WAIT, with_projection=True
         )
         assert projection is not None
-        compaction = window.compaction
+        kept = effective(window.records)
+        compaction = latest_compaction(kept)
         cutoff = compaction.cutoff_seq if compaction else -1
         return Transcript(
             items=tuple(projection.items),
-            records=tuple(r for r in window.records if r.seq > cutoff),
+            records=tuple(r for r in kept if r.seq > cutoff),
             gap=window.gap or window_omits_history(window, compaction),
         )
 
@@ -1049,3 +1079,114 @@ class SessionStore:
             raise unavailable() from None
         finally:
             os.close(dir_fd)
+
+    # -- fork and rewind (RFC-0002 §6.13; ``rewind``) -------------------------------------
+
+    def session_dir(self, session_id: str) -> Path:
+        """The directory of a valid session ID (its checkpoints live there)."""
+        return self._root / validate_session_id(session_id)
+
+    def turn_boundary(self, session_id: object, cursor: object) -> tuple[int, int]:
+        """Where a replay cursor at a turn boundary is in the history: ``(the seq of the
+        record it follows, the index of the first item after it)`` — the header's seq
+        (0) for the start cursor, else the terminal record of the item it names.
+
+        Raises:
+            ServiceError: as ``transcript``; ``INVALID_PAYLOAD`` for a cursor that is not
+                a string of at most 128 bytes.
+            StaleCursor: the cursor does not match the history.
+            NotTurnBoundary: it names an item that does not end a turn.
+        """
+        name, after, _ = _replay_arguments(session_id, cursor, 1)
+        if after is None:
+            raise ServiceError(ErrorCode.INVALID_PAYLOAD)
+        _, projection = self._window_and_projection(name, WRITER_LOCK_WAIT, with_projection=True)
+        assert projection is not None
+        index = resolve_cursor(name, projection, after)
+        if index is None:
+            raise StaleCursor
+        if index == 0:
+            return 0, 0
+        item = projection.items[index - 1]
+        if item.body.get("kind") != "terminal":
+            raise NotTurnBoundary
+        return item.seq, index
+
+    def whole_history(self, session_id: object) -> list[tuple[Record, bytes]]:
+        """Every readable record of the whole history with its line, in ``seq`` order
+        (torn or malformed lines skipped). Raises ServiceError as ``turn_outcome``."""
+        name = validate_session_id(session_id)
+        try:
+            with self._history(name) as (lock_fd, history_fd):
+                with holding(lock_fd, fcntl.LOCK_SH, WRITER_LOCK_WAIT):
+                    end = complete_prefix(history_fd, os.fstat(history_fd).st_size)
+                data = pread_all(history_fd, end, 0)
+        except OSError:
+            raise unavailable() from None
+        out: list[tuple[Record, bytes]] = []
+        for line in data.split(b"\n"):
+            record = decode_line(line) if line else None
+            if record is not None and (not out or record.seq > out[-1][0].seq):
+                out.append((record, line))
+        return out
+
+    def fork(self, session_id: object, cursor: object) -> dict[str, object]:
+        """A new session whose history is this one's up to ``cursor`` (a turn boundary):
+        the records a rewind to it would leave (``effective``), copied line for line
+        after a header of its own, with the checkpoints they name. The sidecars link
+        both ways (``forked_from``, ``forks``). Returns the new session's library entry.
+
+        Raises:
+            ServiceError: as ``turn_boundary``; ``SESSION_UNAVAILABLE`` when the store
+                cannot be written.
+        """
+        name = validate_session_id(session_id)
+        cut, _ = self.turn_boundary(name, cursor)
+        lines = self.whole_history(name)
+        records = [record for record, _ in lines]
+        end = records[-1].seq + 1 if records else 1
+        kept = {r.seq for r in effective([*records, RewindRecord(end, cut)])}
+        body = [line for record, line in lines if record.seq in kept and record.seq > 0]
+        changes = [
+            change
+            for record, line in lines
+            if record.seq in kept and isinstance(record, UnknownRecord)
+            if (change := file_change_of(record, line)) is not None
+        ]
+        dir_fd = self._open_dir(name)
+        try:
+            meta = read_meta(dir_fd)[0]
+        finally:
+            os.close(dir_fd)
+        sidecar: dict[str, object] = {
+            key: meta[key] for key in ("title", "title_set") if key in meta
+        }
+        sidecar["forked_from"] = {"session_id": name, "at_cursor": cursor}
+        project = meta.get("project_dir")
+        try:
+            for _ in range(8):
+                fork_id = new_session_id()
+                if not os.path.lexists(self._root / fork_id):
+                    self._build(
+                        fork_id,
+                        Path(project) if isinstance(project, str) else None,
+                        sidecar,
+                        b"".join(line + b"\n" for line in body),
+                    )
+                    break
+            else:
+                raise unavailable()
+        except OSError:
+            raise unavailable() from None
+        Checkpoints(self._root / name).link_into(
+            self._root / fork_id, (change.before for change in changes)
+        )
+
+        def link(meta: dict[str, object]) -> dict[str, object]:
+            forks = meta.get("forks")
+            known = [f for f in forks if isinstance(f, str)] if isinstance(forks, list) else []
+            return {**meta, "forks": [*known, fork_id][-MAX_FORK_LINKS:]}
+
+        with contextlib.suppress(OSError, ServiceError):  # the fork names its origin anyway
+            self._change_meta(name, link)
+        return self._change_meta(fork_id, lambda meta: meta)

@@ -20,6 +20,7 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.http import HttpClients, transport_options
 from magi_code.providers.types import Endpoint, ReasoningLevel
+from magi_code.sessions.checkpoints import Checkpoints
 from magi_code.sessions.store import SessionContext
 from magi_code.storage.files import locked
 from magi_code.storage.launch import LaunchContext
@@ -31,6 +32,7 @@ from magi_code.turns.failures import PROVIDER_NOT_CONFIGURED, SANDBOX_UNAVAILABL
 
 from .agent import AgentEnv, AgentPlan, TurnSink
 from .approvals import ApprovalGate, Approver, NoApprover
+from .checkpoints import TurnCheckpoints, checkpointed
 from .context import items_from_records
 from .hooks import TurnHooks
 from .instructions import system_prompt
@@ -205,6 +207,7 @@ class TurnRuntime:
             details=frontend.details if frontend is not None else None,
             editor=frontend.editor if frontend is not None else None,
         )
+        blobs = Checkpoints(ctx.sessions_dir / turn.session_id)
         # The agent compacts it first when it needs to (turns/agent.py).
         history = items_from_records(turn.history.records)
         # The toolset imports the MCP SDK only when the settings configure a server.
@@ -226,9 +229,9 @@ class TurnRuntime:
             gate = ApprovalGate(
                 settings.approvals, approver or NoApprover(), ctx, sink, turn.turn_id
             )
-            builtins = hooks.wrap(
-                gate.wrap(turn_tools(skills, BUILTIN_TOOLS, sink.activity, turn.turn_id))
-            )
+            # Innermost: only a call that really runs changes files.
+            files = checkpointed(BUILTIN_TOOLS, TurnCheckpoints(blobs, sink, turn.turn_id))
+            builtins = hooks.wrap(gate.wrap(turn_tools(skills, files, sink.activity, turn.turn_id)))
             task = TaskTool(env, builtins)
 
             def tools() -> list[Tool]:
