@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sessions = commands.add_parser(
         "sessions",
-        help="list, show, rename, archive or remove the sessions of this MC_HOME",
+        help="list, show, rename, archive, fork, rewind or remove the sessions of this MC_HOME",
         description="The sessions of this MC_HOME (every project's), read, changed and removed "
         "through the session store; works whether or not a daemon runs.",
     )
@@ -162,6 +162,32 @@ def _parser() -> argparse.ArgumentParser:
             name, help=what, description=what[0].upper() + what[1:] + "."
         )
         archive.add_argument("session_ids", metavar="ID", nargs="+", help="session IDs")
+    at_help = "where to go back to: turn:N (after the N-th turn; turn:0 is the start) or a "
+    at_help += "session.replay cursor at a turn's end"
+    session_fork = session_actions.add_parser(
+        "fork",
+        help="a new session with a session's history up to a point",
+        description="Make a new session whose history is this one's up to AT; prints its ID.",
+    )
+    session_fork.add_argument("session_ids", metavar="ID", nargs=1, help="a session ID")
+    session_fork.add_argument("at", metavar="AT", help=at_help)
+    session_rewind = session_actions.add_parser(
+        "rewind",
+        help="take a session's conversation and the agent's file changes back to a point",
+        description="Show what going back to AT would remove from the conversation and "
+        "which files the agent changed since would change back; with --yes, do it. A file "
+        "changed outside the agent since is left alone unless --force. Refused while a "
+        "running magi-code has the session open.",
+    )
+    session_rewind.add_argument("session_ids", metavar="ID", nargs=1, help="a session ID")
+    session_rewind.add_argument("at", metavar="AT", help=at_help)
+    session_rewind.add_argument("--yes", action="store_true", help="rewind (else: preview)")
+    session_rewind.add_argument(
+        "--no-files", action="store_true", help="the conversation only: leave every file"
+    )
+    session_rewind.add_argument(
+        "--force", action="store_true", help="also change back files changed outside the agent"
+    )
     grants = commands.add_parser(
         "grants",
         help="list or revoke the approval grants of this project and its sessions",
@@ -294,6 +320,18 @@ def _run_command(args: argparse.Namespace) -> int:
         from magi_code.daemonctl import doctor
 
         return doctor.main(ctx, as_json=args.json, network=args.network)
+    if args.command == "sessions" and args.action in ("fork", "rewind"):
+        from magi_code.daemonctl import rewind
+
+        return rewind.main(
+            ctx,
+            args.action,
+            args.session_ids[0],
+            args.at,
+            yes=getattr(args, "yes", False),
+            files=not getattr(args, "no_files", False),
+            force=getattr(args, "force", False),
+        )
     if args.command == "sessions":
         from magi_code.daemonctl import sessions
 

@@ -64,6 +64,7 @@ from .types import (
     QueueChanged,
     QueueEntry,
     ResponseEnvelope,
+    RewindResult,
     SessionInfo,
     SessionsPage,
     SnapshotItem,
@@ -98,6 +99,8 @@ _ANSWERS: Final[dict[str, tuple[str, str]]] = {
     "session_unarchive": ("session_result", "session_error"),
     "session_transcript": ("transcript_result", "session_error"),
     "session_selection": ("session_selection_result", "session_selection_error"),
+    "session_fork": ("session_result", "session_error"),
+    "session_rewind": ("rewind_result", "session_error"),
     "watch": ("watch_result", "watch_error"),
     "unwatch": ("unwatched", "watch_error"),
     "control_request": ("control_granted", "grant_error"),
@@ -719,6 +722,43 @@ class Client:
             fields["cursor"] = cursor
         answer = await self._call("session_transcript", fields, v2.TranscriptResult)
         return TranscriptPage(items=answer.items, next_cursor=answer.next_cursor, gap=answer.gap)
+
+    async def fork_session(self, session_id: str, at_cursor: str) -> SessionInfo:
+        """A new session whose history is this one's up to ``at_cursor`` (a
+        ``session.replay`` cursor at a turn boundary: the start, or a ``terminal`` item's);
+        returns the fork's entry. A read: no control needed (RFC-0002 §6.13). Raises
+        :class:`SessionError` (``resync_required``, ``not_turn_boundary``, ...)."""
+        return await self._session_change(
+            "session_fork", {"session_id": session_id, "at_cursor": at_cursor}
+        )
+
+    async def rewind_session(
+        self,
+        session_id: str,
+        at_cursor: str,
+        *,
+        files: bool = True,
+        commit: bool = False,
+        force: bool = False,
+    ) -> RewindResult:
+        """Go back to ``at_cursor`` (as for ``fork_session``): without ``commit``, the
+        preview (which messages go; with ``files``, which files change back and which
+        changed outside the agent since: ``conflict``); with ``commit``, the rewind
+        (needs control of the session; files in conflict are left alone unless
+        ``force``). Raises :class:`SessionError` (also ``turn_running``, ``session_busy``)."""
+        frame = {
+            "session_id": session_id,
+            "at_cursor": at_cursor,
+            "files": files,
+            "commit": commit,
+            "force": force,
+        }
+        answer = await self._call_id("session_rewind", frame)
+        if not isinstance(answer.get("files"), list) or not isinstance(
+            answer.get("messages"), list
+        ):
+            raise self._fail_protocol("rewind_result without files or messages")
+        return cast(RewindResult, {k: v for k, v in answer.items() if k not in ("t", "id")})
 
     async def _session_change(self, kind: str, fields: dict[str, Any]) -> SessionInfo:
         return cast(SessionInfo, (await self._call(kind, fields, v2.SessionResult)).session)

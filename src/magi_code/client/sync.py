@@ -40,6 +40,7 @@ from .types import (
     Grants,
     QueueEntry,
     ResponseEnvelope,
+    RewindResult,
     SessionInfo,
     SessionsPage,
     SnapshotItem,
@@ -248,6 +249,26 @@ class SyncClient:
 
     def unarchive_session(self, session_id: str, *, timeout: float | None = None) -> SessionInfo:
         return self._run(self._client.unarchive_session(session_id), timeout)
+
+    def fork_session(
+        self, session_id: str, at_cursor: str, *, timeout: float | None = None
+    ) -> SessionInfo:
+        return self._run(self._client.fork_session(session_id, at_cursor), timeout)
+
+    def rewind_session(
+        self,
+        session_id: str,
+        at_cursor: str,
+        *,
+        files: bool = True,
+        commit: bool = False,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> RewindResult:
+        rewind = self._client.rewind_session(
+            session_id, at_cursor, files=files, commit=commit, force=force
+        )
+        return self._run(rewind, timeout)
 
     def grants_list(self, session_id: str | None = None, *, timeout: float | None = None) -> Grants:
         return self._run(self._client.grants_list(session_id), timeout)

@@ -7,7 +7,7 @@ client turns into values of its own.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from magi_code.dataclass import dataclass
 
@@ -271,6 +271,29 @@ class SessionInfo(TypedDict):
     updated_at: str  # last activity (RFC 3339, UTC)
     project_dir: str | None  # where it was created; None for sessions older than that
     archived: bool
+    # Fork links (RFC-0002 §6.13), only on sessions that have them.
+    forked_from: NotRequired[dict[str, str]]  # {"session_id", "at_cursor"}
+    forks: NotRequired[list[str]]  # the latest 64 forks' IDs
+
+
+class RewindFile(TypedDict):
+    path: str  # relative to the project root of the turn that changed it
+    # A preview: "restore", "unchanged", "conflict" (changed outside the agent since),
+    # "not_restorable" (its checkpoint is gone). A commit: "restored", "unchanged",
+    # "conflict" (left alone), "not_restorable", "failed", or "kept" (files: false).
+    state: str
+
+
+class RewindResult(TypedDict):
+    """A ``session.rewind`` answer (RFC-0002 §6.13): its preview, or what it did."""
+
+    session_id: str
+    committed: bool
+    messages: list[dict[str, Any]]  # replay items that leave the conversation (excerpts)
+    message_count: int
+    files: list[RewindFile]  # at most 128; ``file_count`` and ``file_states`` cover all
+    file_count: int
+    file_states: dict[str, int]
 
 
 class SessionsPage(TypedDict):

@@ -263,15 +263,24 @@ class BadCursor(Exception):
 
 
 def library_item(session_id: str, meta: dict[str, object], mtime_ns: int) -> dict[str, object]:
-    """One library entry: the v1 list fields plus ``project_dir`` and ``archived``."""
+    """One library entry: the v1 list fields plus ``project_dir`` and ``archived``, and
+    the fork links of a session that has them (``forked_from``, ``forks``; §6.13)."""
     project = meta.get("project_dir")
-    return {
+    item: dict[str, object] = {
         "session_id": session_id,
         "title": sanitize_title(meta.get("title")),
         "updated_at": rfc3339_utc(datetime.fromtimestamp(mtime_ns / 1e9, UTC)),
         "project_dir": project if isinstance(project, str) else None,
         "archived": meta.get("archived") is True,
     }
+    origin, forks = meta.get("forked_from"), meta.get("forks")
+    if isinstance(origin, dict) and all(
+        isinstance(origin.get(key), str) for key in ("session_id", "at_cursor")
+    ):
+        item["forked_from"] = {key: origin[key] for key in ("session_id", "at_cursor")}
+    if isinstance(forks, list) and forks and all(isinstance(f, str) for f in forks):
+        item["forks"] = list(forks)
+    return item
 
 
 def _parse_cursor(cursor: str) -> tuple[int, str]:
