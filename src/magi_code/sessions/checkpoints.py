@@ -2,7 +2,8 @@
 
 Before a turn's tool changes a file, its old content is kept as a **blob** in the
 session's own directory: ``ckpt-<sha256 of the content>`` (mode 0600, content-addressed,
-so one content is kept once however often it recurs). The change itself is a
+so one content is kept once however often it recurs; not fsynced, and checked against
+its name when read, so a blob a crash lost or tore only makes its file not restorable). The change itself is a
 ``file_change`` history record (``records``): the project root, the path in it, and the
 SHA-256 of the content before and after (``""``: no file). Blobs go with the session
 (``SessionStore.remove`` unlinks every file of its directory).
@@ -119,11 +120,11 @@ class Checkpoints:
                 )
                 try:
                     write_all(fd, data)
-                    os.fsync(fd)
                 finally:
                     os.close(fd)
+                # Not fsynced: a blob a crash lost or tore fails its digest check on
+                # load, and that file is reported not restorable; an edit never waits.
                 os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                os.fsync(dir_fd)
             _evict(dir_fd, keep=name)
         finally:
             os.close(dir_fd)

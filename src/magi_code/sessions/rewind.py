@@ -12,6 +12,7 @@ replay and for the next turn, though they stay in the file.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from magi_code.dataclass import dataclass
@@ -33,6 +34,8 @@ from magi_code.sessions.store import SessionStore, WriterLease
 MAX_SHOWN_FILES: Final = 128
 MAX_SHOWN_MESSAGES: Final = 64
 MESSAGE_EXCERPT_CHARS: Final = 200
+# Files a commit restores at the same time.
+RESTORE_THREADS: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +83,12 @@ def commit_rewind(
     lease.wait_durable(lease.submitted_seq)  # then the history read is authoritative
     plan = plan_rewind(store, lease.session_id, cursor)
     results: list[RestoreResult] = []
-    if files:
+    if files and plan.files:
         blobs = Checkpoints(store.session_dir(plan.session_id))
-        results = [restore(file, blobs, force) for file in plan.files]
+        # Each restore is written and fsynced on its own; side by side, their fsyncs
+        # share the filesystem's journal commits.
+        with ThreadPoolExecutor(min(RESTORE_THREADS, len(plan.files))) as pool:
+            results = list(pool.map(lambda file: restore(file, blobs, force), plan.files))
     if plan.anything_after:
         lease.append({"type": "rewind", "to_seq": plan.to_seq})
     return plan, results
