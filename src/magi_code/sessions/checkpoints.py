@@ -3,10 +3,10 @@
 Before a turn's tool changes a file, its old content is kept as a **blob** in the
 session's own directory: ``ckpt-<sha256 of the content>`` (mode 0600, content-addressed,
 so one content is kept once however often it recurs; not fsynced, and checked against
-its name when read, so a blob a crash lost or tore only makes its file not restorable). The change itself is a
-``file_change`` history record (``records``): the project root, the path in it, and the
-SHA-256 of the content before and after (``""``: no file). Blobs go with the session
-(``SessionStore.remove`` unlinks every file of its directory).
+its name when read, so a blob a crash lost or tore only makes its file not restorable).
+The change itself is a ``file_change`` history record (``records``): the project root,
+the path in it, and the SHA-256 of the content before and after (``""``: no file).
+Blobs go with the session (``SessionStore.remove`` unlinks every file of its directory).
 
 Bounds per session: at most ``MAX_CHECKPOINT_BLOBS`` blobs and ``MAX_CHECKPOINT_BYTES``
 bytes of them; saving one past either evicts the least recently saved first (saving a
