@@ -132,7 +132,7 @@ class Checkpoints:
 
     def load(self, content: str) -> bytes | None:
         """The blob of digest ``content`` (``None`` when not kept, or not intact)."""
-        if len(content) != 64 or not all(c in "0123456789abcdef" for c in content):
+        if not _is_digest(content):
             return None
         try:
             dir_fd = os.open(self._dir, DIR_FLAGS)
@@ -153,6 +153,16 @@ class Checkpoints:
             os.close(fd)
         return data if digest(data) == content else None
 
+    def has(self, content: str) -> bool:
+        """Whether a blob of digest ``content`` is kept (``load`` still checks it)."""
+        if not _is_digest(content):
+            return False
+        try:
+            info = os.stat(self._dir / (BLOB_PREFIX + content), follow_symlinks=False)
+        except (OSError, ValueError):
+            return False
+        return stat.S_ISREG(info.st_mode)
+
     def link_into(self, other_dir: Path, contents: Iterable[str]) -> None:
         """Share the blobs of ``contents`` with another session's directory (a fork), best
         effort: a blob not shared is one that session cannot restore."""
@@ -171,6 +181,10 @@ class Checkpoints:
                 os.close(dst)
         finally:
             os.close(src)
+
+
+def _is_digest(content: str) -> bool:
+    return len(content) == 64 and all(c in "0123456789abcdef" for c in content)
 
 
 def _evict(dir_fd: int, keep: str) -> None:
@@ -253,7 +267,7 @@ def _state(key: tuple[str, str], target: str, expected: str, blobs: Checkpoints)
         return "unchanged"
     if now != expected:
         return "conflict"
-    if target != ABSENT and blobs.load(target) is None:
+    if target != ABSENT and not blobs.has(target):
         return "not_restorable"
     return "restore"
 
