@@ -65,6 +65,7 @@ from .types import (
     QueueEntry,
     ResponseEnvelope,
     RewindResult,
+    Rewound,
     SessionInfo,
     SessionsPage,
     SnapshotItem,
@@ -753,12 +754,8 @@ class Client:
             "commit": commit,
             "force": force,
         }
-        answer = await self._call_id("session_rewind", frame)
-        if not isinstance(answer.get("files"), list) or not isinstance(
-            answer.get("messages"), list
-        ):
-            raise self._fail_protocol("rewind_result without files or messages")
-        return cast(RewindResult, {k: v for k, v in answer.items() if k not in ("t", "id")})
+        answer = await self._call("session_rewind", frame, v2.RewindAnswer)
+        return cast(RewindResult, answer.result)
 
     async def _session_change(self, kind: str, fields: dict[str, Any]) -> SessionInfo:
         return cast(SessionInfo, (await self._call(kind, fields, v2.SessionResult)).session)
@@ -1058,6 +1055,8 @@ def _watched(frame: v2.WatchFrame) -> Watched | WatchOverloaded | None:
             return Watched(session_id, QueueChanged(session_id, entries))
         case v2.TitleChangedFrame():
             return Watched(session_id, TitleChanged(session_id, event.title))
+        case v2.RewoundFrame():
+            return Watched(session_id, Rewound(session_id, event.to_cursor))
 
 
 def _settle(

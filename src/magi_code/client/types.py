@@ -152,6 +152,15 @@ class ControlRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class Rewound:
+    """The session was rewound to ``to_cursor`` (RFC-0002 §6.13): the history after it
+    left the conversation. Watch again from ``to_cursor`` (or the start)."""
+
+    session_id: str
+    to_cursor: str
+
+
+@dataclass(frozen=True, slots=True)
 class WatchedApproval:
     """An approval request of a watched session's turn was asked (``request``) or
     settled (``resolved``; ``turn_id`` names its turn). Read-only: answer only the
@@ -198,6 +207,7 @@ WatchedEvent = (
     | WatchedApproval
     | QueueChanged
     | TitleChanged
+    | Rewound
 )
 
 

@@ -1727,6 +1727,17 @@ class TitleChangedFrame(_Frozen):
         self._set(session_id, title)
 
 
+class RewoundFrame(_Frozen):
+    """A watched session was rewound to ``to_cursor`` (§6.13)."""
+
+    __slots__ = ("session_id", "to_cursor")
+    session_id: str
+    to_cursor: str
+
+    def __init__(self, session_id: str, to_cursor: str) -> None:
+        self._set(session_id, to_cursor)
+
+
 SessionEvent = (
     TurnStartedFrame
     | ControlChangedFrame
@@ -1735,6 +1746,7 @@ SessionEvent = (
     | ApprovalResolvedFrame
     | QueueChangedFrame
     | TitleChangedFrame
+    | RewoundFrame
 )
 
 
@@ -1919,6 +1931,16 @@ class SelectionResult(_Frozen):
         self._set(session_id, effective)
 
 
+class RewindAnswer(_Frozen):
+    """``rewind_result`` (§6.13): its fields but ``t`` and ``id``."""
+
+    __slots__ = ("result",)
+    result: dict[str, Any]
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self._set(result)
+
+
 AnswerBody = (
     CallFailed
     | Done
@@ -1934,6 +1956,7 @@ AnswerBody = (
     | QueueResult
     | TranscriptResult
     | SelectionResult
+    | RewindAnswer
     | ApprovalResolvedFrame
 )
 
@@ -2189,6 +2212,9 @@ def _watch_frame(kind: str, frame: Mapping[str, Any]) -> WatchFrame:
             if not isinstance(title, str | None):
                 raise Malformed("an invalid title_changed")
             event = TitleChangedFrame(session_id, title)
+        case "rewound":
+            (to_cursor,) = _texts(frame, "rewound", "to_cursor")
+            event = RewoundFrame(session_id, to_cursor)
         case str():
             event = None  # a session event this module does not know (a newer daemon's)
         case _:
@@ -2274,6 +2300,11 @@ def _answer(kind: str, frame: Mapping[str, Any]) -> AnswerBody:
             return _transcript_result(frame)
         case "session_selection_result":
             return _selection_result(frame)
+        case "rewind_result":
+            files, messages = frame.get("files"), frame.get("messages")
+            if not _dicts(files) or not _dicts(messages):
+                raise Malformed("rewind_result without files or messages")
+            return RewindAnswer({k: v for k, v in frame.items() if k not in ("t", "id")})
         case "approval_already_resolved":
             return _approval_resolved(frame, kind)
         case _:  # a server frame type this decoder does not know: a bug in this module

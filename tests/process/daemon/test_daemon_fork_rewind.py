@@ -5,10 +5,11 @@ A fork at a turn's end has exactly the history up to it (the original keeps its 
 both sessions name each other; a rewind preview lists the messages that go and the files
 the agent changed, reports a file edited outside the agent as a conflict, and its commit
 restores the others byte for byte (mode kept), removes the file the agent created and
-leaves the conflicting one alone; the next turn's conversation ends at the cursor. Only
-the session's controller may commit (``session_busy`` else; a preview is a read), never
-while a turn runs (``turn_running``); cursors inside a turn or not of the history are
-refused. The sync client and ``magi-code sessions fork|rewind`` do the same."""
+leaves the conflicting one alone; the next turn's conversation ends at the cursor, and
+watchers are told. Only the session's controller may commit (``session_busy`` else; a
+preview is a read), never while a turn runs (``turn_running``); cursors inside a turn or
+not of the history are refused. The sync client and ``magi-code sessions fork|rewind``
+do the same."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from magi_code.client import Client, SessionError, SyncClient
+from magi_code.client import Client, Rewound, SessionError, SyncClient, Watched
 from tests.process.daemon.support import cli, context, persistent, wait_for
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
@@ -159,6 +160,11 @@ async def test_fork_and_rewind_with_files(
         assert preview["file_states"] == {"restore": 3, "conflict": 1}
         assert (project / "a.txt").read_text() == "A2\n"  # a preview changes nothing
 
+        # A watcher of the session is told of the rewind.
+        watcher = await persistent(home, project)
+        await watcher.watch(session_id)
+        told = asyncio.create_task(_next_rewound(watcher))
+
         # Committing takes control: not while another client holds the session open.
         opened = await client.request("session.open", {}, session_id=session_id)
         assert opened["error"] is None, opened
@@ -180,6 +186,8 @@ async def test_fork_and_rewind_with_files(
         assert not (project / "new.txt").exists()
         assert (project / "seen.txt").read_text() == "edited by hand\n"  # left alone
         assert _bodies(await _replay(client, session_id)) == _bodies(items[:3])
+        assert await asyncio.wait_for(told, 60) == Rewound(session_id, after_one)
+        await watcher.close()
 
         # The next turn's conversation ends at the cursor.
         fake.enqueue(Reply(text=["three"]))
@@ -259,6 +267,13 @@ def test_sync_client_and_cli(home: Path, project: Path, fake: FakeProviderServer
     forked = cli(home, "sessions", "fork", session_id, "turn:1")
     assert forked.returncode == 0, forked.stderr
     assert forked.stdout.split()[-1] != session_id
+
+
+async def _next_rewound(client: Client) -> Rewound:
+    async for item in client.events():
+        if isinstance(item, Watched) and isinstance(item.event, Rewound):
+            return item.event
+    raise AssertionError("the watch ended without a rewound event")
 
 
 async def _two_turns_plain(client: Client) -> str:
