@@ -1189,4 +1189,5 @@ class SessionStore:
 
         with contextlib.suppress(OSError, ServiceError):  # the fork names its origin anyway
             self._change_meta(name, link)
-        return self._change_meta(fork_id, lambda meta: meta)
+        info = os.stat(self._root / fork_id / HISTORY, follow_symlinks=False)
+        return library_item(fork_id, {**sidecar, "project_dir": project}, info.st_mtime_ns)
