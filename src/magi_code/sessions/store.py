@@ -755,7 +755,8 @@ class SessionStore:
         )
         assert projection is not None
         gap = window.gap or window_omits_history(window, window.compaction)
-        return history_after(name, window.records, projection, cursor, gap)
+        # A rewind took back what followed its point: its approvals too.
+        return history_after(name, effective(window.records), projection, cursor, gap)
 
     def transcript(self, session_id: object) -> Transcript:
         """The replay window at once (``Transcript``), for a reader that shows a whole

@@ -166,3 +166,25 @@ def test_rewind_restores_files_and_hides_what_followed(store: SessionStore, tmp_
     assert again.files == () and again.messages == ()
     answer = rewind_answer(again, [], True)
     assert answer["file_count"] == 0 and answer["message_count"] == 0
+
+
+def test_a_rewind_takes_back_the_approvals_of_what_it_removed(store: SessionStore) -> None:
+    session_id = store.create()
+    with store.acquire_writer_lease(session_id) as lease:
+        _turn(lease, "t1", "first", "one")
+        lease.append({"type": "user", "turn_id": "t2", "text": "second"})
+        asked = {"type": "approval", "turn_id": "t2", "approval_id": "a1", "kind": "command"}
+        lease.append({**asked, "decision": "pending"})
+        lease.append({**asked, "decision": "allow_once", "by": "ed#1"})
+        lease.append(
+            {"type": "terminal", "turn_id": "t2", "status": "completed", "assistant_text": ""}
+        )
+    history = store.history(session_id, None)
+    assert history is not None
+    assert "approval" in [item.body["kind"] for item in history.items]
+    cursor = str(_items(store, session_id)[2]["cursor"])
+    with store.acquire_writer_lease(session_id) as lease:
+        commit_rewind(store, lease, cursor, True, False)
+    history = store.history(session_id, None)
+    assert history is not None
+    assert [item.body["kind"] for item in history.items] == ["message", "message", "terminal"]
