@@ -20,7 +20,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
-from magi_code.protocol.schema import approvals, definitions, schema_documents
+from magi_code.protocol.schema import approvals, definitions, rewind, schema_documents
 from magi_code.protocol.schema.model import MAX_JSON_BYTES, MAX_UTF8_BYTES, PRINTABLE
 
 _OPERATIONS = frozenset(op.name for op in definitions.OPERATIONS)
@@ -64,10 +64,11 @@ CONSUMER = "consumer:v1"
 
 @functools.cache
 def documents() -> dict[str, dict[str, Any]]:
-    """Every strict document by name (the v2 approval frames' too), and the consumer
+    """Every strict document by name (the v2 approval and rewind frames' too), and the consumer
     bundle as ``CONSUMER``."""
     v1 = schema_documents()
-    return {**v1, **approvals.documents(), CONSUMER: schema_documents("consumer")["v1"]}
+    docs = {**v1, **approvals.documents(), **rewind.documents()}
+    return {**docs, CONSUMER: schema_documents("consumer")["v1"]}
 
 
 @functools.cache

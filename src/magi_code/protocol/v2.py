@@ -236,6 +236,16 @@ APPROVAL_POLICIES: Final = ("auto", "ask", "read_only")
 GRANT_KINDS: Final = ("commands", "tools", "paths")
 # ``options.editor_files``: what a persistent client's editor does for the file tools (§6.8).
 EDITOR_FILE_OPS: Final = ("read", "write")
+# A file's state in a ``rewind_result`` (§6.13): a preview's, then a commit's.
+REWIND_FILE_STATES: Final = (
+    "restore",
+    "unchanged",
+    "conflict",
+    "not_restorable",
+    "restored",
+    "failed",
+    "kept",
+)
 # An ``fs_result`` error text is cut to this many characters.
 MAX_FS_ERROR_CHARS: Final = 1024
 

@@ -28,6 +28,7 @@ from magi_code.protocol.schema import (
     approvals,
     encode,
     main,
+    rewind,
     routes,
     schema_documents,
     shipped_documents,
@@ -198,6 +199,7 @@ def _every_shape() -> Iterator[tuple[str, Shape]]:
     roots += [(f"response.{op.name}", op.response) for op in v1.OPERATIONS]
     roots += [(f"event.{ev.name}", ev.payload) for ev in v1.EVENTS]
     roots += list(approvals.shapes().items())
+    roots += list(rewind.shapes().items())
     for root, shape in roots:
         for path, inner in walk(shape):
             yield f"{root}:{path}", inner
