@@ -1,4 +1,4 @@
-"""Fork and rewind (RFC-0002 §6.13) of a session whose last turn changed 100 files.
+"""Fork and rewind (RFC-0002 §6.16) of a session whose last turn changed 100 files.
 
 Through a daemon (a persistent client, the fake provider making the agent's 100
 ``write_file`` calls of 4 KiB files, each checkpointed): the turn itself, then the rewind

@@ -727,7 +727,7 @@ class Client:
     async def fork_session(self, session_id: str, at_cursor: str) -> SessionInfo:
         """A new session whose history is this one's up to ``at_cursor`` (a
         ``session.replay`` cursor at a turn boundary: the start, or a ``terminal`` item's);
-        returns the fork's entry. A read: no control needed (RFC-0002 §6.13). Raises
+        returns the fork's entry. A read: no control needed (RFC-0002 §6.16). Raises
         :class:`SessionError` (``resync_required``, ``not_turn_boundary``, ...)."""
         return await self._session_change(
             "session_fork", {"session_id": session_id, "at_cursor": at_cursor}

@@ -153,7 +153,7 @@ class ControlRequested:
 
 @dataclass(frozen=True, slots=True)
 class Rewound:
-    """The session was rewound to ``to_cursor`` (RFC-0002 §6.13): the history after it
+    """The session was rewound to ``to_cursor`` (RFC-0002 §6.16): the history after it
     left the conversation. Watch again from ``to_cursor`` (or the start)."""
 
     session_id: str
@@ -281,7 +281,7 @@ class SessionInfo(TypedDict):
     updated_at: str  # last activity (RFC 3339, UTC)
     project_dir: str | None  # where it was created; None for sessions older than that
     archived: bool
-    # Fork links (RFC-0002 §6.13), only on sessions that have them.
+    # Fork links (RFC-0002 §6.16), only on sessions that have them.
     forked_from: NotRequired[dict[str, str]]  # {"session_id", "at_cursor"}
     forks: NotRequired[list[str]]  # the latest 64 forks' IDs
 
@@ -295,7 +295,7 @@ class RewindFile(TypedDict):
 
 
 class RewindResult(TypedDict):
-    """A ``session.rewind`` answer (RFC-0002 §6.13): its preview, or what it did."""
+    """A ``session.rewind`` answer (RFC-0002 §6.16): its preview, or what it did."""
 
     session_id: str
     committed: bool

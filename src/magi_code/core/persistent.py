@@ -541,7 +541,7 @@ class PersistentCoordinator:
         archived = kind == "session_archive"
         return await asyncio.to_thread(store.set_archived, session_id, archived)
 
-    # -- fork and rewind (RFC-0002 §6.13) ------------------------------------------------
+    # -- fork and rewind (RFC-0002 §6.16) ------------------------------------------------
 
     async def fork_session(self, session_id: str, cursor: str) -> dict[str, object]:
         """A new session with the history up to ``cursor``; its library entry. A read of

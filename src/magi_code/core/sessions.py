@@ -294,7 +294,7 @@ class SessionService:
     @contextlib.asynccontextmanager
     async def claimed(self, conn: Connection, session_id: str) -> AsyncIterator[WriterLease]:
         """The session's writer lease for a change of its history made between turns (a
-        rewind, RFC-0002 §6.13): under ``conn``'s attachment, or an implicit one taken as
+        rewind, RFC-0002 §6.16): under ``conn``'s attachment, or an implicit one taken as
         a turn takes it; no turn starts and no close releases it meanwhile.
 
         Raises:

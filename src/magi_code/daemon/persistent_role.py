@@ -51,7 +51,7 @@ log = logging.getLogger("magi_code.daemon")
 
 # Events per attach frame are packed up to this many bytes (a frame holds 1 MiB).
 ATTACH_PART_BYTES: Final = 512 * 1024
-# What a fork or rewind that cannot go ahead is answered (§6.13).
+# What a fork or rewind that cannot go ahead is answered (§6.16).
 _FORK_ERRORS: Final[dict[type[Exception], Code]] = {
     StoreStaleCursor: Code.RESYNC_REQUIRED,
     NotTurnBoundary: Code.NOT_TURN_BOUNDARY,
@@ -292,7 +292,7 @@ class PersistentRole:
         )
 
     async def _fork_or_rewind(self, frame: v2.SessionFork | v2.SessionRewind) -> None:
-        """Fork a session, or preview or commit a rewind (§6.13)."""
+        """Fork a session, or preview or commit a rewind (§6.16)."""
         try:
             if isinstance(frame, v2.SessionFork):
                 item = await self.core.fork_session(frame.session_id, frame.at_cursor)

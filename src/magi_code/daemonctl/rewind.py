@@ -1,4 +1,4 @@
-"""``magi-code sessions fork|rewind ID AT``: RFC-0002 §6.13 from a terminal, through the
+"""``magi-code sessions fork|rewind ID AT``: RFC-0002 §6.16 from a terminal, through the
 session store itself (as the other ``sessions`` actions), whether or not a daemon runs.
 
 ``AT`` is where to go back to: ``turn:N`` (after the N-th turn replay shows; ``turn:0``

@@ -236,7 +236,7 @@ APPROVAL_POLICIES: Final = ("auto", "ask", "read_only")
 GRANT_KINDS: Final = ("commands", "tools", "paths")
 # ``options.editor_files``: what a persistent client's editor does for the file tools (§6.8).
 EDITOR_FILE_OPS: Final = ("read", "write")
-# A file's state in a ``rewind_result`` (§6.13): a preview's, then a commit's.
+# A file's state in a ``rewind_result`` (§6.16): a preview's, then a commit's.
 REWIND_FILE_STATES: Final = (
     "restore",
     "unchanged",
@@ -566,7 +566,7 @@ class SessionChange(_Frozen):
 
 
 class SessionFork(_Frozen):
-    """``session.fork``: a new session with the history up to a cursor (§6.13)."""
+    """``session.fork``: a new session with the history up to a cursor (§6.16)."""
 
     __slots__ = ("id", "session_id", "at_cursor")  # noqa: RUF023
     id: object
@@ -578,7 +578,7 @@ class SessionFork(_Frozen):
 
 
 class SessionRewind(_Frozen):
-    """``session.rewind``: its preview, or with ``commit`` the rewind (§6.13)."""
+    """``session.rewind``: its preview, or with ``commit`` the rewind (§6.16)."""
 
     __slots__ = ("id", "session_id", "at_cursor", "files", "commit", "force")  # noqa: RUF023
     id: object
@@ -1738,7 +1738,7 @@ class TitleChangedFrame(_Frozen):
 
 
 class RewoundFrame(_Frozen):
-    """A watched session was rewound to ``to_cursor`` (§6.13)."""
+    """A watched session was rewound to ``to_cursor`` (§6.16)."""
 
     __slots__ = ("session_id", "to_cursor")
     session_id: str
@@ -1942,7 +1942,7 @@ class SelectionResult(_Frozen):
 
 
 class RewindAnswer(_Frozen):
-    """``rewind_result`` (§6.13): its fields but ``t`` and ``id``."""
+    """``rewind_result`` (§6.16): its fields but ``t`` and ``id``."""
 
     __slots__ = ("result",)
     result: dict[str, Any]

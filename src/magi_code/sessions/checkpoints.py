@@ -1,4 +1,4 @@
-"""File checkpoints of a session, and what a rewind does with them (RFC-0002 §6.13).
+"""File checkpoints of a session, and what a rewind does with them (RFC-0002 §6.16).
 
 Before a turn's tool changes a file, its old content is kept as a **blob** in the
 session's own directory: ``ckpt-<sha256 of the content>`` (mode 0600, content-addressed,

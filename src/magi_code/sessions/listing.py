@@ -264,7 +264,7 @@ class BadCursor(Exception):
 
 def library_item(session_id: str, meta: dict[str, object], mtime_ns: int) -> dict[str, object]:
     """One library entry: the v1 list fields plus ``project_dir`` and ``archived``, and
-    the fork links of a session that has them (``forked_from``, ``forks``; §6.13)."""
+    the fork links of a session that has them (``forked_from``, ``forks``; §6.16)."""
     project = meta.get("project_dir")
     item: dict[str, object] = {
         "session_id": session_id,

@@ -45,7 +45,7 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
     # the SHA-256 of its content before and after (``""``: no file). Decoded as an
     # ``UnknownRecord``: replay never shows it; a rewind reads it (``rewind``).
     "file_change": ("turn_id", "root", "path", "before", "after"),
-    # ``session.rewind`` (RFC-0002 §6.13): the records after ``to_seq`` (up to this one)
+    # ``session.rewind`` (RFC-0002 §6.16): the records after ``to_seq`` (up to this one)
     # are no longer the conversation (``rewind.effective``); they stay in the file.
     "rewind": ("to_seq",),
 }

@@ -1,4 +1,4 @@
-"""``session.rewind`` (RFC-0002 §6.13): its preview and its commit. Blocking.
+"""``session.rewind`` (RFC-0002 §6.16): its preview and its commit. Blocking.
 
 A rewind goes back to a replay cursor at a turn boundary (``SessionStore.turn_boundary``).
 The **preview** reads: the messages after the cursor (they go from the conversation) and

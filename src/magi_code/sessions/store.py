@@ -1081,7 +1081,7 @@ class SessionStore:
         finally:
             os.close(dir_fd)
 
-    # -- fork and rewind (RFC-0002 §6.13; ``rewind``) -------------------------------------
+    # -- fork and rewind (RFC-0002 §6.16; ``rewind``) -------------------------------------
 
     def session_dir(self, session_id: str) -> Path:
         """The directory of a valid session ID (its checkpoints live there)."""

@@ -1,4 +1,4 @@
-"""Checkpoints of the files a turn's tools change (RFC-0002 §6.13; ``sessions.checkpoints``).
+"""Checkpoints of the files a turn's tools change (RFC-0002 §6.16; ``sessions.checkpoints``).
 
 The built-in tools that change files are wrapped (:func:`checkpointed`, innermost: only a
 call that really runs is seen):

@@ -1,4 +1,4 @@
-"""Fork and rewind (RFC-0002 §6.13) through a real daemon, with the fake provider making
+"""Fork and rewind (RFC-0002 §6.16) through a real daemon, with the fake provider making
 real ``write_file``/``edit_file`` calls and a ``shell`` call that edits a file git tracks.
 
 A fork at a turn's end has exactly the history up to it (the original keeps its own) and

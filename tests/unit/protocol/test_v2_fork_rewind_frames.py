@@ -1,4 +1,4 @@
-"""The fork and rewind frames (RFC-0002 §6.13): their defaults, and that malformed ones
+"""The fork and rewind frames (RFC-0002 §6.16): their defaults, and that malformed ones
 are answered ``session_error`` ``invalid_request`` (never fatal); only a persistent
 connection sends them."""
 

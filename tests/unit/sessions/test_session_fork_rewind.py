@@ -1,4 +1,4 @@
-"""Checkpoints, fork and rewind on real files (RFC-0002 §6.13, docs/sessions.md): blobs
+"""Checkpoints, fork and rewind on real files (RFC-0002 §6.16, docs/sessions.md): blobs
 are private, content-addressed and bounded with the oldest evicted; a rewind record
 hides what followed its point from replay and from the next turn's context; a fork
 copies exactly the history up to its point; a rewind plan restores byte for byte, leaves

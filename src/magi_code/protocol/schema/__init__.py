@@ -23,7 +23,7 @@ consumer bundle as ``v1.consumer.json``):
   record a client reads (a response or an event). Either checks the payload against its
   method's or event's schema.
 
-The v2 approval frames (RFC-0002 §6.7) and fork and rewind frames (§6.13) have strict
+The v2 approval frames (RFC-0002 §6.7) and fork and rewind frames (§6.16) have strict
 documents of their own, shipped as ``v2.<name>.json`` (see ``approvals``, ``rewind``).
 
 Every document is self-contained (no reference leaves it). The shipped files are

@@ -1,4 +1,4 @@
-"""The v2 fork and rewind frames (RFC-0002 §6.13) as shapes, and their JSON Schema
+"""The v2 fork and rewind frames (RFC-0002 §6.16) as shapes, and their JSON Schema
 documents (strict: exactly what this version sends and accepts).
 
 Values come from the frames' one declaration (``protocol.v2``); bounds owned by the layers
@@ -117,7 +117,7 @@ def documents() -> dict[str, dict[str, Any]]:
     docs[BUNDLE] = {
         "$schema": DIALECT,
         "$id": f"{ID_PREFIX}:rewind",
-        "title": "magi-code protocol v2: a fork or rewind frame (RFC-0002 §6.13)",
+        "title": "magi-code protocol v2: a fork or rewind frame (RFC-0002 §6.16)",
         "oneOf": [{"$ref": f"#/$defs/{name}"} for name in bodies],
         "$defs": bodies,
     }
