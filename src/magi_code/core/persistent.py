@@ -565,10 +565,14 @@ class PersistentCoordinator:
         if not commit:
             plan = await asyncio.to_thread(plan_rewind, store, valid, cursor)
             return rewind_answer(plan, None, files)
-        async with self.sessions.claimed(conn, valid) as lease:
-            plan, results = await asyncio.to_thread(
-                commit_rewind, store, lease, cursor, files, force
-            )
+        try:
+            async with self.sessions.claimed(conn, valid) as lease:
+                plan, results = await asyncio.to_thread(
+                    commit_rewind, store, lease, cursor, files, force
+                )
+        finally:
+            if self.queue is not None:  # a queued turn held off meanwhile starts now
+                self.queue.kick(valid)
         answer = rewind_answer(plan, results, files)
         self.watchers.session(valid, {"event": "rewound", "session_id": valid, "to_cursor": cursor})
         return answer
