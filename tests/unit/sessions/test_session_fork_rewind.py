@@ -188,3 +188,31 @@ def test_a_rewind_takes_back_the_approvals_of_what_it_removed(store: SessionStor
     history = store.history(session_id, None)
     assert history is not None
     assert [item.body["kind"] for item in history.items] == ["message", "message", "terminal"]
+
+
+def test_a_rewind_takes_back_the_tool_calls_of_the_transcript(store: SessionStore) -> None:
+    session_id = store.create()
+    with store.acquire_writer_lease(session_id) as lease:
+        for turn_id, prompt in (("t1", "first"), ("t2", "second")):
+            lease.append({"type": "user", "turn_id": turn_id, "text": prompt})
+            call = {"turn_id": turn_id, "call_id": f"c-{turn_id}", "name": "read_file"}
+            lease.append({"type": "tool_call", **call, "arguments": '{"path": "a"}'})
+            lease.append({"type": "tool_result", **call, "output": "x", "is_error": False})
+            lease.append(
+                {
+                    "type": "terminal",
+                    "turn_id": turn_id,
+                    "status": "completed",
+                    "assistant_text": "",
+                }
+            )
+
+    def calls() -> list[str]:
+        conversation = store.transcript(session_id).conversation()
+        return [entry[0].call_id for entry in conversation if isinstance(entry, tuple)]
+
+    assert calls() == ["c-t1", "c-t2"]
+    cursor = str(_items(store, session_id)[1]["cursor"])  # the end of t1
+    with store.acquire_writer_lease(session_id) as lease:
+        commit_rewind(store, lease, cursor, True, False)
+    assert calls() == ["c-t1"]
