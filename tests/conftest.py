@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.support.fake_providers import FakeProviderServer
 from tests.support.modes import runs_in_this_mode
 from tests.support.service import ServiceProcess, running_service
 
@@ -47,6 +48,13 @@ def project(tmp_path: Path) -> Path:
     path = tmp_path / "project"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviderServer]:
+    """A loopback provider speaking the providers' SSE formats (tests/support)."""
+    with FakeProviderServer() as server:
+        yield server
 
 
 @pytest.fixture

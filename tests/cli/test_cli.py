@@ -14,7 +14,6 @@ import subprocess
 import sys
 import termios
 from asyncio.subprocess import PIPE
-from collections.abc import Iterator
 from pathlib import Path
 from subprocess import DEVNULL
 from urllib.parse import parse_qs, urlsplit
@@ -33,12 +32,6 @@ from tests.support.service import running_service, service_env
 from tests.support.wire_schema import check_record
 
 KEY = "sk-ant-cli-test-DISTINCTIVE-4242"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def test_version_and_per_command_help(home: Path) -> None:

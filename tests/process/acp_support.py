@@ -144,6 +144,11 @@ class BufferEditor(Editor):
         return schema.WriteTextFileResponse()
 
 
+def text_prompt(text: str) -> list[schema.TextContentBlock]:
+    """A ``session/prompt`` of one text block."""
+    return [schema.TextContentBlock(type="text", text=text)]
+
+
 def tool_calls(updates: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each tool call's fields as the editor ends up knowing them (its ``tool_call`` with
     every later ``tool_call_update`` applied), by ID, in the order they began."""

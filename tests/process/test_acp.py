@@ -17,7 +17,7 @@ import pytest
 from acp import schema
 from acp.exceptions import RequestError
 
-from tests.process.acp_support import BufferEditor, acp_agent, texts, tool_calls
+from tests.process.acp_support import BufferEditor, acp_agent, text_prompt, texts, tool_calls
 from tests.process.turn_support import (
     replay_all,
     run_turn,
@@ -31,16 +31,6 @@ from tests.support.service import running_service, service_env, spawn
 
 # Both modes: the ACP agent reaches the core through the daemon or in-process.
 pytestmark = pytest.mark.both_modes
-
-
-@pytest.fixture
-def fake():
-    with FakeProviderServer() as server:
-        yield server
-
-
-def _prompt(text: str) -> list[schema.TextContentBlock]:
-    return [schema.TextContentBlock(type="text", text=text)]
 
 
 async def test_initialize_negotiates_v1_and_states_what_is_supported(
@@ -78,7 +68,7 @@ async def test_a_prompt_streams_tool_calls_and_text_and_a_v1_frontend_sees_the_s
             ),
         )
         answer = await conn.prompt(
-            session_id=session_id, prompt=[*_prompt("Write notes.txt"), context]
+            session_id=session_id, prompt=[*text_prompt("Write notes.txt"), context]
         )
         assert answer.stop_reason == "end_turn"
         assert (project / "notes.txt").read_text() == "hello\n"
@@ -126,7 +116,7 @@ async def test_tool_calls_carry_locations_and_an_edit_its_diff(
     async with acp_agent(home, project) as (conn, editor):
         await conn.initialize(protocol_version=1)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
-        answer = await conn.prompt(session_id=session_id, prompt=_prompt("Change x"))
+        answer = await conn.prompt(session_id=session_id, prompt=text_prompt("Change x"))
         assert answer.stop_reason == "end_turn"
     assert source.read_text() == "x = 10\ny = 2\n"
     read, edit = tool_calls(editor.updates).values()
@@ -176,7 +166,7 @@ async def test_file_tools_read_and_write_through_the_editor_when_it_offers_them(
     async with acp_agent(home, project, editor=editor) as (conn, _editor):
         await conn.initialize(protocol_version=1, client_capabilities=offers)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
-        answer = await conn.prompt(session_id=session_id, prompt=_prompt("Edit app.py"))
+        answer = await conn.prompt(session_id=session_id, prompt=text_prompt("Edit app.py"))
         assert answer.stop_reason == "end_turn"
     # The read saw the unsaved buffer; the edit and the new file went to the editor only.
     assert "unsaved = True" in fake.requests[1].body.decode()
@@ -201,7 +191,7 @@ async def test_load_streams_back_the_history_including_a_v1_frontends_turn(
     async with acp_agent(home, project) as (conn, _editor):
         await conn.initialize(protocol_version=1)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
-        await conn.prompt(session_id=session_id, prompt=_prompt("first question"))
+        await conn.prompt(session_id=session_id, prompt=text_prompt("first question"))
     async with running_service(home, project) as v1:
         await run_turn(v1, "v1 question", session_id=session_id)
 
@@ -245,7 +235,7 @@ async def test_cancel_ends_the_prompt_cancelled(
     async with acp_agent(home, project) as (conn, editor):
         await conn.initialize(protocol_version=1)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
-        prompt = asyncio.create_task(conn.prompt(session_id=session_id, prompt=_prompt("go")))
+        prompt = asyncio.create_task(conn.prompt(session_id=session_id, prompt=text_prompt("go")))
         await editor.wait_for(lambda u: u["sessionUpdate"] == "agent_message_chunk")
         await conn.cancel(session_id=session_id)
         answer = await asyncio.wait_for(prompt, 60)
@@ -261,7 +251,7 @@ async def test_a_failed_turn_is_an_error_with_the_failure_label(
         await conn.initialize(protocol_version=1)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
         with pytest.raises(RequestError) as failed:
-            await conn.prompt(session_id=session_id, prompt=_prompt("hi"))
+            await conn.prompt(session_id=session_id, prompt=text_prompt("hi"))
         assert failed.value.code == -32000  # ACP's auth_required
         assert isinstance(failed.value.data, dict)
         assert failed.value.data["failure"] == "provider_auth_failed"
@@ -334,7 +324,7 @@ async def test_codex_login_without_a_browser_gives_the_address_then_a_codex_prom
                 assert (await browser.get(url)).status_code == 200
             assert await conn.authenticate(method_id="codex-login") is not None
             session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
-            answer = await conn.prompt(session_id=session_id, prompt=_prompt("hi"))
+            answer = await conn.prompt(session_id=session_id, prompt=text_prompt("hi"))
             assert answer.stop_reason == "end_turn"
     sent = fake.requests[-1]
     assert sent.path.endswith("/responses")

@@ -7,30 +7,18 @@ other sessions and the settings files are untouched."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from acp import schema
 from acp.exceptions import RequestError
 
-from tests.process.acp_support import acp_agent
+from tests.process.acp_support import acp_agent, text_prompt
 from tests.process.turn_support import posted_bodies, write_settings
 from tests.support.fake_providers import FakeModel, FakeProviderServer, Reply
 from tests.support.service import running_service
 
 pytestmark = pytest.mark.both_modes
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-def _prompt(text: str) -> list[schema.TextContentBlock]:
-    return [schema.TextContentBlock(type="text", text=text)]
 
 
 def _options(config: list[Any]) -> dict[str, dict[str, Any]]:
@@ -62,11 +50,11 @@ async def test_the_model_option_is_the_sessions_own_model(
             config_id="model", session_id=new.session_id, value="m2"
         )
         assert _options(changed.config_options)["model"]["currentValue"] == "m2"
-        await conn.prompt(session_id=new.session_id, prompt=_prompt("hi"))
+        await conn.prompt(session_id=new.session_id, prompt=text_prompt("hi"))
         # Another session still has the settings' model.
         other = await conn.new_session(cwd=str(project), mcp_servers=[])
         assert _options(other.config_options or [])["model"]["currentValue"] == "m1"
-        await conn.prompt(session_id=other.session_id, prompt=_prompt("hi"))
+        await conn.prompt(session_id=other.session_id, prompt=text_prompt("hi"))
         assert [body["model"] for body in posted_bodies(fake)] == ["m2", "m1"]
 
         # A model the catalog does not have, and an unknown option: -32602.

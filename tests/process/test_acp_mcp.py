@@ -8,7 +8,6 @@ definitions are ``-32602``."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 from acp import schema
 from acp.exceptions import RequestError
 
-from tests.process.acp_support import acp_agent, tool_calls
+from tests.process.acp_support import acp_agent, text_prompt, tool_calls
 from tests.process.turn_support import body_text, posted_bodies, tool_call, write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 
@@ -24,16 +23,6 @@ pytestmark = pytest.mark.both_modes
 
 MCP_SERVER = Path(__file__).parents[1] / "unit" / "tools" / "mcp_echo_server.py"
 SECRET = "editor-secret-7f3a9c"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-def _prompt(text: str) -> list[schema.TextContentBlock]:
-    return [schema.TextContentBlock(type="text", text=text)]
 
 
 def _stdio(name: str, **env: str) -> schema.McpServerStdio:
@@ -85,7 +74,7 @@ async def test_a_client_stdio_server_joins_the_configured_ones_for_the_session(
     async with acp_agent(home, project) as (conn, editor):
         await conn.initialize(protocol_version=1)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=servers)).session_id
-        answer = await conn.prompt(session_id=session_id, prompt=_prompt("use the tools"))
+        answer = await conn.prompt(session_id=session_id, prompt=text_prompt("use the tools"))
         assert answer.stop_reason == "end_turn"
         calls = list(tool_calls(editor.updates).values())
         assert [(c["kind"], c["status"]) for c in calls] == [("other", "completed")] * 2
@@ -101,7 +90,7 @@ async def test_a_client_stdio_server_joins_the_configured_ones_for_the_session(
         # A session of its own has only the configured servers.
         other = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
         fake.enqueue(_echo_calls(("m3", "editor_tools", "EDITOR_MARK")), Reply(text=["none"]))
-        await conn.prompt(session_id=other, prompt=_prompt("again"))
+        await conn.prompt(session_id=other, prompt=text_prompt("again"))
         assert "mcp__editor_tools__echo" not in body_text(posted_bodies(fake)[2])
 
         # Too many servers, or a variable name a process environment cannot have: -32602,
@@ -127,5 +116,5 @@ async def test_load_gives_the_session_the_servers_it_names(
         await conn.initialize(protocol_version=1)
         servers: list[Any] = [_stdio("loaded", LOAD_MARK="mark-2")]
         await conn.load_session(cwd=str(project), session_id=session_id, mcp_servers=servers)
-        await conn.prompt(session_id=session_id, prompt=_prompt("use it"))
+        await conn.prompt(session_id=session_id, prompt=text_prompt("use it"))
         assert "from-loaded|LOAD_MARK=mark-2" in body_text(posted_bodies(fake)[1])

@@ -9,15 +9,13 @@ the cancelled outcome) stops the turn; the session modes are the approval polici
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from acp import schema
 from acp.client.connection import ClientSideConnection
 from acp.exceptions import RequestError
 
-from tests.process.acp_support import Editor, acp_agent
+from tests.process.acp_support import Editor, acp_agent, text_prompt
 from tests.process.turn_support import (
     body_text,
     posted_bodies,
@@ -33,16 +31,6 @@ pytestmark = pytest.mark.both_modes
 KINDS = ["allow_once", "allow_always", "reject_once", "reject_always"]
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-def _prompt(text: str) -> list[schema.TextContentBlock]:
-    return [schema.TextContentBlock(type="text", text=text)]
-
-
 async def _run(
     conn: ClientSideConnection,
     editor: Editor,
@@ -54,7 +42,7 @@ async def _run(
     requests it made."""
     fake.enqueue(tool_reply(tool_call("s1", "shell", command=command)), Reply(text=["ok"]))
     before = len(editor.permissions)
-    answer = await conn.prompt(session_id=session_id, prompt=_prompt("go"))
+    answer = await conn.prompt(session_id=session_id, prompt=text_prompt("go"))
     return answer.stop_reason, len(editor.permissions) - before
 
 
@@ -128,7 +116,7 @@ async def test_cancelling_a_prompt_while_asked_stops_the_turn(
     async with acp_agent(home, project) as (conn, editor):
         await conn.initialize(protocol_version=1)
         session_id = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
-        prompt = asyncio.create_task(conn.prompt(session_id=session_id, prompt=_prompt("go")))
+        prompt = asyncio.create_task(conn.prompt(session_id=session_id, prompt=text_prompt("go")))
         async with asyncio.timeout(60):
             while not editor.permissions:
                 editor.changed.clear()

@@ -7,7 +7,6 @@ requests are answered through a route keyed by the summary prompt)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +41,6 @@ TOO_LONG = HttpError(
         },
     },
 )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _summaries(fake: FakeProviderServer, *texts: str) -> None:

@@ -6,7 +6,6 @@ against the loopback fake provider."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +23,6 @@ from tests.process.turn_support import (
 )
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.service import running_service
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _call(call_id: str, name: str, **arguments: Any) -> FakeToolCall:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,6 @@ from tests.support.service import ServiceProcess, running_service
 
 MCP_SERVER = Path(__file__).parents[1] / "unit" / "tools" / "mcp_echo_server.py"
 BUILTIN_NAMES = {"read_file", "write_file", "edit_file", "list_files", "grep", "shell", "task"}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _call(call_id: str, name: str, **arguments: Any) -> FakeToolCall:

@@ -7,7 +7,6 @@ tool calls. Through the real service, with scripted usage numbers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,6 @@ from tests.process.agent_requests import posts
 from tests.process.turn_support import APIS, run_turn, write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, FakeUsage, Reply
 from tests.support.service import running_service
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _usage(n: int) -> FakeUsage:

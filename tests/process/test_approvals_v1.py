@@ -7,11 +7,8 @@ cannot loosen the global policy unless the project is trusted."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.process.turn_support import (
     body_text,
@@ -25,12 +22,6 @@ from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service
 
 CANNOT_APPROVE = "needs approval: this frontend cannot approve"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _turn_with(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,6 @@ pytestmark = pytest.mark.both_modes
 SECRET_BODY = "sk-leaked-0000 https://internal.example/path"
 KEY_VARIABLE = "LOCAL_PROVIDER_KEY"
 KEY_VALUE = "sk-local-0123456789-value"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _custom_provider(home: Path, base_url: str, **provider: Any) -> None:

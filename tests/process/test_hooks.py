@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +68,6 @@ if mode == "hang":
         fh.write(json.dumps({"mode": "grandchild", "pid": child.pid}) + "\\n")
     time.sleep(60)
 """
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _lifecycles(turn: TurnEvents, category: str) -> list[tuple[str, str]]:

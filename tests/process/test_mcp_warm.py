@@ -12,7 +12,6 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,6 @@ pytestmark = pytest.mark.both_modes
 
 PAGED = str(Path(__file__).parents[1] / "unit" / "tools" / "mcp_paged_server.py")
 PAGED_TOOLS = {f"mcp__srv__{n}" for n in ("pid", "grow", "sleep", "t1", "t2", "t3", "t4")}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def configure(home: Path, fake: FakeProviderServer, tag: str) -> None:

@@ -5,7 +5,6 @@ there is read as the project's settings, instructions or skills, locked, or writ
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,6 @@ from tests.support.service import running_service
 pytestmark = pytest.mark.both_modes
 
 MARKERS = ("OUTSIDE-INSTRUCTIONS", "OUTSIDE-AGENTS", "outside-skill")
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _plant(target: Path) -> None:

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.process.turn_support import builtin_env, run_turn
 from tests.support.fake_providers import (
@@ -24,12 +21,6 @@ from tests.support.fake_providers import (
 from tests.support.service import running_service
 
 EPHEMERAL = {"type": "ephemeral"}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _posts(fake: FakeProviderServer) -> list[RecordedRequest]:

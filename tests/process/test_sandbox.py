@@ -41,12 +41,6 @@ pytestmark = [
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture
 def outside() -> Iterator[Path]:
     """A directory outside the project and outside ``/tmp`` (the sandbox's private
     ``/tmp`` would hide what is there anyway), with a short path for a socket."""

@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.process.turn_support import (
     body_text,
@@ -24,12 +21,6 @@ from tests.process.turn_support import (
 )
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import running_service
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _skill(root: Path, name: str, description: str, body: str) -> Path:

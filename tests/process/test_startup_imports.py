@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from magi_code.protocol import envelope
 from tests.process.daemon.support import cli, status, wait_for
@@ -40,12 +39,6 @@ def imported(lines: list[str]) -> list[str]:
 def among(names: list[str], packages: tuple[str, ...]) -> list[str]:
     """The ``names`` that are one of ``packages`` or inside one."""
     return sorted({n for n in names for p in packages if n == p or n.startswith(f"{p}.")})
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _request(request_id: str, method: str, payload: dict[str, object] | None = None) -> bytes:

@@ -8,7 +8,7 @@ the strict schemas by ``ServiceProcess``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,6 @@ pytestmark = pytest.mark.both_modes
 # Characters of 1, 2 and 3 UTF-8 bytes, so part ends fall inside characters' reach.
 SLOW_CHUNKS = [f"{i:02d}" + "aé漢" * 139 + " " for i in range(7)]  # 837 bytes each
 TICKS = [f"tick{i:02d} " for i in range(10)]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def assistant_records(home: Path, session_id: str, turn_id: str) -> list[dict[str, Any]]:

@@ -13,7 +13,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,6 @@ WIDE_CHUNKS = [f"chunk{i:02d}:" + "aé漢" * 20 + " " for i in range(40)]
 CHUNK_DELAY = 0.05
 # One increment window plus generous room for the append in flight on a loaded machine.
 SLACK_SECONDS = INCREMENT_SECONDS + 0.75
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 class DeltaClock:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -28,12 +27,6 @@ from tests.process.turn_support import (
 )
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, HttpError, Reply
 from tests.support.service import ServiceProcess, running_service
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _user_texts(body: object) -> list[str]:

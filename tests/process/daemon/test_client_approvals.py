@@ -8,7 +8,6 @@ calls, never looser than an untrusted project asks."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,12 +32,6 @@ from tests.process.turn_support import (
 from tests.support.fake_providers import FakeProviderServer, Reply
 
 INITIALIZE = {"supported_protocol_versions": [1]}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _enqueue(fake: FakeProviderServer, command: str) -> None:

@@ -7,7 +7,6 @@ events, its approval request and resolution (read-only) — and takes control on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,12 +32,6 @@ from tests.support.fake_providers import FakeProviderServer, Reply
 
 INITIALIZE = {"supported_protocol_versions": [1]}
 STALE_CURSOR = "bm90LWEtY3Vyc29y"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 # Every event each client took, in order.

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from magi_code.client import connect_channel
 from tests.process.daemon.support import context, replay_in_new_shim, status, wait_for
@@ -23,12 +20,6 @@ from tests.support.service import stop_daemon
 from tests.support.v2peer import Frame, Peer
 
 V1_KINDS = {"message", "terminal", "summary"}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _peer(home: Path, project: Path, name: str) -> Peer:

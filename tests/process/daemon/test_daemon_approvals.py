@@ -14,11 +14,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from magi_code.client import connect_channel
 from tests.process.daemon.support import context
@@ -34,12 +31,6 @@ from tests.support.service import service_env
 from tests.support.v2peer import Frame, Peer
 
 COMMAND = "touch approved.txt"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _peer(home: Path, project: Path, name: str, *, approvals: bool = True) -> Peer:

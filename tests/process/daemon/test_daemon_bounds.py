@@ -19,11 +19,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
-import pytest
 
 from magi_code.client import Channel, Client, socket_for
 from magi_code.client.channel import launch_of
@@ -44,12 +42,6 @@ from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess, service_env
 
 FAST = {"MC_DAEMON_CLIENT_TIMEOUT_SECONDS": "2"}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _start(home: Path, project: Path, extra: dict[str, str] | None = None) -> int:

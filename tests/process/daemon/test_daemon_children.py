@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
 from magi_code.client import Client
 from magi_code.tools.processes import MAX_CHILDREN_ENV
@@ -28,12 +26,6 @@ LIMIT_ERROR = (
     "Not started: too many processes are running (at most 16 for one turn and 1 in all); "
     "wait for some to finish, then try again."
 )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def shell_call(call_id: str, command: str) -> Reply:

@@ -8,7 +8,6 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +46,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _follow_to_terminal(client: Client, turn_id: str, after: int) -> list[dict[str, Any]]:

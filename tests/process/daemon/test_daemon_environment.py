@@ -13,7 +13,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -35,12 +34,6 @@ OTHER_SECRETS = {
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/<pid>/environ"
 )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _settings(home: Path, fake: FakeProviderServer) -> None:

@@ -40,12 +40,6 @@ INITIALIZE = {"supported_protocol_versions": [1]}
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture
 def unusable(request: pytest.FixtureRequest, home: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """(reason code, the service's extra environment) for a home no daemon can serve."""
     case: str = request.param

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,6 @@ from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 
 TRACKED_BEFORE = b"tracked \xff\x00 bytes\r\n"
 SEEN_BEFORE = b"seen before\n"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _call(call_id: str, name: str, **arguments: Any) -> FakeToolCall:

@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from magi_code.client import Client
 from tests.process.daemon.support import cli, context, paths, persistent, status, wait_for
@@ -19,12 +16,6 @@ from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 
 CHILD_KINDS = {"tool", "hook", "mcp_server", "worker", "other"}
 ROLES = {"v1_shim", "persistent", "control", "handshake"}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _check_health(doc: dict[str, Any], *, tools: int, control: int) -> None:

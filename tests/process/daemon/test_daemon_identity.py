@@ -38,12 +38,6 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture
 def shared_runtime_dir(tmp_path: Path) -> Iterator[Path]:
     """One short private MC_RUNTIME_DIR (pytest's tmp_path can be too long for a socket)."""
     path = Path(tempfile.mkdtemp(prefix="mc-rt-", dir="/tmp"))

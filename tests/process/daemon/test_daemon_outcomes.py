@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -25,12 +24,6 @@ from tests.support import wire_schema
 from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.service import ServiceProcess
 from tests.support.v2peer import Frame, Peer, sequences
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _peer(home: Path, project: Path, **extra: str) -> Peer:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,6 @@ from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.v2peer import Peer
 
 PROMPTS = ["first queued", "second queued", "third queued"]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _blocking_turn(fake: FakeProviderServer, project: Path) -> tuple[Path, Path]:

@@ -3,10 +3,7 @@ read from their session's durable history."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from magi_code.client import Client
 from magi_code.core.journal import MAX_FINISHED_TURNS
@@ -15,12 +12,6 @@ from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 
 EXTRA = 3
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _turn(client: Client, session_id: str | None, text: str) -> tuple[str, str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,6 @@ from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.v2peer import Peer
 
 STEER = "also look at the tests"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _events_until_terminal(client: Client) -> list[dict[str, Any]]:

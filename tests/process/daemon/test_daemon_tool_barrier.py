@@ -104,12 +104,6 @@ print("FRAMES " + json.dumps(frames, sort_keys=True), flush=True)
 """
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
-
-
 REFUSAL = {
     "t": "refused",
     "code": "tool_process",

@@ -5,11 +5,8 @@ that offers its editor answers ``fs_request`` frames and the tools use its text.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from magi_code.client import connect_channel
 from tests.process.daemon.support import context
@@ -22,12 +19,6 @@ from tests.process.turn_support import (
 )
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.v2peer import Frame, Peer
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _peer(home: Path, project: Path, **options: Any) -> Peer:

@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.process.daemon.support import paths
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeUsage, HttpError, Reply
 from tests.support.service import running_service
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _turn(home: Path, project: Path, env: dict[str, str] | None = None) -> str:

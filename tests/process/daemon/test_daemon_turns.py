@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from magi_code.client import Client
 from tests.process.daemon.support import (
@@ -21,12 +18,6 @@ from tests.process.daemon.support import (
 from tests.process.turn_support import start_turn, write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _terminal(items: list[dict[str, Any]], turn_id: str) -> dict[str, Any]:

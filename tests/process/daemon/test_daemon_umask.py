@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,6 @@ from tests.support.service import ServiceProcess, service_env, spawn
 # Both modes (this directory's conftest pins daemon mode): each applies the frontend's mask.
 pytestmark = pytest.mark.both_modes
 __all__ = ["service_mode"]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def frontend(home: Path, project: Path, umask: int) -> ServiceProcess:

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,6 @@ from tests.support.service import ServiceProcess
 from tests.support.v2peer import Peer
 
 OTHER_VERSION = "0.2.0"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 @pytest.fixture

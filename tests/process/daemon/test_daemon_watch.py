@@ -5,11 +5,8 @@ request (the controller grants) and by the request's timeout."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from magi_code.client import connect_channel
 from tests.process.daemon.support import context
@@ -19,12 +16,6 @@ from tests.support.service import ServiceProcess
 from tests.support.v2peer import Frame, Peer
 
 TIMEOUT_ENV = {"MC_DAEMON_CONTROL_REQUEST_SECONDS": "1"}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _peer(home: Path, project: Path, name: str) -> Peer:

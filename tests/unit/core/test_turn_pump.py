@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from magi_code.composition import build_coordinator
 from magi_code.core.coordinator import Connection, ServiceCoordinator
@@ -29,12 +27,6 @@ from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 
 WAIT = 10.0
 CALLS = 12
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 class HeldWriter:

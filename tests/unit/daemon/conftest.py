@@ -3,19 +3,13 @@ home selects it (a module may define its own ``daemon``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from tests.process.turn_support import write_settings
 from tests.support.fake_providers import FakeProviderServer
 from tests.support.inprocess import InMemoryDaemon, in_memory_daemon
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 @pytest.fixture

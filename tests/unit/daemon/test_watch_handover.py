@@ -7,7 +7,7 @@ request is granted only once no turn runs; a refusal refuses; a release grants a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,12 +30,6 @@ from magi_code.client import (
 )
 
 INITIALIZE = {"supported_protocol_versions": [1]}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 async def _client(daemon: InMemoryDaemon) -> Client:

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from tests.support.fake_providers import FakeProviderServer
 
 from magi_code.providers.http import DIRECT, build_client
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 @pytest.fixture

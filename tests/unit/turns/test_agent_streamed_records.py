@@ -4,7 +4,7 @@ increments read back as the one message they were (against the loopback fake pro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,6 @@ class Sink:
 
     def assistant_texts(self) -> list[str]:
         return [r["text"] for r in self.records if r["type"] == "assistant"]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def agent_for(fake: FakeProviderServer, client: httpx.AsyncClient, sink: Sink, tmp: Path) -> Agent:

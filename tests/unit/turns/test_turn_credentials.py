@@ -4,7 +4,7 @@ environment of the process running it (in the daemon: the daemon's own)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,6 @@ class Sink:
 
     async def record(self, record: Mapping[str, Any]) -> int:
         return 1
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
-        yield server
 
 
 def _request(tmp_path: Path, fake: FakeProviderServer, env: dict[str, str]) -> TurnRequest:
