@@ -1,8 +1,10 @@
 """A raw v2 ``persistent`` connection for tests: frames as sent, answers as received.
 
 Tests that pin the wire protocol (rather than a client library's behaviour) use this over
-a real socket or the in-memory transport. Every approval frame (RFC-0002 §6.7) it
-receives is checked against its JSON Schema (``protocol.schema.approvals``).
+a real socket or the in-memory transport. Every frame it receives that has a JSON
+Schema — approvals (RFC-0002 §6.7, ``protocol.schema.approvals``), fork and rewind
+(§6.16, ``rewind``), watching, hand-over, steering, library and queue (§6.1,
+§6.9–§6.12, ``session``) — is checked against it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,16 @@ from typing import Any
 
 from magi_code.client import Channel
 from magi_code.protocol import envelope
-from magi_code.protocol.schema.approvals import BUNDLE, FRAMES
+from magi_code.protocol.schema import approvals, rewind, session
 from tests.support import wire_schema
 
 Frame = dict[str, Any]
+# The document each received frame type is checked against.
+_SCHEMAS: dict[object, str] = {
+    **dict.fromkeys(approvals.FRAMES, approvals.BUNDLE),
+    **dict.fromkeys(rewind.FRAMES, rewind.BUNDLE),
+    **session.BUNDLES,
+}
 _ERRORS = (
     "attach_error",
     "snapshot_error",
@@ -52,8 +60,9 @@ class Peer:
                 return self.seen.pop(i)
         async with asyncio.timeout(timeout):
             while (got := await self.channel.recv()) is not None:
-                if got.get("t") in FRAMES:
-                    wire_schema.check(BUNDLE, got)
+                kind = got.get("t")
+                if kind in _SCHEMAS:
+                    wire_schema.check(_SCHEMAS[kind], got)
                 if predicate(got):
                     return got
                 self.seen.append(got)

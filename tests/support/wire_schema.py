@@ -20,7 +20,13 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
-from magi_code.protocol.schema import approvals, definitions, rewind, schema_documents
+from magi_code.protocol.schema import (
+    approvals,
+    definitions,
+    rewind,
+    schema_documents,
+    session,
+)
 from magi_code.protocol.schema.model import MAX_JSON_BYTES, MAX_UTF8_BYTES, PRINTABLE
 
 _OPERATIONS = frozenset(op.name for op in definitions.OPERATIONS)
@@ -64,10 +70,10 @@ CONSUMER = "consumer:v1"
 
 @functools.cache
 def documents() -> dict[str, dict[str, Any]]:
-    """Every strict document by name (the v2 approval and rewind frames' too), and the consumer
-    bundle as ``CONSUMER``."""
+    """Every strict document by name (the v2 frames' too), and the consumer bundle as
+    ``CONSUMER``."""
     v1 = schema_documents()
-    docs = {**v1, **approvals.documents(), **rewind.documents()}
+    docs = {**v1, **approvals.documents(), **rewind.documents(), **session.documents()}
     return {**docs, CONSUMER: schema_documents("consumer")["v1"]}
 
 

@@ -31,6 +31,7 @@ from magi_code.protocol.schema import (
     rewind,
     routes,
     schema_documents,
+    session,
     shipped_documents,
 )
 from magi_code.protocol.schema import definitions as v1
@@ -200,6 +201,7 @@ def _every_shape() -> Iterator[tuple[str, Shape]]:
     roots += [(f"event.{ev.name}", ev.payload) for ev in v1.EVENTS]
     roots += list(approvals.shapes().items())
     roots += list(rewind.shapes().items())
+    roots += list(session.shapes().items())
     for root, shape in roots:
         for path, inner in walk(shape):
             yield f"{root}:{path}", inner
