@@ -4,7 +4,7 @@ Tests that pin the wire protocol (rather than a client library's behaviour) use 
 a real socket or the in-memory transport. Every frame it receives that has a JSON
 Schema — approvals (RFC-0002 §6.7, ``protocol.schema.approvals``), fork and rewind
 (§6.16, ``rewind``), watching, hand-over, steering, library and queue (§6.1,
-§6.9–§6.12, ``session``) — is checked against it.
+§6.9 to §6.12, ``session``) — is checked against it.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ consumer bundle as ``v1.consumer.json``):
 
 The v2 approval frames (RFC-0002 §6.7), fork and rewind frames (§6.16), and the frames
 of watching, control hand-over, steering, the session library and the prompt queue
-(§6.1, §6.9–§6.12) have strict documents of their own, shipped as ``v2.<name>.json``
+(§6.1, §6.9 to §6.12) have strict documents of their own, shipped as ``v2.<name>.json``
 (see ``approvals``, ``rewind``, ``session``).
 
 Every document is self-contained (no reference leaves it). The shipped files are
