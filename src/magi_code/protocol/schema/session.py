@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from magi_code.protocol import v2
+from magi_code.protocol.errors import ErrorCode
 from magi_code.protocol.limits import (
     MAX_ID_BYTES,
     MAX_SESSION_PAGE_ITEMS,
@@ -66,12 +67,13 @@ def _error(kind: str, doc: str, *codes: str) -> Obj:
     return Obj(doc=doc, fields=(_t(kind), Field(name="id", shape=_ERROR_ID), _codes(*codes)))
 
 
-# v1 error codes these answers carry (ServiceError codes).
-_INVALID_SESSION_ID: Final = "invalid_session_id"
-_SESSION_UNAVAILABLE: Final = "session_unavailable"
-_LIMIT_EXCEEDED: Final = "limit_exceeded"
-_NOT_INITIALIZED: Final = "not_initialized"
-_UNSUPPORTED: Final = "unsupported_operation"
+# The v1 codes these answers carry too (the service's errors, e.g. of a session's lease);
+# unsupported_operation: a daemon without that part (its store could not start).
+_INVALID_SESSION_ID: Final = ErrorCode.INVALID_SESSION_ID.value
+_SESSION_UNAVAILABLE: Final = ErrorCode.SESSION_UNAVAILABLE.value
+_LIMIT_EXCEEDED: Final = ErrorCode.LIMIT_EXCEEDED.value
+_NOT_INITIALIZED: Final = ErrorCode.NOT_INITIALIZED.value
+_UNSUPPORTED: Final = ErrorCode.UNSUPPORTED_OPERATION.value
 _C = v2.Code
 
 # -- watching (§6.9) ------------------------------------------------------------------------
