@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from magi_code.client import Channel
-from magi_code.protocol import envelope
+from magi_code.protocol import envelope, v2
 from magi_code.protocol.schema import approvals, rewind, session
 from tests.support import wire_schema
 
@@ -25,17 +25,8 @@ _SCHEMAS: dict[object, str] = {
     **dict.fromkeys(rewind.FRAMES, rewind.BUNDLE),
     **session.BUNDLES,
 }
-_ERRORS = (
-    "attach_error",
-    "snapshot_error",
-    "grant_error",
-    "request_error",
-    "control_error",
-    "approval_error",
-    "steer_error",
-    "queue_error",
-    "grants_error",
-)
+# A call's refusal: every per-frame error answer the daemon sends.
+_ERRORS = tuple(sorted(kind for kind in v2.SERVER_FRAMES if kind.endswith("_error")))
 
 
 class Peer:
