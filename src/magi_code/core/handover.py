@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from magi_code.dataclass import dataclass, field
+from magi_code.protocol import v2
 from magi_code.protocol.errors import ErrorCode, ServiceError
 
 from .coordinator import Connection
@@ -60,12 +61,7 @@ class Handover:
         attachment = self.sessions.controller(session_id)
         assert attachment is not None and attachment.owner != conn.conn_id
         pending = Pending(session_id, conn, attachment.owner)
-        event = {
-            "t": "control_requested",
-            "session_id": session_id,
-            "by": conn.label,
-            "timeout_ms": int(self.timeout * 1000),
-        }
+        event = v2.control_requested(session_id, conn.label, int(self.timeout * 1000))
         if not ask(event):
             raise ServiceError(ErrorCode.SESSION_BUSY)
         self._pending[session_id] = pending

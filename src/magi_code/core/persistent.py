@@ -29,7 +29,7 @@ import orjson
 from magi_code.config.effective import Effective, check_session_selection, resolve_effective
 from magi_code.config.settings import Layer, load_settings
 from magi_code.dataclass import dataclass, field
-from magi_code.protocol import envelope
+from magi_code.protocol import envelope, v2
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.v2 import MAX_TRANSCRIPT_PAGE_BYTES
 from magi_code.sessions.ids import validate_session_id
@@ -384,9 +384,8 @@ class PersistentCoordinator:
         assert self.sessions is not None
         previous = self._clients.get(attachment.owner)
         self.sessions.hand_over(attachment, conn)
-        changed = {"session_id": attachment.session_id, "controller": conn.label}
         if previous is not None and previous.notify is not None and not previous.lost:
-            previous.notify({"t": "control_changed", **changed})
+            previous.notify(v2.control_changed(attachment.session_id, conn.label))
         self.control_changed(attachment.session_id, conn.label)
 
     def control_changed(self, session_id: str, controller: str | None) -> None:
@@ -474,14 +473,14 @@ class PersistentCoordinator:
 
     # -- the session library (RFC-0002 §6.11) ---------------------------------------------
 
-    async def session_library(self, query: LibraryQuery) -> dict[str, object]:
+    async def session_library(self, query: LibraryQuery) -> dict[str, Any]:
         """A library page. Raises :class:`BadCursor`, or ServiceError
         (``session_unavailable``)."""
         if self.sessions is None:
             raise ServiceError(ErrorCode.UNSUPPORTED_OPERATION)
         return await asyncio.to_thread(self.sessions.store.library, query)
 
-    async def transcript(self, session_id: str, start: int, project: Path) -> dict[str, object]:
+    async def transcript(self, session_id: str, start: int, project: Path) -> dict[str, Any]:
         """A page of the session's conversation with its tool calls (RFC-0002 §6.14) from
         item ``start``; tool call paths relative to ``project``. Raises ServiceError
         (``invalid_session_id``, ``session_unavailable``, ``session_busy``)."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.dataclass import dataclass
+from magi_code.protocol import v2
 from magi_code.protocol.text import one_line
 from magi_code.tools.frontend import EditorFailed, Frontend
 from magi_code.turns.agent import TOOL_CALL_ACTIVITY
@@ -83,7 +84,7 @@ class ToolRelay:
         listener = self._listeners.get(run.conn.conn_id)
         if listener is None:
             return False
-        listener.send({**frame, "turn_id": run.turn_id, "session_id": run.session_id})
+        listener.send(frame)
         return True
 
     def offers(self, run: TurnRun, op: str) -> bool:
@@ -95,9 +96,7 @@ class ToolRelay:
     ) -> str | None:
         fs_id = f"fs_{secrets.token_hex(12)}"
         pending = PendingFs(run.conn.conn_id, asyncio.get_running_loop().create_future())
-        frame: dict[str, Any] = {"t": "fs_request", "fs_id": fs_id, "op": op, "path": path}
-        if content is not None:
-            frame["content"] = content
+        frame = v2.fs_request(fs_id, op, path, content, run.turn_id, run.session_id)
         self._pending[fs_id] = pending
         try:
             if not self.send(run, frame):
@@ -127,8 +126,9 @@ class _DetailSink:
     def __call__(self, detail: dict[str, Any]) -> None:
         activity_id = TOOL_CALL_ACTIVITY.get()
         if activity_id is not None:
-            frame = {"t": "tool_detail", "activity_id": activity_id, **detail}
-            self._relay.send(self._run, frame)
+            run = self._run
+            frame = v2.tool_detail(activity_id, detail, run.turn_id, run.session_id)
+            self._relay.send(run, frame)
 
 
 class TurnEditor:

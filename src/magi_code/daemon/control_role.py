@@ -32,19 +32,13 @@ class ControlRole:
 def answer_control(peer: PeerConnection, frame: v2.Control) -> None:
     server = peer.server
     if frame.op == "status":
-        peer.send({"t": "control_result", "id": frame.id, "result": server.status()})
+        peer.send(v2.control_result(frame.id, server.status()))
     elif frame.op == "stop":
-        peer.send({"t": "control_result", "id": frame.id, "result": {"stopping": True}})
+        peer.send(v2.control_result(frame.id, {"stopping": True}))
         server.request_stop("control")
     elif frame.op == "restart":
         turns = server.core.counts()["active_turns"]
-        peer.send(
-            {
-                "t": "control_result",
-                "id": frame.id,
-                "result": {"restarting": True, "waiting_for_turns": turns},
-            }
-        )
+        peer.send(v2.control_result(frame.id, {"restarting": True, "waiting_for_turns": turns}))
         server.request_restart(RESTART_TURN_WAIT_SECONDS)
     else:
         peer.send(v2.frame_error("control_error", frame.id, Code.UNKNOWN_OPERATION))

@@ -169,12 +169,10 @@ class PersistentRole:
         try:
             session_id, turns = await self.core.take_control(self.conn, frame.session_id)
         except ServiceError as exc:
-            self.peer.send({"t": "grant_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("grant_error", frame.id, exc.code))
             return
         log.info("control granted")
-        self.peer.send(
-            {"t": "control_granted", "id": frame.id, "session_id": session_id, "turns": turns}
-        )
+        self.peer.send(v2.control_granted(frame.id, session_id, turns))
         self.approvals.resend_session(self.conn.conn_id, session_id)
 
     def _snapshot(self, frame: v2.Snapshot) -> None:
@@ -192,7 +190,7 @@ class PersistentRole:
                 frame.turn_id, frame.after_sequence, frame.session_id, self._deliver
             )
         except ServiceError as exc:
-            self.peer.send({"t": "attach_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("attach_error", frame.id, exc.code))
             return
         # No await from the journal's answer to the last part: live events come after.
         if status == "finished":
@@ -240,7 +238,7 @@ class PersistentRole:
         except ServiceError:
             self.peer.send(v2.frame_error("grants_error", frame.id, Code.GRANTS_UNAVAILABLE))
             return
-        self.peer.send({"t": "grants_result", "id": frame.id, **grants})
+        self.peer.send(v2.grants_result(frame.id, **grants))
 
     async def _library(self, frame: v2.SessionsList | v2.SessionChange) -> None:
         """The session library (§6.11): a page, or one session's metadata changed."""
@@ -250,16 +248,16 @@ class PersistentRole:
                     frame.project_dir, frame.title, frame.archived, frame.cursor, frame.limit
                 )
                 page = await self.core.session_library(query)
-                self.peer.send({"t": "sessions_result", "id": frame.id, **page})
+                self.peer.send(v2.sessions_result(frame.id, **page))
                 return
             item = await self.core.change_session(frame.kind, frame.session_id, frame.title)
         except (BadLibraryCursor, ValueError):
             self.peer.send(v2.frame_error("session_error", frame.id, Code.INVALID_REQUEST))
             return
         except ServiceError as exc:
-            self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("session_error", frame.id, exc.code))
             return
-        self.peer.send({"t": "session_result", "id": frame.id, "session": item})
+        self.peer.send(v2.session_result(frame.id, item))
 
     async def _transcript(self, frame: v2.SessionTranscript) -> None:
         """A page of a session's conversation with its tool calls (§6.14)."""
@@ -268,9 +266,9 @@ class PersistentRole:
                 frame.session_id, frame.start, self.conn.ctx.project_dir
             )
         except ServiceError as exc:
-            self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("session_error", frame.id, exc.code))
             return
-        self.peer.send({"t": "transcript_result", "id": frame.id, **page})
+        self.peer.send(v2.transcript_result(frame.id, **page))
 
     async def _selection(self, frame: v2.SessionSelection) -> None:
         """A session's own selection and reasoning (§6.15)."""
@@ -280,35 +278,28 @@ class PersistentRole:
         try:
             effective = await self.core.select(self.conn.ctx, frame.session_id, selection)
         except ServiceError as exc:
-            self.peer.send({"t": "session_selection_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("session_selection_error", frame.id, exc.code))
             return
-        self.peer.send(
-            {
-                "t": "session_selection_result",
-                "id": frame.id,
-                "session_id": frame.session_id,
-                "effective": effective,
-            }
-        )
+        self.peer.send(v2.session_selection_result(frame.id, frame.session_id, effective))
 
     async def _fork_or_rewind(self, frame: v2.SessionFork | v2.SessionRewind) -> None:
         """Fork a session, or preview or commit a rewind (§6.16)."""
         try:
             if isinstance(frame, v2.SessionFork):
                 item = await self.core.fork_session(frame.session_id, frame.at_cursor)
-                self.peer.send({"t": "session_result", "id": frame.id, "session": item})
+                self.peer.send(v2.session_result(frame.id, item))
                 return
             answer = await self.core.rewind_session(
                 self.conn, frame.session_id, frame.at_cursor, frame.files, frame.commit, frame.force
             )
         except ServiceError as exc:
-            self.peer.send({"t": "session_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("session_error", frame.id, exc.code))
             return
         except (StoreStaleCursor, NotTurnBoundary, TurnRunning) as exc:
             code = _FORK_ERRORS[type(exc)]
             self.peer.send(v2.frame_error("session_error", frame.id, code))
             return
-        self.peer.send({"t": "rewind_result", "id": frame.id, **answer})
+        self.peer.send(v2.rewind_result(frame.id, answer))
 
     async def _session_policy(self, frame: v2.SessionPolicy) -> None:
         policy = cast(Policy | None, frame.policy)
@@ -316,15 +307,7 @@ class PersistentRole:
             self.peer.send(v2.frame_error("approval_error", frame.id, Code.INVALID_REQUEST))
             return
         effective = await self.approvals.effective_policy(self.conn.ctx, frame.session_id)
-        self.peer.send(
-            {
-                "t": "approval_policy_result",
-                "id": frame.id,
-                "session_id": frame.session_id,
-                "policy": policy,
-                "effective": effective,
-            }
-        )
+        self.peer.send(v2.approval_policy_result(frame.id, frame.session_id, policy, effective))
 
     async def _watch(self, frame: v2.Watch) -> None:
         stream = WatchStream(self, frame.session_id)
@@ -333,7 +316,7 @@ class PersistentRole:
                 self.conn, frame.session_id, frame.after_cursor, stream
             )
         except ServiceError as exc:
-            self.peer.send({"t": "watch_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("watch_error", frame.id, exc.code))
             return
         except StaleCursor:
             self.peer.send(v2.frame_error("watch_error", frame.id, Code.RESYNC_REQUIRED))
@@ -351,14 +334,14 @@ class PersistentRole:
     async def _session_frame(self, frame: v2.SessionFrame) -> None:
         if frame.kind == "unwatch":
             self.core.watchers.remove(frame.session_id, self.conn.conn_id)
-            self.peer.send({"t": "unwatched", "id": frame.id, "session_id": frame.session_id})
+            self.peer.send(v2.unwatched(frame.id, frame.session_id))
         elif frame.kind == "control_release":
             try:
                 session_id = await self.core.release_control(self.conn, frame.session_id)
             except ServiceError as exc:
-                self.peer.send({"t": "grant_error", "id": frame.id, "code": exc.code.value})
+                self.peer.send(v2.frame_error("grant_error", frame.id, exc.code))
                 return
-            self.peer.send({"t": "control_released", "id": frame.id, "session_id": session_id})
+            self.peer.send(v2.control_released(frame.id, session_id))
         else:
             # It may wait for the controller: other frames are handled meanwhile.
             task = asyncio.create_task(self._request_control(frame))
@@ -372,12 +355,10 @@ class PersistentRole:
             self.peer.send(v2.frame_error("grant_error", frame.id, Code.CONTROL_REFUSED))
             return
         except ServiceError as exc:
-            self.peer.send({"t": "grant_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("grant_error", frame.id, exc.code))
             return
         log.info("control granted on request")
-        self.peer.send(
-            {"t": "control_granted", "id": frame.id, "session_id": session_id, "turns": turns}
-        )
+        self.peer.send(v2.control_granted(frame.id, session_id, turns))
         self.approvals.resend_session(self.conn.conn_id, session_id)
 
     def _steer(self, frame: v2.Steer) -> None:
@@ -386,7 +367,7 @@ class PersistentRole:
             # (other frames are handled meanwhile).
             entered, late = self.core.steer(self.conn, frame.turn_id, frame.text)
         except ServiceError as exc:
-            self.peer.send({"t": "steer_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("steer_error", frame.id, exc.code))
             return
         task = asyncio.create_task(self._steered(frame, entered, late))
         self._requests.add(task)
@@ -401,13 +382,10 @@ class PersistentRole:
         if not await entered:
             # Too late for the turn: the text went to the head of the session's queue
             # (§6.12), or, when the queue could not take it, back to the client.
-            answer = v2.frame_error("steer_error", frame.id, Code.TURN_FINISHED)
             entry_id = None if late is None else await asyncio.shield(late)
-            if entry_id is not None:
-                answer["entry_id"] = entry_id
-            self.peer.send(answer)
+            self.peer.send(v2.frame_error("steer_error", frame.id, Code.TURN_FINISHED, entry_id))
             return
-        self.peer.send({"t": "steer_result", "id": frame.id, "turn_id": frame.turn_id})
+        self.peer.send(v2.steer_result(frame.id, frame.turn_id))
 
     def _queue_frame(self, frame: v2.QueueFrame) -> asyncio.Task[None] | None:
         """``queue_send_now`` waits for the running turn's boundary: other frames are
@@ -444,27 +422,20 @@ class PersistentRole:
                     change = queue.send_now(self.conn, frame.session_id, frame.entry_id)
                 session_id, entries = await change
         except QueueRefused as exc:
-            self.peer.send({"t": "queue_error", "id": frame.id, "code": exc.code})
+            self.peer.send(v2.frame_error("queue_error", frame.id, exc.code))
             return
         except ServiceError as exc:
-            self.peer.send({"t": "queue_error", "id": frame.id, "code": exc.code.value})
+            self.peer.send(v2.frame_error("queue_error", frame.id, exc.code))
             return
-        answer = {
-            "t": "queue_result",
-            "id": frame.id,
-            "session_id": session_id,
-            "entries": [entry.item() for entry in entries],
-        }
-        if added is not None:
-            answer["entry_id"] = added
-        self.peer.send(answer)
+        items = [entry.item() for entry in entries]
+        self.peer.send(v2.queue_result(frame.id, session_id, items, added))
 
     def _control_answer(self, frame: v2.ControlAnswer) -> None:
         handover = self.core.handover
         if handover is None or not handover.answer(self.conn, frame.session_id, frame.grant):
             self.peer.send(v2.frame_error("grant_error", frame.id, Code.INVALID_REQUEST))
             return
-        self.peer.send({"t": "control_answered", "id": frame.id, "session_id": frame.session_id})
+        self.peer.send(v2.control_answered(frame.id, frame.session_id))
 
     def _deliver(self, event: TurnEvent) -> None:
         """A followed turn's event from the journal."""
@@ -529,7 +500,7 @@ class WatchStream:
         self._cut = True
         self._held = None
         self.role.core.watchers.remove(self.session_id, self.role.conn.conn_id)
-        self.role.peer.send({"t": "watch_overloaded", "session_id": self.session_id})
+        self.role.peer.send(v2.watch_overloaded(self.session_id))
 
 
 def _split(events: list[dict[str, Any]]) -> list[list[Mapping[str, Any]]]:

@@ -43,7 +43,7 @@ from magi_code.endpoint.paths import UnsafeRuntimeDir
 from magi_code.endpoint.peer import check_peer, peer_pid
 from magi_code.protocol.frames import MAX_FRAME_BYTES, encode_frame
 from magi_code.protocol.limits import ADVERTISED_LIMITS
-from magi_code.protocol.v2 import PROTOCOL_VERSION, ROLES, SUPPORTED_VERSIONS, Code, refused
+from magi_code.protocol.v2 import ROLES, SUPPORTED_VERSIONS, Code, refused, welcome
 from magi_code.tools.sandbox import probed
 
 from .connection import FRAME_DEADLINE_SECONDS, HELLO_TIMEOUT_SECONDS, PeerConnection, Transport
@@ -302,19 +302,15 @@ class DaemonServer:
     # -- frames shared by roles ----------------------------------------------------------
 
     def welcome(self, role: str) -> dict[str, Any]:
-        return {
-            "t": "welcome",
-            "protocol_version": PROTOCOL_VERSION,
-            "server_name": "magi-code",
-            "server_version": self.version,
-            "build_id": self.build_id,
-            "instance_id": self.instance_id,
-            "pid": os.getpid(),
-            "role": role,
-            "lifetime": ROLES[role],
-            "limits": {"max_frame_bytes": MAX_FRAME_BYTES, **ADVERTISED_LIMITS},
-            "capabilities": list(CAPABILITIES),
-        }
+        return welcome(
+            self.version,
+            self.build_id,
+            self.instance_id,
+            os.getpid(),
+            role,
+            {"max_frame_bytes": MAX_FRAME_BYTES, **ADVERTISED_LIMITS},
+            CAPABILITIES,
+        )
 
     def status(self) -> dict[str, Any]:
         return {

@@ -152,12 +152,12 @@ class V1Role:
             await peer.server.core.close(conn)
             status, detail = await writer
         if status != "lost":
-            peer.send({"t": "end", "status": status, "detail": detail})
+            peer.send(v2.end(status, detail))
             await bounded(peer.drain(), 5.0)
 
     def _handled(self, batch: Batch | None) -> None:
         if batch is None:
-            self.peer.send({"t": "next"})  # answered later, by a worker
+            self.peer.send(v2.next_record())  # answered later, by a worker
         else:
             # Its output frame says it answers the record. (Nothing ran since it was
             # queued, so the writer has not taken it yet.)
@@ -192,16 +192,15 @@ class V1Role:
 
     def _output_frame(self, batch: Batch, data: bytes) -> bytes:
         self._seq += 1
-        message: dict[str, Any] = {"t": "output", "seq": self._seq, "data": data}
-        if self._answers and self._answers[0] is batch:
+        answers = bool(self._answers) and self._answers[0] is batch
+        if answers:
             self._answers.popleft()
-            message["answers"] = True
-        if failed := batch.failures():
-            # The shim prints why its turns failed (it does not parse the v1 records).
-            message["failures"] = [
-                {"turn_id": t, "failure": label, "remedy": remedy} for t, label, remedy in failed
-            ]
-        frame = encode_frame(message)
+        # The shim prints why its turns failed (it does not parse the v1 records).
+        failures = [
+            {"turn_id": t, "failure": label, "remedy": remedy}
+            for t, label, remedy in batch.failures()
+        ]
+        frame = encode_frame(v2.output(self._seq, data, answers, failures))
         self._in_flight.append((self._seq, batch, len(frame), self._loop.time()))
         self._in_flight_bytes += len(frame)
         if self._timer is None:

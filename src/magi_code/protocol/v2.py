@@ -1334,9 +1334,227 @@ def request_error(request_id: object, code: Code) -> dict[str, Any]:
     return {"t": "request_error", "request_id": rid, "code": code.value, "message": MESSAGES[code]}
 
 
-def frame_error(kind: str, frame_id: object, code: Code) -> dict[str, Any]:
-    """A non-fatal answer to one frame (``attach_error``, ``grant_error``, ...)."""
-    return {"t": kind, "id": frame_id, "code": code.value}
+def frame_error(
+    kind: str, frame_id: object, code: StrEnum | str, entry_id: str | None = None
+) -> dict[str, Any]:
+    """A non-fatal answer to one frame (``attach_error``, ``grant_error``, ...); a
+    ``steer_error`` may name the queue ``entry_id`` its text went to (§6.12)."""
+    frame: dict[str, Any] = {"t": kind, "id": frame_id, "code": str(code)}
+    if entry_id is not None:
+        frame["entry_id"] = entry_id
+    return frame
+
+
+def welcome(
+    server_version: str,
+    build_id: str,
+    instance_id: str,
+    pid: int,
+    role: str,
+    limits: Mapping[str, Any],
+    capabilities: Sequence[str],
+) -> dict[str, Any]:
+    return {
+        "t": "welcome",
+        "protocol_version": PROTOCOL_VERSION,
+        "server_name": "magi-code",
+        "server_version": server_version,
+        "build_id": build_id,
+        "instance_id": instance_id,
+        "pid": pid,
+        "role": role,
+        "lifetime": ROLES[role],
+        "limits": dict(limits),
+        "capabilities": list(capabilities),
+    }
+
+
+def output(
+    seq: int,
+    data: bytes,
+    answers: bool,
+    failures: Sequence[Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """v1 output bytes for the shim; ``answers``: they answer its oldest record (no
+    ``next`` came for it); ``failures``: the turns that failed in them."""
+    frame: dict[str, Any] = {"t": "output", "seq": seq, "data": data}
+    if answers:
+        frame["answers"] = True
+    if failures:
+        frame["failures"] = [dict(failure) for failure in failures]
+    return frame
+
+
+def next_record() -> dict[str, Any]:
+    """The shim's record was taken; its answer comes later."""
+    return {"t": "next"}
+
+
+def end(status: str, detail: str | None) -> dict[str, Any]:
+    return {"t": "end", "status": status, "detail": detail}
+
+
+def control_result(frame_id: object, result: Mapping[str, Any]) -> dict[str, Any]:
+    return {"t": "control_result", "id": frame_id, "result": dict(result)}
+
+
+def control_granted(
+    frame_id: object, session_id: str | None, turns: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    return {"t": "control_granted", "id": frame_id, "session_id": session_id, "turns": list(turns)}
+
+
+def control_released(frame_id: object, session_id: str) -> dict[str, Any]:
+    return {"t": "control_released", "id": frame_id, "session_id": session_id}
+
+
+def control_answered(frame_id: object, session_id: str) -> dict[str, Any]:
+    return {"t": "control_answered", "id": frame_id, "session_id": session_id}
+
+
+def control_requested(session_id: str, by: str, timeout_ms: int) -> dict[str, Any]:
+    """To a session's controller: another client asks for control."""
+    return {"t": "control_requested", "session_id": session_id, "by": by, "timeout_ms": timeout_ms}
+
+
+def control_changed(session_id: str, controller: str | None) -> dict[str, Any]:
+    """To the client that lost control of a session."""
+    return {"t": "control_changed", "session_id": session_id, "controller": controller}
+
+
+def grants_result(
+    frame_id: object,
+    session: Mapping[str, Any] | None,
+    project: Mapping[str, Any],
+    project_honoured: bool,
+) -> dict[str, Any]:
+    return {
+        "t": "grants_result",
+        "id": frame_id,
+        "session": None if session is None else dict(session),
+        "project": dict(project),
+        "project_honoured": project_honoured,
+    }
+
+
+def approval_policy_result(
+    frame_id: object, session_id: str, policy: str | None, effective: str | None
+) -> dict[str, Any]:
+    return {
+        "t": "approval_policy_result",
+        "id": frame_id,
+        "session_id": session_id,
+        "policy": policy,
+        "effective": effective,
+    }
+
+
+def sessions_result(
+    frame_id: object,
+    sessions: Sequence[Mapping[str, Any]],
+    next_cursor: str | None,
+    incomplete: bool,
+) -> dict[str, Any]:
+    """A page of the session library (§6.11)."""
+    return {
+        "t": "sessions_result",
+        "id": frame_id,
+        "sessions": list(sessions),
+        "next_cursor": next_cursor,
+        "incomplete": incomplete,
+    }
+
+
+def session_result(frame_id: object, session: Mapping[str, Any]) -> dict[str, Any]:
+    """One session's library entry (after a change, or a fork's new session)."""
+    return {"t": "session_result", "id": frame_id, "session": session}
+
+
+def transcript_result(
+    frame_id: object, items: Sequence[Mapping[str, Any]], next_cursor: str | None, gap: bool
+) -> dict[str, Any]:
+    """A page of a session's conversation (§6.14)."""
+    return {
+        "t": "transcript_result",
+        "id": frame_id,
+        "items": list(items),
+        "next_cursor": next_cursor,
+        "gap": gap,
+    }
+
+
+def session_selection_result(
+    frame_id: object, session_id: str, effective: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A session's effective selection and reasoning (§6.15)."""
+    return {
+        "t": "session_selection_result",
+        "id": frame_id,
+        "session_id": session_id,
+        "effective": effective,
+    }
+
+
+def rewind_result(frame_id: object, answer: Mapping[str, Any]) -> dict[str, Any]:
+    """A rewind's preview or outcome (§6.16): its ``files``, ``messages`` and the rest of
+    ``session.rewind``'s answer."""
+    return {"t": "rewind_result", "id": frame_id, **answer}
+
+
+def queue_result(
+    frame_id: object,
+    session_id: str,
+    entries: Sequence[Mapping[str, Any]],
+    entry_id: str | None = None,
+) -> dict[str, Any]:
+    """The session's prompt queue after a change (§6.12); ``entry_id``: the added entry."""
+    frame: dict[str, Any] = {
+        "t": "queue_result",
+        "id": frame_id,
+        "session_id": session_id,
+        "entries": list(entries),
+    }
+    if entry_id is not None:
+        frame["entry_id"] = entry_id
+    return frame
+
+
+def steer_result(frame_id: object, turn_id: str) -> dict[str, Any]:
+    return {"t": "steer_result", "id": frame_id, "turn_id": turn_id}
+
+
+def unwatched(frame_id: object, session_id: str) -> dict[str, Any]:
+    return {"t": "unwatched", "id": frame_id, "session_id": session_id}
+
+
+def watch_overloaded(session_id: str) -> dict[str, Any]:
+    """The watcher fell behind: it no longer watches the session."""
+    return {"t": "watch_overloaded", "session_id": session_id}
+
+
+def tool_detail(
+    activity_id: str, detail: Mapping[str, Any], turn_id: str, session_id: str
+) -> dict[str, Any]:
+    """A running tool call's ``call`` or ``diff`` (§6.8)."""
+    return {
+        "t": "tool_detail",
+        "activity_id": activity_id,
+        **detail,
+        "turn_id": turn_id,
+        "session_id": session_id,
+    }
+
+
+def fs_request(
+    fs_id: str, op: str, path: str, content: str | None, turn_id: str, session_id: str
+) -> dict[str, Any]:
+    """A tool asks the editor to read or write a file (§6.8)."""
+    frame: dict[str, Any] = {"t": "fs_request", "fs_id": fs_id, "op": op, "path": path}
+    if content is not None:
+        frame["content"] = content
+    frame["turn_id"] = turn_id
+    frame["session_id"] = session_id
+    return frame
 
 
 def message(envelope: Mapping[str, Any]) -> dict[str, Any]:
