@@ -282,16 +282,12 @@ class Client:
             raise ValueError(f"request ID {rid!r} is already in flight on this client")
         if idempotency_key is None and method == "turn.start":
             idempotency_key = new_idempotency_key()
-        frame: dict[str, Any] = {
-            "t": "request",
-            "message": envelope.request(rid, method, payload, session_id),
-        }
-        if deadline_ms is not None:
-            frame["deadline_ms"] = deadline_ms
-        if idempotency_key is not None:
-            frame["idempotency_key"] = idempotency_key
-        if mcp_servers is not None:
-            frame["mcp_servers"] = [dict(server) for server in mcp_servers]
+        frame = v2.request(
+            envelope.request(rid, method, payload, session_id),
+            deadline_ms,
+            idempotency_key,
+            mcp_servers,
+        )
         self._check_open()  # nothing is sent on an ended connection: safe to retry
         future: asyncio.Future[ResponseEnvelope] = asyncio.get_running_loop().create_future()
         sent_payload = frame["message"]["payload"]  # a copy: later edits do not change it
@@ -517,13 +513,8 @@ class Client:
         ``write`` that was done, or ``error`` (a short text for the model) when it was not.
         An answer after the daemon stopped waiting is dropped."""
         self._check_open()
-        frame: dict[str, Any] = {"t": "fs_result", "fs_id": request.fs_id}
-        if content is not None:
-            frame["content"] = content
-        if error is not None:
-            frame["error"] = error
         try:
-            await self.channel.send(frame)
+            await self.channel.send(v2.fs_result(request.fs_id, content, error))
         except FrameError as exc:
             raise ValueError(f"the frame cannot be sent: {exc}") from None
         except (ConnectionError, OSError):
@@ -828,7 +819,7 @@ class Client:
         future: asyncio.Future[v2.AnswerBody] = asyncio.get_running_loop().create_future()
         self._calls[frame_id] = _Call(kind, future, approval_id=approval_id)
         try:
-            await self.channel.send({"t": kind, **fields, "id": frame_id})
+            await self.channel.send(v2.call(kind, fields, frame_id))
         except FrameError as exc:
             self._calls.pop(frame_id, None)
             raise ValueError(f"the frame cannot be sent: {exc}") from None

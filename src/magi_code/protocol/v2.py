@@ -1287,6 +1287,66 @@ def _optional_id(value: object, limit: int = 128) -> bool:
     )
 
 
+# -- client frames ------------------------------------------------------------------------
+
+
+def record(data: bytes) -> dict[str, Any]:
+    """One v1 stdin record the shim forwards."""
+    return {"t": "record", "data": data}
+
+
+def oversize() -> dict[str, Any]:
+    """A stdin record over the v1 limit: the daemon answers it ``record_too_large``."""
+    return {"t": "oversize"}
+
+
+def written(seq: object) -> dict[str, Any]:
+    """The shim wrote ``output`` ``seq`` (echoed as the daemon sent it) to stdout."""
+    return {"t": "written", "seq": seq}
+
+
+def output_failed() -> dict[str, Any]:
+    """The shim could not write an ``output`` to stdout."""
+    return {"t": "output_failed"}
+
+
+def eof() -> dict[str, Any]:
+    return {"t": "eof"}
+
+
+def request(
+    envelope: Mapping[str, Any],
+    deadline_ms: int | None = None,
+    idempotency_key: str | None = None,
+    mcp_servers: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A v1 request envelope, with the v2 members a persistent client may add (§6.13)."""
+    frame: dict[str, Any] = {"t": "request", "message": envelope}
+    if deadline_ms is not None:
+        frame["deadline_ms"] = deadline_ms
+    if idempotency_key is not None:
+        frame["idempotency_key"] = idempotency_key
+    if mcp_servers is not None:
+        frame["mcp_servers"] = [dict(server) for server in mcp_servers]
+    return frame
+
+
+def fs_result(fs_id: str, content: str | None, error: str | None) -> dict[str, Any]:
+    """The editor's answer to an ``fs_request`` (§6.8)."""
+    frame: dict[str, Any] = {"t": "fs_result", "fs_id": fs_id}
+    if content is not None:
+        frame["content"] = content
+    if error is not None:
+        frame["error"] = error
+    return frame
+
+
+def call(kind: str, fields: Mapping[str, Any], frame_id: int) -> dict[str, Any]:
+    """A persistent client's frame the daemon answers by ``id`` (``snapshot``, ``attach``,
+    ``queue_add``, ...; :data:`ROLE_FRAMES`)."""
+    return {"t": kind, **fields, "id": frame_id}
+
+
 # -- daemon frames ------------------------------------------------------------------------
 
 

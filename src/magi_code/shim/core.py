@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from magi_code.protocol import v2
 from magi_code.protocol.framing import TOO_LARGE, LineFramer
 from magi_code.protocol.v2 import End, Next, Output, decode_shim_frame
 from magi_code.turns.failures import MAX_LABEL_BYTES, MAX_REMEDY_BYTES, describe
@@ -119,12 +120,10 @@ class ShimCore:
             self.input_ended = True
         for record in records:
             if record is TOO_LARGE:
-                self._records.append(({"t": "oversize"}, FRAME_OVERHEAD))
+                self._records.append((v2.oversize(), FRAME_OVERHEAD))
             else:
                 assert isinstance(record, bytes)
-                self._records.append(
-                    ({"t": "record", "data": record}, len(record) + FRAME_OVERHEAD)
-                )
+                self._records.append((v2.record(record), len(record) + FRAME_OVERHEAD))
         self._forward()
 
     def stop(self) -> None:
@@ -174,12 +173,12 @@ class ShimCore:
                 self.exit_code = 1  # output that came with ``end`` could not be written
             return
         if self.output_failed:
-            self._frames.extend({"t": "output_failed"} for _ in acks)
+            self._frames.extend(v2.output_failed() for _ in acks)
             # An output failure ends the input too: nothing more is forwarded.
             self._records.clear()
             self.input_ended = True
         else:
-            self._frames.extend({"t": "written", "seq": seq} for seq in acks)
+            self._frames.extend(v2.written(seq) for seq in acks)
         self._forward()
 
     # -- internals -------------------------------------------------------------------------
@@ -217,4 +216,4 @@ class ShimCore:
             self._in_flight_bytes += size
         if self.input_ended and not self._eof_sent:
             self._eof_sent = True
-            self._frames.append({"t": "eof"})
+            self._frames.append(v2.eof())
