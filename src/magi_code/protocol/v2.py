@@ -2,10 +2,11 @@
 
 Sans-IO: :mod:`magi_code.protocol.frames` turns bytes into bounded msgpack maps; this
 module turns a map a client sent into a typed frame (or a :class:`Fatal` / :class:`Rejected`
-answer), builds every frame the daemon sends, and reads the daemon's frames back for
-clients (the frame type, and typed values for the frames the handshake, the shim and a
-persistent client act on). Codes and their fixed messages are :class:`Code`; messages
-never carry request data, paths or secrets.
+answer), builds every frame the daemon sends (and the frames a shim or client sends), and
+reads the daemon's frames back for clients (the frame type, and typed values for the
+frames the handshake, the shim and a persistent client act on). Other modules call these
+builders; none spells a frame's ``t``. Codes and their fixed messages are :class:`Code`;
+messages never carry request data, paths or secrets.
 """
 
 from __future__ import annotations
