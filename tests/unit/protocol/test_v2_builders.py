@@ -296,7 +296,7 @@ def test_no_module_outside_protocol_spells_a_frame_type() -> None:
     root = Path(magi_code.__file__).parent
     spelled = []
     for path in sorted(root.rglob("*.py")):
-        if path.parent == root / "protocol":
+        if path.is_relative_to(root / "protocol"):  # v2.py, and the schemas of its frames
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Dict) and any(
