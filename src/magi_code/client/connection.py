@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar, cast
 
@@ -126,6 +127,8 @@ _FAILURES: Final[dict[str, type[DaemonError]]] = {
     "queue_error": QueueError,
 }
 _Answer = TypeVar("_Answer", bound=v2.AnswerBody)
+# A frame builder of ``protocol/v2.py`` with every member but the frame ID given.
+_Build = partial[dict[str, Any]]
 
 
 def new_idempotency_key() -> str:
@@ -343,7 +346,7 @@ class Client:
 
     async def control(self, op: str) -> dict[str, Any]:
         """``status``, ``stop`` or ``restart``; the result map (see also :meth:`status`)."""
-        return (await self._call("control", {"op": op}, v2.ControlResult)).result
+        return (await self._call(partial(v2.control, op=op), v2.ControlResult)).result
 
     async def status(self) -> ControlStatus:
         """The daemon's ``status`` (RFC-0002 §4)."""
@@ -364,11 +367,7 @@ class Client:
         """
         if isinstance(turn_ids, str):
             raise TypeError("turn_ids must be an iterable of turn IDs, not one string")
-        base: dict[str, Any] = {}
-        if session_id is not None:
-            base["session_id"] = session_id
-        if project_dir is not None:
-            base["project_dir"] = str(project_dir)
+        directory = None if project_dir is None else str(project_dir)
         groups: list[list[str] | None] = [None]
         if turn_ids is not None:
             ids = list(dict.fromkeys(turn_ids))
@@ -377,12 +376,9 @@ class Client:
         for group in groups:
             cursor: str | None = None
             while True:
-                frame = dict(base)
-                if group is not None:
-                    frame["turn_ids"] = group
-                if cursor is not None:
-                    frame["cursor"] = cursor
-                answer = await self._call("snapshot", frame, v2.SnapshotResult)
+                frame = partial(v2.snapshot, session_id=session_id, project_dir=directory)
+                frame = partial(frame, turn_ids=group, cursor=cursor)
+                answer = await self._call(frame, v2.SnapshotResult)
                 page = SnapshotPage(
                     turns=cast(list[SnapshotItem], answer.turns), next_cursor=answer.next_cursor
                 )
@@ -419,13 +415,8 @@ class Client:
         history (``finished``). Errors raise :class:`DaemonError` with ``code``
         (``unknown_turn``, ``invalid_request``, ``session_busy``).
         """
-        frame: dict[str, Any] = {
-            "turn_id": turn_id,
-            "after_sequence": after_sequence,
-        }
-        if session_id is not None:
-            frame["session_id"] = session_id
-        answer = await self._call("attach", frame, v2.AttachPart)
+        frame = partial(v2.attach, turn_id=turn_id, after_sequence=after_sequence)
+        answer = await self._call(partial(frame, session_id=session_id), v2.AttachPart)
         return AttachResult(
             turn_id=turn_id,
             status=cast(AttachStatus, answer.status),
@@ -442,10 +433,8 @@ class Client:
         :meth:`attach`); raises :class:`DaemonError` with ``code`` (e.g.
         ``session_busy``) otherwise.
         """
-        frame = {"session_id": session_id}
-        return _granted(
-            await self._call("take_control", frame, v2.ControlGrantedResult), session_id
-        )
+        frame = partial(v2.take_control, session_id=session_id)
+        return _granted(await self._call(frame, v2.ControlGrantedResult), session_id)
 
     async def request_control(self, session_id: str) -> ControlGranted:
         """Ask for a session another connected client controls (RFC-0002 §6.1).
@@ -458,22 +447,21 @@ class Client:
         this client go on meanwhile. Raises :class:`ControlError` (``session_busy``: a
         request already waits, or a v1 shim holds the session; ``limit_exceeded``; ...).
         """
-        frame = {"session_id": session_id}
-        answer = await self._call("control_request", frame, v2.ControlGrantedResult)
+        frame = partial(v2.control_request, session_id=session_id)
+        answer = await self._call(frame, v2.ControlGrantedResult)
         return _granted(answer, session_id)
 
     async def release_control(self, session_id: str) -> None:
         """Give up this client's hold of the session (idempotent). With no turn running it
         is free at once; during a turn anyone may take it, and it is freed when the turn
         ends. A waiting :meth:`request_control` of another client is granted."""
-        await self._call_id("control_release", {"session_id": session_id})
+        await self._call_id(partial(v2.control_release, session_id=session_id))
 
     async def answer_control(self, session_id: str, grant: bool) -> None:
         """Answer a :class:`ControlRequested` for a session this client controls: ``True``
         hands the session (with its running turn) to the requester, ``False`` refuses.
         Raises :class:`ControlError` (``invalid_request``) when no request waits."""
-        frame = {"session_id": session_id, "grant": grant}
-        await self._call_id("control_answer", frame)
+        await self._call_id(partial(v2.control_answer, session_id=session_id, grant=grant))
 
     # -- watching --------------------------------------------------------------------------
 
@@ -488,10 +476,8 @@ class Client:
         watch. Raises :class:`WatchError` (``resync_required``, ``limit_exceeded``: more
         than 1,024 history items, page them with ``session.replay`` first; ...).
         """
-        frame: dict[str, Any] = {"session_id": session_id}
-        if after_cursor is not None:
-            frame["after_cursor"] = after_cursor
-        answer = await self._call("watch", frame, v2.WatchPart)
+        frame = partial(v2.watch, session_id=session_id, after_cursor=after_cursor)
+        answer = await self._call(frame, v2.WatchPart)
         if answer.before_cursor is None or answer.gap is None:  # the first part has both
             raise self._fail_protocol("watch_result without before_cursor and gap")
         return WatchResult(
@@ -504,7 +490,7 @@ class Client:
     async def unwatch(self, session_id: str) -> None:
         """Stop watching the session (a session not watched is answered the same). Frames
         the daemon sent before the answer may still arrive."""
-        await self._call_id("unwatch", {"session_id": session_id})
+        await self._call_id(partial(v2.unwatch, session_id=session_id))
 
     async def answer_file(
         self, request: FileRequest, *, content: str | None = None, error: str | None = None
@@ -530,17 +516,15 @@ class Client:
         Raises :class:`ApprovalError` (``unknown_approval``: no such request this
         connection is attached to, or a decision not offered; ``invalid_request``).
         """
-        frame = {"approval_id": approval_id, "decision": decision}
-        resolved = await self._call(
-            "approval_answer", frame, v2.ApprovalResolvedFrame, approval_id=approval_id
-        )
+        frame = partial(v2.approval_answer, approval_id=approval_id, decision=decision)
+        resolved = await self._call(frame, v2.ApprovalResolvedFrame, approval_id=approval_id)
         return _resolved(resolved)
 
     async def grants_list(self, session_id: str | None = None) -> Grants:
         """The session's grants (``allow_session`` answers; with ``session_id``) and the
         project settings' allow rules of this connection's project (RFC-0002 §6.7)."""
-        frame = {"session_id": session_id}
-        return _grants(await self._call("grants_list", frame, v2.GrantsResult))
+        frame = partial(v2.grants_list, session_id=session_id)
+        return _grants(await self._call(frame, v2.GrantsResult))
 
     async def grants_revoke(
         self, scope: str, kind: str, value: Sequence[str] | str, *, session_id: str | None = None
@@ -552,14 +536,8 @@ class Client:
         ``paths`` (``value`` a string). Removing a grant that is not there changes nothing.
         Raises :class:`GrantsError` (``invalid_request``, ``grants_unavailable``).
         """
-        frame: dict[str, Any] = {
-            "scope": scope,
-            "kind": kind,
-            "value": value if isinstance(value, str) else list(value),
-        }
-        if session_id is not None:
-            frame["session_id"] = session_id
-        return _grants(await self._call("grants_revoke", frame, v2.GrantsResult))
+        frame = partial(v2.grants_revoke, scope=scope, kind=kind, value=value)
+        return _grants(await self._call(partial(frame, session_id=session_id), v2.GrantsResult))
 
     async def set_session_policy(self, session_id: str, policy: str | None) -> str | None:
         """Give the session its own approval policy (``auto``, ``ask``, ``read_only``;
@@ -569,8 +547,8 @@ class Client:
         Returns the policy the session's calls in this connection's project get now (None
         if the settings cannot be read). Raises :class:`ApprovalError` (``invalid_request``).
         """
-        frame = {"session_id": session_id, "policy": policy}
-        return (await self._call("approval_policy", frame, v2.PolicyResult)).effective
+        frame = partial(v2.approval_policy, session_id=session_id, policy=policy)
+        return (await self._call(frame, v2.PolicyResult)).effective
 
     async def set_session_selection(
         self,
@@ -587,13 +565,9 @@ class Client:
         Raises :class:`DaemonError` (``invalid_request``, ``invalid_selection``,
         ``catalog_unavailable``, ``catalog_stale``, ``unsupported_reasoning``, ...).
         """
-        frame = {
-            "session_id": session_id,
-            "provider_id": provider_id,
-            "model_id": model_id,
-            "thinking_level": thinking_level,
-        }
-        return (await self._call("session_selection", frame, v2.SelectionResult)).effective
+        frame = partial(v2.session_selection, session_id=session_id, provider_id=provider_id)
+        frame = partial(frame, model_id=model_id, thinking_level=thinking_level)
+        return (await self._call(frame, v2.SelectionResult)).effective
 
     # -- steering --------------------------------------------------------------------------
 
@@ -608,7 +582,7 @@ class Client:
         ``unknown_turn``, ``invalid_request``.
         """
         try:
-            await self._call_id("steer", {"turn_id": turn_id, "text": text})
+            await self._call_id(partial(v2.steer, turn_id=turn_id, text=text))
         except SteerError as exc:
             exc.text = text
             raise
@@ -619,14 +593,14 @@ class Client:
         """The session's queued prompts, in the order they run (RFC-0002 §6.12). Any
         connection may list them; listing also resumes a queue that waits to be served
         (after a daemon restart). Raises :class:`QueueError`."""
-        return await self._queue("queue_list", {"session_id": session_id})
+        return await self._queue(partial(v2.queue_list, session_id=session_id))
 
     async def queue_add(self, session_id: str, text: str) -> QueueEntry:
         """Queue ``text`` at the tail of a session this connection controls: it runs as
         a turn when the session is free, also after this client is gone. Returns the new
         entry. Raises :class:`QueueError` (``not_controller``, ``limit_exceeded``, ...)."""
-        frame = {"session_id": session_id, "text": text}
-        answer = await self._call("queue_add", frame, v2.QueueResult)
+        frame = partial(v2.queue_add, session_id=session_id, text=text)
+        answer = await self._call(frame, v2.QueueResult)
         if answer.entry_id is None:
             raise self._fail_protocol("queue_result without the added entry's ID")
         entry = next((e for e in answer.entries if e["entry_id"] == answer.entry_id), None)
@@ -637,24 +611,25 @@ class Client:
 
     async def queue_remove(self, session_id: str, entry_id: str) -> list[QueueEntry]:
         """Drop an entry; returns the queue after. Raises :class:`QueueError`."""
-        return await self._queue("queue_remove", {"session_id": session_id, "entry_id": entry_id})
+        return await self._queue(partial(v2.queue_remove, session_id=session_id, entry_id=entry_id))
 
     async def queue_move(self, session_id: str, entry_id: str, index: int) -> list[QueueEntry]:
         """Move an entry to ``index`` (0: the head; past the tail: the tail); returns the
         queue after. Raises :class:`QueueError`."""
-        frame = {"session_id": session_id, "entry_id": entry_id, "index": index}
-        return await self._queue("queue_move", frame)
+        frame = partial(v2.queue_move, session_id=session_id, entry_id=entry_id, index=index)
+        return await self._queue(frame)
 
     async def queue_send_now(self, session_id: str, entry_id: str) -> list[QueueEntry]:
         """Steer the entry into the session's running turn (as :meth:`steer`; it leaves
         the queue once it entered), or, with no turn running, run it next. Returns the
         queue after. Raises :class:`QueueError` ``turn_finished`` when the turn ended
         before the text entered (the entry is then at the head of the queue)."""
-        frame = {"session_id": session_id, "entry_id": entry_id}
-        return await self._queue("queue_send_now", frame)
+        return await self._queue(
+            partial(v2.queue_send_now, session_id=session_id, entry_id=entry_id)
+        )
 
-    async def _queue(self, kind: str, fields: dict[str, Any]) -> list[QueueEntry]:
-        return cast(list[QueueEntry], (await self._call(kind, fields, v2.QueueResult)).entries)
+    async def _queue(self, frame: _Build) -> list[QueueEntry]:
+        return cast(list[QueueEntry], (await self._call(frame, v2.QueueResult)).entries)
 
     # -- the session library ---------------------------------------------------------------
 
@@ -675,11 +650,9 @@ class Client:
         page's ``next_cursor`` as ``cursor`` for the next one. Raises
         :class:`SessionError` (``invalid_request``, ``session_unavailable``).
         """
-        frame: dict[str, Any] = {"archived": archived, "limit": limit}
-        for name, value in (("project_dir", project_dir), ("title", title), ("cursor", cursor)):
-            if value is not None:
-                frame[name] = value
-        answer = await self._call("sessions_list", frame, v2.SessionsResult)
+        frame = partial(v2.sessions_list, archived=archived, limit=limit)
+        frame = partial(frame, project_dir=project_dir, title=title, cursor=cursor)
+        answer = await self._call(frame, v2.SessionsResult)
         return SessionsPage(
             sessions=cast(list[SessionInfo], answer.sessions),
             next_cursor=answer.next_cursor,
@@ -690,18 +663,18 @@ class Client:
         """Give the session an explicit title (it wins over the first prompt's; stored
         sanitized, at most 80 characters). Raises :class:`SessionError`."""
         return await self._session_change(
-            "session_rename", {"session_id": session_id, "title": title}
+            partial(v2.session_rename, session_id=session_id, title=title)
         )
 
     async def archive_session(self, session_id: str) -> SessionInfo:
         """Hide the session from the default lists (never deleted). Raises
         :class:`SessionError`."""
-        return await self._session_change("session_archive", {"session_id": session_id})
+        return await self._session_change(partial(v2.session_archive, session_id=session_id))
 
     async def unarchive_session(self, session_id: str) -> SessionInfo:
         """Show an archived session in the default lists again. Raises
         :class:`SessionError`."""
-        return await self._session_change("session_unarchive", {"session_id": session_id})
+        return await self._session_change(partial(v2.session_unarchive, session_id=session_id))
 
     async def transcript(self, session_id: str, cursor: str | None = None) -> TranscriptPage:
         """One page of the session's conversation with its tool calls, in order
@@ -709,10 +682,8 @@ class Client:
         ``tool_call`` items. Pass ``next_cursor`` for the next page. Raises
         :class:`SessionError` (``invalid_request``, ``invalid_session_id``,
         ``session_unavailable``, ``session_busy``)."""
-        fields: dict[str, Any] = {"session_id": session_id}
-        if cursor is not None:
-            fields["cursor"] = cursor
-        answer = await self._call("session_transcript", fields, v2.TranscriptResult)
+        frame = partial(v2.session_transcript, session_id=session_id, cursor=cursor)
+        answer = await self._call(frame, v2.TranscriptResult)
         return TranscriptPage(items=answer.items, next_cursor=answer.next_cursor, gap=answer.gap)
 
     async def fork_session(self, session_id: str, at_cursor: str) -> SessionInfo:
@@ -721,7 +692,7 @@ class Client:
         returns the fork's entry. A read: no control needed (RFC-0002 §6.16). Raises
         :class:`SessionError` (``resync_required``, ``not_turn_boundary``, ...)."""
         return await self._session_change(
-            "session_fork", {"session_id": session_id, "at_cursor": at_cursor}
+            partial(v2.session_fork, session_id=session_id, at_cursor=at_cursor)
         )
 
     async def rewind_session(
@@ -738,18 +709,13 @@ class Client:
         changed outside the agent since: ``conflict``); with ``commit``, the rewind
         (needs control of the session; files in conflict are left alone unless
         ``force``). Raises :class:`SessionError` (also ``turn_running``, ``session_busy``)."""
-        frame = {
-            "session_id": session_id,
-            "at_cursor": at_cursor,
-            "files": files,
-            "commit": commit,
-            "force": force,
-        }
-        answer = await self._call("session_rewind", frame, v2.RewindAnswer)
+        frame = partial(v2.session_rewind, session_id=session_id, at_cursor=at_cursor)
+        frame = partial(frame, files=files, commit=commit, force=force)
+        answer = await self._call(frame, v2.RewindAnswer)
         return cast(RewindResult, answer.result)
 
-    async def _session_change(self, kind: str, fields: dict[str, Any]) -> SessionInfo:
-        return cast(SessionInfo, (await self._call(kind, fields, v2.SessionResult)).session)
+    async def _session_change(self, frame: _Build) -> SessionInfo:
+        return cast(SessionInfo, (await self._call(frame, v2.SessionResult)).session)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -798,28 +764,23 @@ class Client:
         return error
 
     async def _call(
-        self,
-        kind: str,
-        fields: dict[str, Any],
-        answer: type[_Answer],
-        *,
-        approval_id: str | None = None,
+        self, build: _Build, answer: type[_Answer], *, approval_id: str | None = None
     ) -> _Answer:
         """``_call_id``'s answer, of the type the answering frame's type decodes to."""
-        result = await self._call_id(kind, fields, approval_id=approval_id)
+        result = await self._call_id(build, approval_id=approval_id)
         if not isinstance(result, answer):  # the frame type was checked (``_answer``)
-            raise self._fail_protocol(f"an unexpected answer to {kind}")
+            raise self._fail_protocol(f"an unexpected answer to {build.func.__name__}")
         return result
 
-    async def _call_id(
-        self, kind: str, fields: dict[str, Any], *, approval_id: str | None = None
-    ) -> v2.AnswerBody:
+    async def _call_id(self, build: _Build, *, approval_id: str | None = None) -> v2.AnswerBody:
+        """Send the frame ``build`` makes with the next frame ID; wait for its answer."""
         self._check_open()
         frame_id = next(self._ids)
+        frame = build(frame_id)
         future: asyncio.Future[v2.AnswerBody] = asyncio.get_running_loop().create_future()
-        self._calls[frame_id] = _Call(kind, future, approval_id=approval_id)
+        self._calls[frame_id] = _Call(v2.call_type(frame), future, approval_id=approval_id)
         try:
-            await self.channel.send(v2.call(kind, fields, frame_id))
+            await self.channel.send(frame)
         except FrameError as exc:
             self._calls.pop(frame_id, None)
             raise ValueError(f"the frame cannot be sent: {exc}") from None

@@ -1342,10 +1342,235 @@ def fs_result(fs_id: str, content: str | None, error: str | None) -> dict[str, A
     return frame
 
 
-def call(kind: str, fields: Mapping[str, Any], frame_id: int) -> dict[str, Any]:
-    """A persistent client's frame the daemon answers by ``id`` (``snapshot``, ``attach``,
-    ``queue_add``, ...; :data:`ROLE_FRAMES`)."""
-    return {"t": kind, **fields, "id": frame_id}
+# The frames below the daemon answers by ``id``; ``id`` comes last, after the members.
+
+
+def control(frame_id: int, op: str) -> dict[str, Any]:
+    """``control``: ``status``, ``stop`` or ``restart`` (§4)."""
+    return {"t": "control", "op": op, "id": frame_id}
+
+
+def snapshot(
+    frame_id: int,
+    session_id: str | None = None,
+    project_dir: str | None = None,
+    turn_ids: Sequence[str] | None = None,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """``snapshot``: a page of the turns the daemon knows, filtered (None: no filter)."""
+    frame: dict[str, Any] = {"t": "snapshot"}
+    if session_id is not None:
+        frame["session_id"] = session_id
+    if project_dir is not None:
+        frame["project_dir"] = project_dir
+    if turn_ids is not None:
+        frame["turn_ids"] = list(turn_ids)
+    if cursor is not None:
+        frame["cursor"] = cursor
+    frame["id"] = frame_id
+    return frame
+
+
+def attach(
+    frame_id: int, turn_id: str, after_sequence: int = -1, session_id: str | None = None
+) -> dict[str, Any]:
+    """``attach``: a turn's events after ``after_sequence``, then its live ones."""
+    frame: dict[str, Any] = {"t": "attach", "turn_id": turn_id, "after_sequence": after_sequence}
+    if session_id is not None:
+        frame["session_id"] = session_id
+    frame["id"] = frame_id
+    return frame
+
+
+def take_control(frame_id: int, session_id: str) -> dict[str, Any]:
+    """``take_control``: become the session's controller (§6.1)."""
+    return {"t": "take_control", "session_id": session_id, "id": frame_id}
+
+
+def control_request(frame_id: int, session_id: str) -> dict[str, Any]:
+    """``control_request``: ask the session's controller for it (§6.1)."""
+    return {"t": "control_request", "session_id": session_id, "id": frame_id}
+
+
+def control_release(frame_id: int, session_id: str) -> dict[str, Any]:
+    """``control_release``: give up this connection's hold of the session."""
+    return {"t": "control_release", "session_id": session_id, "id": frame_id}
+
+
+def control_answer(frame_id: int, session_id: str, grant: bool) -> dict[str, Any]:
+    """``control_answer``: the controller's answer to ``control_requested``."""
+    return {"t": "control_answer", "session_id": session_id, "grant": grant, "id": frame_id}
+
+
+def watch(frame_id: int, session_id: str, after_cursor: str | None = None) -> dict[str, Any]:
+    """``watch``: a session's history after the cursor, then its live turns (§6.9)."""
+    frame: dict[str, Any] = {"t": "watch", "session_id": session_id}
+    if after_cursor is not None:
+        frame["after_cursor"] = after_cursor
+    frame["id"] = frame_id
+    return frame
+
+
+def unwatch(frame_id: int, session_id: str) -> dict[str, Any]:
+    """``unwatch``: stop watching the session."""
+    return {"t": "unwatch", "session_id": session_id, "id": frame_id}
+
+
+def approval_answer(frame_id: int, approval_id: str, decision: str) -> dict[str, Any]:
+    """``approval_answer``: one of an ``approval_request``'s options (§6.7)."""
+    return {
+        "t": "approval_answer",
+        "approval_id": approval_id,
+        "decision": decision,
+        "id": frame_id,
+    }
+
+
+def grants_list(frame_id: int, session_id: str | None) -> dict[str, Any]:
+    """``grants_list``: the session's grants (with ``session_id``) and the project's."""
+    return {"t": "grants_list", "session_id": session_id, "id": frame_id}
+
+
+def grants_revoke(
+    frame_id: int, scope: str, kind: str, value: Sequence[str] | str, session_id: str | None
+) -> dict[str, Any]:
+    """``grants_revoke``: remove one grant (``value`` an argv list for ``commands``)."""
+    frame: dict[str, Any] = {
+        "t": "grants_revoke",
+        "scope": scope,
+        "kind": kind,
+        "value": value if isinstance(value, str) else list(value),
+    }
+    if session_id is not None:
+        frame["session_id"] = session_id
+    frame["id"] = frame_id
+    return frame
+
+
+def approval_policy(frame_id: int, session_id: str, policy: str | None) -> dict[str, Any]:
+    """``approval_policy``: the session's own approval policy (None: the settings')."""
+    return {"t": "approval_policy", "session_id": session_id, "policy": policy, "id": frame_id}
+
+
+def session_selection(
+    frame_id: int,
+    session_id: str,
+    provider_id: str | None,
+    model_id: str | None,
+    thinking_level: str | None,
+) -> dict[str, Any]:
+    """``session_selection``: the session's own provider, model, reasoning (§6.15)."""
+    return {
+        "t": "session_selection",
+        "session_id": session_id,
+        "provider_id": provider_id,
+        "model_id": model_id,
+        "thinking_level": thinking_level,
+        "id": frame_id,
+    }
+
+
+def steer(frame_id: int, turn_id: str, text: str) -> dict[str, Any]:
+    """``steer``: text for the running turn (§6.10)."""
+    return {"t": "steer", "turn_id": turn_id, "text": text, "id": frame_id}
+
+
+def queue_list(frame_id: int, session_id: str) -> dict[str, Any]:
+    """``queue_list``: the session's queued prompts (§6.12)."""
+    return {"t": "queue_list", "session_id": session_id, "id": frame_id}
+
+
+def queue_add(frame_id: int, session_id: str, text: str) -> dict[str, Any]:
+    """``queue_add``: a prompt at the queue's tail."""
+    return {"t": "queue_add", "session_id": session_id, "text": text, "id": frame_id}
+
+
+def queue_remove(frame_id: int, session_id: str, entry_id: str) -> dict[str, Any]:
+    """``queue_remove``: drop an entry."""
+    return {"t": "queue_remove", "session_id": session_id, "entry_id": entry_id, "id": frame_id}
+
+
+def queue_move(frame_id: int, session_id: str, entry_id: str, index: int) -> dict[str, Any]:
+    """``queue_move``: move an entry to ``index``."""
+    return {
+        "t": "queue_move",
+        "session_id": session_id,
+        "entry_id": entry_id,
+        "index": index,
+        "id": frame_id,
+    }
+
+
+def queue_send_now(frame_id: int, session_id: str, entry_id: str) -> dict[str, Any]:
+    """``queue_send_now``: steer the entry into the running turn, or run it next."""
+    return {"t": "queue_send_now", "session_id": session_id, "entry_id": entry_id, "id": frame_id}
+
+
+def sessions_list(
+    frame_id: int,
+    archived: bool | str,
+    limit: int,
+    project_dir: str | None = None,
+    title: str | None = None,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """``sessions_list``: a session library page (§6.11)."""
+    frame: dict[str, Any] = {"t": "sessions_list", "archived": archived, "limit": limit}
+    for name, value in (("project_dir", project_dir), ("title", title), ("cursor", cursor)):
+        if value is not None:
+            frame[name] = value
+    frame["id"] = frame_id
+    return frame
+
+
+def session_rename(frame_id: int, session_id: str, title: str) -> dict[str, Any]:
+    """``session_rename``: the session's explicit title."""
+    return {"t": "session_rename", "session_id": session_id, "title": title, "id": frame_id}
+
+
+def session_archive(frame_id: int, session_id: str) -> dict[str, Any]:
+    """``session_archive``: hide the session from the default lists."""
+    return {"t": "session_archive", "session_id": session_id, "id": frame_id}
+
+
+def session_unarchive(frame_id: int, session_id: str) -> dict[str, Any]:
+    """``session_unarchive``: show an archived session in the default lists again."""
+    return {"t": "session_unarchive", "session_id": session_id, "id": frame_id}
+
+
+def session_transcript(frame_id: int, session_id: str, cursor: str | None = None) -> dict[str, Any]:
+    """``session_transcript``: a page of the conversation with its tool calls (§6.14)."""
+    frame: dict[str, Any] = {"t": "session_transcript", "session_id": session_id}
+    if cursor is not None:
+        frame["cursor"] = cursor
+    frame["id"] = frame_id
+    return frame
+
+
+def session_fork(frame_id: int, session_id: str, at_cursor: str) -> dict[str, Any]:
+    """``session_fork``: a new session with the history up to ``at_cursor`` (§6.16)."""
+    return {"t": "session_fork", "session_id": session_id, "at_cursor": at_cursor, "id": frame_id}
+
+
+def session_rewind(
+    frame_id: int, session_id: str, at_cursor: str, files: bool, commit: bool, force: bool
+) -> dict[str, Any]:
+    """``session_rewind``: the preview of going back to ``at_cursor``, or with ``commit``
+    the rewind (§6.16)."""
+    return {
+        "t": "session_rewind",
+        "session_id": session_id,
+        "at_cursor": at_cursor,
+        "files": files,
+        "commit": commit,
+        "force": force,
+        "id": frame_id,
+    }
+
+
+def call_type(frame: Mapping[str, Any]) -> str:
+    """The type of a frame a builder above made."""
+    return str(frame["t"])
 
 
 # -- daemon frames ------------------------------------------------------------------------
