@@ -376,8 +376,13 @@ class Client:
         for group in groups:
             cursor: str | None = None
             while True:
-                frame = partial(v2.snapshot, session_id=session_id, project_dir=directory)
-                frame = partial(frame, turn_ids=group, cursor=cursor)
+                frame = partial(
+                    v2.snapshot,
+                    session_id=session_id,
+                    project_dir=directory,
+                    turn_ids=group,
+                    cursor=cursor,
+                )
                 answer = await self._call(frame, v2.SnapshotResult)
                 page = SnapshotPage(
                     turns=cast(list[SnapshotItem], answer.turns), next_cursor=answer.next_cursor
@@ -415,8 +420,10 @@ class Client:
         history (``finished``). Errors raise :class:`DaemonError` with ``code``
         (``unknown_turn``, ``invalid_request``, ``session_busy``).
         """
-        frame = partial(v2.attach, turn_id=turn_id, after_sequence=after_sequence)
-        answer = await self._call(partial(frame, session_id=session_id), v2.AttachPart)
+        frame = partial(
+            v2.attach, turn_id=turn_id, after_sequence=after_sequence, session_id=session_id
+        )
+        answer = await self._call(frame, v2.AttachPart)
         return AttachResult(
             turn_id=turn_id,
             status=cast(AttachStatus, answer.status),
@@ -536,8 +543,10 @@ class Client:
         ``paths`` (``value`` a string). Removing a grant that is not there changes nothing.
         Raises :class:`GrantsError` (``invalid_request``, ``grants_unavailable``).
         """
-        frame = partial(v2.grants_revoke, scope=scope, kind=kind, value=value)
-        return _grants(await self._call(partial(frame, session_id=session_id), v2.GrantsResult))
+        frame = partial(
+            v2.grants_revoke, scope=scope, kind=kind, value=value, session_id=session_id
+        )
+        return _grants(await self._call(frame, v2.GrantsResult))
 
     async def set_session_policy(self, session_id: str, policy: str | None) -> str | None:
         """Give the session its own approval policy (``auto``, ``ask``, ``read_only``;
@@ -565,8 +574,13 @@ class Client:
         Raises :class:`DaemonError` (``invalid_request``, ``invalid_selection``,
         ``catalog_unavailable``, ``catalog_stale``, ``unsupported_reasoning``, ...).
         """
-        frame = partial(v2.session_selection, session_id=session_id, provider_id=provider_id)
-        frame = partial(frame, model_id=model_id, thinking_level=thinking_level)
+        frame = partial(
+            v2.session_selection,
+            session_id=session_id,
+            provider_id=provider_id,
+            model_id=model_id,
+            thinking_level=thinking_level,
+        )
         return (await self._call(frame, v2.SelectionResult)).effective
 
     # -- steering --------------------------------------------------------------------------
@@ -650,8 +664,14 @@ class Client:
         page's ``next_cursor`` as ``cursor`` for the next one. Raises
         :class:`SessionError` (``invalid_request``, ``session_unavailable``).
         """
-        frame = partial(v2.sessions_list, archived=archived, limit=limit)
-        frame = partial(frame, project_dir=project_dir, title=title, cursor=cursor)
+        frame = partial(
+            v2.sessions_list,
+            archived=archived,
+            limit=limit,
+            project_dir=project_dir,
+            title=title,
+            cursor=cursor,
+        )
         answer = await self._call(frame, v2.SessionsResult)
         return SessionsPage(
             sessions=cast(list[SessionInfo], answer.sessions),
@@ -709,8 +729,14 @@ class Client:
         changed outside the agent since: ``conflict``); with ``commit``, the rewind
         (needs control of the session; files in conflict are left alone unless
         ``force``). Raises :class:`SessionError` (also ``turn_running``, ``session_busy``)."""
-        frame = partial(v2.session_rewind, session_id=session_id, at_cursor=at_cursor)
-        frame = partial(frame, files=files, commit=commit, force=force)
+        frame = partial(
+            v2.session_rewind,
+            session_id=session_id,
+            at_cursor=at_cursor,
+            files=files,
+            commit=commit,
+            force=force,
+        )
         answer = await self._call(frame, v2.RewindAnswer)
         return cast(RewindResult, answer.result)
 
