@@ -21,6 +21,10 @@ every process is stopped and the temporary MC_HOME removed afterwards.
 signals it (``SIGUSR2``) at every sample, so that it writes where its Python heap grew
 (``daemon/allocations.py``); the reports are copied to ``--tracemalloc-dir`` (default
 ``soak-tracemalloc/``) before the temporary MC_HOME goes.
+
+``--session-turns N`` bounds how long a session gets: after N turns on a session the
+next turn in its slot starts a fresh one, so the conversations a turn resends (and the
+daemon's working set with them) stop growing. By default (0) sessions only get longer.
 """
 
 from __future__ import annotations
@@ -146,6 +150,8 @@ class Run:
         self.stats = Stats()
         self.deadline = time.monotonic() + args.minutes * 60
         self.sessions: list[str | None] = [None] * SESSIONS
+        self.session_turns = [0] * SESSIONS  # turns started on each slot's session
+        self.used: set[str] = set()  # every session a turn ran on
         self.free = list(range(SESSIONS))
         self.rng = random.Random(args.seed)
         self.dumps = 0  # allocation reports asked of the daemon (--tracemalloc)
@@ -185,6 +191,9 @@ class Run:
         stats.started += 1
         stats.action_of[action] += 1
         await self.fake.enqueue(*replies(action, stats.started))
+        if self.session_turns[slot] == self.args.session_turns > 0:
+            self.sessions[slot], self.session_turns[slot] = None, 0
+        self.session_turns[slot] += 1
         rid = svc.next_id("turn")
         began = time.perf_counter()
         response = await svc.request(
@@ -196,6 +205,7 @@ class Run:
             return True
         payload = response["payload"]
         self.sessions[slot] = payload["session_id"]
+        self.used.add(payload["session_id"])
         first = True
         async with asyncio.timeout(TURN_TIMEOUT):
             while True:
@@ -306,7 +316,8 @@ def print_slopes(rows: list[dict[str, Any]]) -> None:
 async def main(args: argparse.Namespace) -> None:
     heading(
         f"soak: {FRONTENDS} frontends, {SESSIONS} sessions, up to {args.minutes:g} min "
-        f"or {args.turns:,} turns, a sample every {args.interval:g} s",
+        f"or {args.turns:,} turns, a sample every {args.interval:g} s"
+        + (f", a fresh session every {args.session_turns} turns" if args.session_turns else ""),
         quick=False,
     )
     with daemon_workspace() as ws:
@@ -348,7 +359,7 @@ async def main(args: argparse.Namespace) -> None:
                     await keep_allocation_reports(ws, run.dumps, args.tracemalloc_dir)
             print_slopes(rows)
             totals = ", ".join(f"{k} {v}" for k, v in sorted(run.stats.totals.items()))
-            print(f"   turns {run.stats.started:,}: {totals}")
+            print(f"   turns {run.stats.started:,} on {len(run.used)} sessions: {totals}")
             print(f"   at the end: children {final['children']}, zombies {final['zombies']}")
 
 
@@ -379,6 +390,10 @@ def parse_args() -> argparse.Namespace:
         help="trace the daemon's allocations with this many frames, a report per sample",
     )  # fmt: skip
     parser.add_argument("--tracemalloc-dir", default="soak-tracemalloc")
+    parser.add_argument(
+        "--session-turns", type=int, default=0, metavar="N",
+        help="start a fresh session after N turns on one (default 0: sessions only grow)",
+    )  # fmt: skip
     return parser.parse_args()
 
 
