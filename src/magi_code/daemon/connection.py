@@ -229,20 +229,12 @@ class PeerConnection:
         await self.writable.wait()
 
     async def next_item(self) -> Inbound:
-        yielded = False
         while True:
             if self._ended:
                 return None
             if not self.writable.is_set():
                 # Until the client reads the backlog down, or is dropped for not reading.
                 await self.writable.wait()
-                continue
-            if not yielded and not self.inbox.empty():
-                # Other connections get the loop between two frames of this one: a get
-                # from a queue that holds frames does not yield, so a client's queued
-                # frames would otherwise hold the loop for as long as they all take.
-                yielded = True
-                await asyncio.sleep(0)
                 continue
             item, size = await self.inbox.get()
             self._queued_bytes -= size
