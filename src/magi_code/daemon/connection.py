@@ -14,13 +14,8 @@ Memory per connection is bounded both ways (RFC-0002 §2, §6.2):
   client timeout; ``frame_timeout``, ``handshake_timeout``);
 - **outbound**: while the transport's unsent bytes exceed its high-water mark (the
   connection's outbound limit) the role takes no further frame from the inbox, so no
-  answer is produced that the client has not made room for, until the client has read
-  them down to the low-water mark (a quarter of the limit). A client that reads none of
-  its unsent bytes for the server's ``client_timeout`` while they exceed the low-water
-  mark is disconnected (``client_stalled``). That is timed on the output itself, not
-  when the role takes its next frame: a flood that stopped below the limit, or turn
-  events that filled the queue while the role waited for input, are dropped alike. (A
-  v1 shim is timed by its acknowledgements instead, ``v1_role.py``.)
+  answer is produced that the client has not made room for; a client that leaves the
+  mark exceeded for the server's ``client_timeout`` is disconnected (``client_stalled``).
 """
 
 from __future__ import annotations
@@ -97,12 +92,9 @@ class PeerConnection:
         self._ended = False
         self._input_closed = False
         self._frame_timer: asyncio.TimerHandle | None = None
-        self._written = 0  # bytes handed to the transport by ``send``
-        self._stall_timer: asyncio.TimerHandle | None = None
         # Past this many unsent bytes the transport pauses writing (``writable`` clears).
         limit = server.outbound_limit
-        self._low_water = limit // 4
-        transport.set_write_buffer_limits(high=limit, low=self._low_water)
+        transport.set_write_buffer_limits(high=limit, low=limit // 4)
         server.peers.add(self)
         self.task: asyncio.Task[None] = asyncio.create_task(self._run())
 
@@ -181,9 +173,6 @@ class PeerConnection:
         if self._frame_timer is not None:
             self._frame_timer.cancel()
             self._frame_timer = None
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
         if self.on_lost_hook is not None:
             self.on_lost_hook()
         self.end_input()
@@ -193,37 +182,7 @@ class PeerConnection:
     def send(self, frame: Mapping[str, Any]) -> None:
         """Write one frame (dropped once the connection is gone)."""
         if not self.lost.is_set() and not self.transport.is_closing():
-            data = encode_frame(frame)
-            self.transport.write(data)
-            self._written += len(data)
-            if self._stall_timer is None:
-                self._time_output(self._unsent())
-
-    def _unsent(self) -> int:
-        return self.transport.get_write_buffer_size()
-
-    def _time_output(self, unsent: int) -> None:
-        """Start timing a backlog over the low-water mark (not a v1 shim's: it writes
-        its output itself and is timed by its acknowledgements)."""
-        if unsent > self._low_water and self.role != "v1_shim":
-            loop = asyncio.get_running_loop()
-            read = self._written - unsent  # what the client had read by now
-            self._stall_timer = loop.call_later(
-                self.server.client_timeout, self._check_output, read
-            )
-
-    def _check_output(self, read_before: int) -> None:
-        """Drop the client if it read nothing of its backlog during the client timeout."""
-        self._stall_timer = None
-        if self.lost.is_set() or self.transport.is_closing():
-            return
-        unsent = self._unsent()
-        if unsent > self._low_water and self._written - unsent == read_before:
-            log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
-            self._ended = True
-            self.transport.abort()  # its unsent bytes go now, not when it reads
-            return
-        self._time_output(unsent)  # it read some: time what is left from now
+            self.transport.write(encode_frame(frame))
 
     async def drain(self) -> None:
         await self.writable.wait()
@@ -232,10 +191,8 @@ class PeerConnection:
         while True:
             if self._ended:
                 return None
-            if not self.writable.is_set():
-                # Until the client reads the backlog down, or is dropped for not reading.
-                await self.writable.wait()
-                continue
+            if not self.writable.is_set() and not await self._client_made_room():
+                return None
             item, size = await self.inbox.get()
             self._queued_bytes -= size
             if (
@@ -260,6 +217,17 @@ class PeerConnection:
         if self.intercept is None or isinstance(item, (Fatal, Rejected, Mapping)) or item is None:
             return False
         return self.intercept(item)
+
+    async def _client_made_room(self) -> bool:
+        """Wait while unsent answers exceed the bound; False if the client stalled."""
+        try:
+            await asyncio.wait_for(self.writable.wait(), self.server.client_timeout)
+        except TimeoutError:
+            log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
+            self._ended = True
+            self.transport.abort()  # its unsent bytes go now, not when it reads
+            return False
+        return True
 
     async def frames(self) -> AsyncIterator[v2.ClientFrame]:
         """Typed frames until input ends; answers rejected frames, stops at a fatal one."""
