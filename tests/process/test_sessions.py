@@ -40,7 +40,7 @@ async def test_second_process_cannot_attach_a_held_session(home: Path, project: 
         )
         await first.request("session.close", session_id=session_id)
         reopened = await second.request("session.open", session_id=session_id)
-        assert reopened["payload"] == {"session_id": session_id, "status": "open"}
+        assert reopened["payload"] == {"session_id": session_id, "status": "open"}, reopened
 
 
 def fill_sessions_directory(home: Path, entries: int) -> None:
