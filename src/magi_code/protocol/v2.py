@@ -2506,20 +2506,9 @@ PersistentFrame = (
 ATTACH_STATUSES: Final = frozenset({"attached", "resync", "finished"})
 # Frames only a handshake or a v1 shim connection carries.
 _NOT_PERSISTENT: Final = frozenset({"welcome", "refused", "output", "next", "end"})
+# A refused call: every per-frame error answer but ``request_error`` (a v1 request's).
 _CALL_ERRORS: Final = frozenset(
-    {
-        "control_error",
-        "snapshot_error",
-        "attach_error",
-        "grant_error",
-        "approval_error",
-        "grants_error",
-        "watch_error",
-        "steer_error",
-        "session_error",
-        "queue_error",
-        "session_selection_error",
-    }
+    kind for kind in SERVER_FRAMES if kind.endswith("_error") and kind != "request_error"
 )
 _EMPTY_ANSWERS: Final = frozenset(
     {"steer_result", "unwatched", "control_released", "control_answered"}

@@ -66,19 +66,7 @@ CALL = {"tool": "read_file", "arguments": {"path": "a"}, "locations": []}
 TOOL_CALL = {"kind": "tool_call", "turn_id": "t1", "call_id": "c1", "status": "completed"}
 REWIND = {"files": [{"path": "a", "state": "restored"}], "messages": [{"cursor": "4"}]}
 STARTED = {"event": "turn_started", "session_id": "s1", "turn_id": "t1", "by": "cli"}
-ERRORS = (
-    "control_error",
-    "snapshot_error",
-    "attach_error",
-    "grant_error",
-    "approval_error",
-    "grants_error",
-    "watch_error",
-    "steer_error",
-    "session_error",
-    "queue_error",
-    "session_selection_error",
-)
+ERRORS = sorted(v2._CALL_ERRORS)
 
 
 def answer(kind: str, body: Any, frame_id: int = 7) -> AnswerFrame:
