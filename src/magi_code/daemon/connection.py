@@ -14,8 +14,12 @@ Memory per connection is bounded both ways (RFC-0002 §2, §6.2):
   client timeout; ``frame_timeout``, ``handshake_timeout``);
 - **outbound**: while the transport's unsent bytes exceed its high-water mark (the
   connection's outbound limit) the role takes no further frame from the inbox, so no
-  answer is produced that the client has not made room for; a client that leaves the
-  mark exceeded for the server's ``client_timeout`` is disconnected (``client_stalled``).
+  answer is produced that the client has not made room for. A client that takes none of
+  its unsent bytes for the server's ``client_timeout`` is disconnected
+  (``client_stalled``). That is timed on the output itself whenever the kernel's socket
+  buffer is full (the transport holds unsent bytes), not when the role takes its next
+  frame: a client that sent requests, stopped, and left their answers unread below the
+  limit is dropped as surely as one that keeps sending.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ class PeerConnection:
         self._ended = False
         self._input_closed = False
         self._frame_timer: asyncio.TimerHandle | None = None
+        self._handed = 0  # bytes given to the transport by ``send``
+        self._stall_timer: asyncio.TimerHandle | None = None
         # Past this many unsent bytes the transport pauses writing (``writable`` clears).
         limit = server.outbound_limit
         transport.set_write_buffer_limits(high=limit, low=limit // 4)
@@ -173,6 +179,9 @@ class PeerConnection:
         if self._frame_timer is not None:
             self._frame_timer.cancel()
             self._frame_timer = None
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         if self.on_lost_hook is not None:
             self.on_lost_hook()
         self.end_input()
@@ -181,18 +190,55 @@ class PeerConnection:
 
     def send(self, frame: Mapping[str, Any]) -> None:
         """Write one frame (dropped once the connection is gone)."""
+        self.write(encode_frame(frame))
+
+    def write(self, data: bytes) -> None:
+        """Write encoded frames (dropped once the connection is gone)."""
         if not self.lost.is_set() and not self.transport.is_closing():
-            self.transport.write(encode_frame(frame))
+            self.transport.write(data)
+            self._handed += len(data)
+            if self._stall_timer is None:
+                self._time_output()
+
+    def _time_output(self) -> None:
+        """Time unsent bytes: the client must take some of them within the client timeout."""
+        unsent = self.transport.get_write_buffer_size()
+        if unsent:
+            self._stall_timer = asyncio.get_running_loop().call_later(
+                self.server.client_timeout, self._check_output, self._handed - unsent
+            )
+
+    def _check_output(self, taken_before: int) -> None:
+        self._stall_timer = None
+        if self.lost.is_set() or self.transport.is_closing():
+            return
+        unsent = self.transport.get_write_buffer_size()
+        if unsent and self._handed - unsent == taken_before:
+            log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
+            self._ended = True
+            self.transport.abort()  # its unsent bytes go now, not when it reads
+            return
+        self._time_output()  # it took some: time what is left from now
 
     async def drain(self) -> None:
         await self.writable.wait()
 
     async def next_item(self) -> Inbound:
+        yielded = False
         while True:
             if self._ended:
                 return None
-            if not self.writable.is_set() and not await self._client_made_room():
-                return None
+            if not self.writable.is_set():
+                # Until the client reads the backlog down, or is dropped for not reading.
+                await self.writable.wait()
+                continue
+            if not yielded and not self.inbox.empty():
+                # Other connections get the loop between two frames of this one: a get
+                # from a queue that holds frames does not yield, so a client's queued
+                # frames would otherwise hold the loop for as long as they all take.
+                yielded = True
+                await asyncio.sleep(0)
+                continue
             item, size = await self.inbox.get()
             self._queued_bytes -= size
             if (
@@ -217,17 +263,6 @@ class PeerConnection:
         if self.intercept is None or isinstance(item, (Fatal, Rejected, Mapping)) or item is None:
             return False
         return self.intercept(item)
-
-    async def _client_made_room(self) -> bool:
-        """Wait while unsent answers exceed the bound; False if the client stalled."""
-        try:
-            await asyncio.wait_for(self.writable.wait(), self.server.client_timeout)
-        except TimeoutError:
-            log.warning("closing a connection code=%s", Code.CLIENT_STALLED.value)
-            self._ended = True
-            self.transport.abort()  # its unsent bytes go now, not when it reads
-            return False
-        return True
 
     async def frames(self) -> AsyncIterator[v2.ClientFrame]:
         """Typed frames until input ends; answers rejected frames, stops at a fatal one."""

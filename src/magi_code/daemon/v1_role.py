@@ -209,9 +209,8 @@ class V1Role:
 
     def _send(self, frames: list[bytes]) -> None:
         """Every frame of one take in one transport write (dropped once the shim is gone)."""
-        transport = self.peer.transport
-        if frames and not self.peer.lost.is_set() and not transport.is_closing():
-            transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        if frames:
+            self.peer.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def _has_room(self) -> bool:
         return not self._in_flight or (
