@@ -307,8 +307,13 @@ async def test_queue_changes_and_their_errors(
         release.touch()
         await raw.close()
         await client.close()
-    bodies = [r.json for r in fake.requests if r.path.endswith("/completions")]
-    assert bodies[-1]["messages"][-1] == {"role": "user", "content": "b"}
+    # The entry left the queue when the turn took it; the request carrying it follows
+    # once the released tool call has ended.
+    def steered() -> bool:
+        bodies = [r.json for r in fake.requests if r.path.endswith("/completions")]
+        return bodies[-1]["messages"][-1] == {"role": "user", "content": "b"}
+
+    await wait_for(steered, 60, "the request carrying the steered entry")
     replay = await replay_in_new_shim(home, project, session_id)
     assert _user_texts(replay) == ["work", "b"]
 
