@@ -307,6 +307,7 @@ async def test_queue_changes_and_their_errors(
         release.touch()
         await raw.close()
         await client.close()
+
     # The entry left the queue when the turn took it; the request carrying it follows
     # once the released tool call has ended.
     def steered() -> bool:
