@@ -17,23 +17,30 @@ Every sample is a new process, so the figures include interpreter start and impo
   ``python -c pass`` and ``python -c "import msgpack, orjson"`` (each blocked on stdin)
   are printed for scale.
 
+With ``--codex PATH`` (the codex CLI's native binary), the same run also times
+``codex app-server`` from spawn to its ``initialize`` response under a temporary
+``CODEX_HOME``, after one unmeasured start: the reference a cold start is held to.
+
 Medians of 7 samples (one with ``--quick``). The loopback fake provider streams 50 deltas
 per turn. Every daemon runs for a temporary MC_HOME with ``MC_DAEMON_NO_SCOPE=1`` and is
 stopped (``daemon stop`` over the control protocol, then killed) when the script ends,
 also on errors and SIGTERM.
 
-    .venv/bin/python benchmarks/bench_startup.py [--quick]
+    .venv/bin/python benchmarks/bench_startup.py [--quick] [--codex PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import orjson
 import psutil
 from benchlib import (
     DAEMON_ENV,
@@ -41,6 +48,7 @@ from benchlib import (
     FakeProvider,
     ServiceProcess,
     Workspace,
+    argument_parser,
     compile_package,
     daemon_command,
     daemon_process,
@@ -310,6 +318,51 @@ async def cold_daemon_phase(args: argparse.Namespace, fake: FakeProvider) -> Non
     samples.ms("exit", "EOF -> exit after a turn, shim (cold start)")
 
 
+CODEX_INITIALIZE = {
+    "id": 1,
+    "method": "initialize",
+    "params": {"clientInfo": {"name": "bench", "title": "bench", "version": "0"}},
+}
+
+
+async def codex_start(codex: str, env: Mapping[str, str]) -> float:
+    """Seconds from spawning ``codex app-server`` to reading its ``initialize`` result."""
+    start = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        codex,
+        "app-server",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(orjson.dumps(CODEX_INITIALIZE) + b"\n")
+        line = await asyncio.wait_for(proc.stdout.readline(), STEP_TIMEOUT)
+        took = time.perf_counter() - start
+        if "result" not in orjson.loads(line):
+            raise RuntimeError(f"codex app-server did not initialize: {line[:200]!r}")
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), STEP_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return took
+
+
+async def codex_phase(args: argparse.Namespace) -> None:
+    samples = Samples()
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "CODEX_HOME": home}
+        await codex_start(args.codex, env)  # its binary into the page cache
+        for _ in range(samples_count(args)):
+            samples.add("init", await codex_start(args.codex, env))
+    n = samples_count(args)
+    samples.ms("init", f"spawn -> initialize, codex app-server, median of {n}")
+
+
 async def main(args: argparse.Namespace) -> None:
     heading("bench_startup: start-up, first turn, exit, idle memory", args.quick)
     compile_package()
@@ -318,7 +371,15 @@ async def main(args: argparse.Namespace) -> None:
         await embedded_phase(args, fake)
         await warm_daemon_phase(args, fake)
         await cold_daemon_phase(args, fake)
+    if args.codex:
+        await codex_phase(args)
+
+
+def arguments() -> argparse.Namespace:
+    parser = argument_parser(__doc__ or "")
+    parser.add_argument("--codex", metavar="PATH", help="also time this codex binary's start")
+    return parser.parse_args()
 
 
 if __name__ == "__main__":
-    run_with_daemons(main, __doc__ or "")
+    run_with_daemons(main, __doc__ or "", arguments())

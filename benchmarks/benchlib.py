@@ -83,12 +83,17 @@ DAEMON_ENV = {
 EMBEDDED_ENV = {"MC_SERVICE_MODE": "embedded"}
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def argument_parser(description: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes (``--quick``); a script may add its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--quick", action="store_true", help="small smoke run (seconds), figures not meaningful"
     )
-    return parser.parse_args()
+    return parser
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    return argument_parser(description).parse_args()
 
 
 def run(
