@@ -28,7 +28,7 @@ from magi_code.sessions.rewind import commit_rewind, plan_rewind, rewind_answer
 from magi_code.sessions.store import NotTurnBoundary, SessionStore, StaleCursor
 from magi_code.storage.launch import LaunchContext
 
-from .sessions import EXIT_FAILURE, _fail, _reason, _shown
+from .sessions import EXIT_FAILURE, fail, reason_for, shown_id
 
 BAD_POINT: Final = "not a point of this session: use turn:N or a replay cursor at a turn's end"
 INSIDE_TURN: Final = "that cursor is inside a turn: use one at a turn's end (turn:N)"
@@ -58,7 +58,7 @@ def main(
     try:
         cursor = _cursor(store, session_id, at)
         if cursor is None:
-            return _fail(f"{_shown(at)}: {BAD_POINT}")
+            return fail(f"{shown_id(at)}: {BAD_POINT}")
         if action == "fork":
             item = store.fork(session_id, cursor)
             sys.stdout.write(f"Forked {session_id} as {item['session_id']}\n")
@@ -70,11 +70,11 @@ def main(
         else:
             answer = rewind_answer(plan_rewind(store, session_id, cursor), None, files)
     except ServiceError as exc:
-        return _fail(f"{_shown(session_id)}: {_reason(exc)}")
+        return fail(f"{shown_id(session_id)}: {reason_for(exc)}")
     except StaleCursor:
-        return _fail(f"{_shown(at)}: {BAD_POINT}")
+        return fail(f"{shown_id(at)}: {BAD_POINT}")
     except NotTurnBoundary:
-        return _fail(f"{_shown(at)}: {INSIDE_TURN}")
+        return fail(f"{shown_id(at)}: {INSIDE_TURN}")
     _print(answer, yes)
     return 0 if all(state != "failed" for state in answer["file_states"]) else EXIT_FAILURE
 

@@ -62,12 +62,12 @@ HISTORY_CUT: Final = (
 )
 
 
-def _fail(message: str) -> int:
+def fail(message: str) -> int:
     sys.stderr.write(f"magi-code: {message}\n")
     return EXIT_FAILURE
 
 
-def _reason(exc: ServiceError) -> str:
+def reason_for(exc: ServiceError) -> str:
     return REASONS.get(exc.code, exc.code.value)
 
 
@@ -119,7 +119,7 @@ def list_sessions(store: SessionStore, query: LibraryQuery, *, as_json: bool) ->
     try:
         sessions, incomplete = _all_sessions(store, query)
     except ServiceError:
-        return _fail("the sessions directory of this MC_HOME cannot be read")
+        return fail("the sessions directory of this MC_HOME cannot be read")
     sessions.reverse()  # the most recent last
     if as_json:
         document = {"sessions": sessions, "incomplete": incomplete}
@@ -142,7 +142,7 @@ def show(store: SessionStore, session_id: str) -> int:
     try:
         transcript = store.transcript(session_id)
     except ServiceError as exc:
-        return _fail(f"{_shown(session_id)}: {_reason(exc)}")
+        return fail(f"{shown_id(session_id)}: {reason_for(exc)}")
     for line in transcript_lines(transcript):
         sys.stdout.write(line + "\n")
     return 0
@@ -154,11 +154,11 @@ def remove(store: SessionStore, session_ids: Sequence[str]) -> int:
         try:
             store.remove(session_id)
         except ServiceError as exc:
-            code = _fail(f"{_shown(session_id)}: {_reason(exc)}")
+            code = fail(f"{shown_id(session_id)}: {reason_for(exc)}")
         except ForeignEntries:
-            code = _fail(f"{session_id}: {NOT_YOURS}")
+            code = fail(f"{session_id}: {NOT_YOURS}")
         except OSError as exc:
-            code = _fail(f"{session_id}: it could not be removed ({exc.strerror})")
+            code = fail(f"{session_id}: it could not be removed ({exc.strerror})")
         else:
             sys.stdout.write(f"Removed {session_id}\n")
     return code
@@ -175,15 +175,15 @@ def change(
         try:
             apply(session_id)
         except ServiceError as exc:
-            code = _fail(f"{_shown(session_id)}: {_reason(exc)}")
+            code = fail(f"{shown_id(session_id)}: {reason_for(exc)}")
         except ValueError:
-            code = _fail(f"{session_id}: the title has nothing to show")
+            code = fail(f"{session_id}: the title has nothing to show")
         else:
             sys.stdout.write(f"{done} {session_id}\n")
     return code
 
 
-def _shown(session_id: str) -> str:
+def shown_id(session_id: str) -> str:
     """An ID as typed, for a message (it may be anything: it was not a valid ID)."""
     return one_line(session_id)[:MAX_ARGUMENT_CHARS] or "''"
 
