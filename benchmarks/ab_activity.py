@@ -1,7 +1,7 @@
 """Paired A/B of ``bench_activity.py``'s tool-heavy turn, between builds or modes.
 
-    .venv/bin/python benchmarks/ab_activity.py [--pairs N] [--shape RxC] [--chunk-delay S]
-        SPEC SPEC [SPEC ...]
+    .venv/bin/python benchmarks/ab_activity.py [--quick] [--pairs N] [--shape RxC]
+        [--chunk-delay S] SPEC SPEC [SPEC ...]
 
 Each ``SPEC`` is ``NAME=PYTHON[:MODE]``: ``PYTHON`` is an interpreter whose environment
 has the build to measure installed, and ``MODE`` is ``daemon`` (the default) or
@@ -21,12 +21,14 @@ turn, and the median and quartiles of its per-pair ratios to the first ``SPEC``.
 ``S`` seconds apart, before its calls (0.02: a reply takes about a second, as a real
 provider's does), so the ratios are those of a turn against a provider that paces its
 stream.
+
+``--quick`` is a smoke run: one pair of 1x1 turns (unless ``--pairs`` or ``--shape`` say
+otherwise), without first waiting out the racy window; its figures are not meaningful.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import statistics
@@ -39,14 +41,15 @@ from benchlib import (
     EMBEDDED_ENV,
     FakeProvider,
     ServiceProcess,
+    argument_parser,
     daemon_workspace,
+    outwait_racy_window,
+    quartiles,
     run_with_daemons,
     running_service,
     workspace,
     write_provider_settings,
 )
-
-from magi_code.storage.stamps import RACY_WINDOW_NS
 
 MODES = {"daemon": (DAEMON_ENV, daemon_workspace), "embedded": (EMBEDDED_ENV, workspace)}
 
@@ -79,8 +82,14 @@ def parse_shape(text: str) -> tuple[int, int]:
 
 def add_shape(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--shape", type=parse_shape, default=(63, 16), help="REPLIESxCALLS (default 63x16)"
+        "--shape", type=parse_shape, help="REPLIESxCALLS (default 63x16, quick 1x1)"
     )
+
+
+def default_shape(args: argparse.Namespace) -> None:
+    """Set ``args.shape`` if ``--shape`` was not given."""
+    if args.shape is None:
+        args.shape = (1, 1) if args.quick else (63, 16)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -102,7 +111,7 @@ async def main(args: argparse.Namespace) -> None:
             await warm_up(service, fake)
             running.append((build, service, fake, service_processes(service, ws, build.mode)[-1]))
         # A project's directories are usually older than the racy window (see bench_activity).
-        await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
+        await outwait_racy_window(args.quick)
         for pair in range(args.pairs):
             for build, service, fake, loop_owner in running[:: 1 if pair % 2 == 0 else -1]:
                 rate, cpu = await measured_turn(
@@ -123,10 +132,10 @@ async def main(args: argparse.Namespace) -> None:
         ):
             # (Outside Linux thread CPU is counted in clock ticks: a short turn may show none.)
             ratios = [a / b for a, b in zip(mine, theirs, strict=True) if b > 0]
-            if len(ratios) < 2:
+            if not ratios:
                 print(f"   {build.name} / {first.name}, {label}: too few turns to compare")
                 continue
-            low, middle, high = statistics.quantiles(ratios, n=4)
+            low, middle, high = quartiles(ratios)
             print(
                 f"   {build.name} / {first.name}, {label}: median ratio "
                 f"{middle:.3f} (quartiles {low:.3f} .. {high:.3f})"
@@ -134,16 +143,19 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--pairs", type=int, default=40, help="turns per build (default 40)")
+    parser = argument_parser(__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--pairs", type=int, help="turns per build (default 40, quick 1)")
     add_shape(parser)
     parser.add_argument(
         "--chunk-delay", type=float, default=0.0, help="seconds before each SSE chunk (default 0)"
     )
     parser.add_argument("builds", nargs="+", type=parse_spec, metavar="SPEC")
     args = parser.parse_args()
-    if len(args.builds) < 2 or args.pairs < 2:
-        parser.error("give two SPECs or more and --pairs 2 or more")
+    if args.pairs is None:
+        args.pairs = 1 if args.quick else 40
+    default_shape(args)
+    if len(args.builds) < 2 or args.pairs < 1:
+        parser.error("give two SPECs or more and --pairs 1 or more")
     return args
 
 

@@ -1,6 +1,7 @@
 """Paired A/B of spawn -> ``initialize`` between builds, in one start-up mode.
 
-    .venv/bin/python benchmarks/ab_startup.py [--pairs N] [--mode MODE] SPEC SPEC [SPEC ...]
+    .venv/bin/python benchmarks/ab_startup.py [--quick] [--pairs N] [--mode MODE]
+        SPEC SPEC [SPEC ...]
 
 Each ``SPEC`` is ``NAME=PYTHON``: an interpreter whose environment has the build to
 measure installed (for another commit: ``git worktree add ../base <rev>; make -C ../base
@@ -18,6 +19,9 @@ This machine's speed drifts, so the builds' samples alternate (A, B, B, A, ...):
 meets the same phase. Printed per build: the median and quartiles of its spawn ->
 ``initialize`` times and CPU, and the median and quartiles of its per-pair ratios to the
 first ``SPEC``.
+
+``--quick`` is a smoke run: one pair (unless ``--pairs`` says otherwise), and no
+unmeasured sample first; its figures are not meaningful.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -36,9 +39,11 @@ from benchlib import (
     EMBEDDED_ENV,
     ServiceProcess,
     Workspace,
+    argument_parser,
     compile_package,
     daemon_process,
     daemon_workspace,
+    quartiles,
     run_with_daemons,
     running_service,
     stop_service,
@@ -92,11 +97,6 @@ async def sample(build: Build, ws: Workspace, mode: str) -> tuple[float, float]:
     return took, cpu
 
 
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    low, middle, high = statistics.quantiles(values, n=4)
-    return low, middle, high
-
-
 async def main(args: argparse.Namespace) -> None:
     builds: list[Build] = args.builds
     print(f"== ab_startup: spawn -> initialize, {args.mode}, {args.pairs} pairs, alternating")
@@ -111,8 +111,9 @@ async def main(args: argparse.Namespace) -> None:
                 await stack.enter_async_context(
                     running_service(ws, DAEMON_ENV, python=build.python)
                 )
-            # One unmeasured sample each: the files it reads are then in the page cache.
-            await sample(build, ws, args.mode)
+            if not args.quick:
+                # One unmeasured sample each: the files it reads are then in the page cache.
+                await sample(build, ws, args.mode)
         pairs = list(zip(builds, places, strict=True))
         for pair in range(args.pairs):
             for build, ws in pairs[:: 1 if pair % 2 == 0 else -1]:
@@ -138,13 +139,15 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--pairs", type=int, default=30, help="samples per build (default 30)")
+    parser = argument_parser(__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--pairs", type=int, help="samples per build (default 30, quick 1)")
     parser.add_argument("--mode", choices=MODES, default="warm", help="start-up mode")
     parser.add_argument("builds", nargs="+", type=parse_spec, metavar="SPEC")
     args = parser.parse_args()
-    if len(args.builds) < 2 or args.pairs < 2:
-        parser.error("give two SPECs or more and --pairs 2 or more")
+    if args.pairs is None:
+        args.pairs = 1 if args.quick else 30
+    if len(args.builds) < 2 or args.pairs < 1:
+        parser.error("give two SPECs or more and --pairs 1 or more")
     return args
 
 

@@ -39,6 +39,7 @@ from benchlib import (
     figure,
     heading,
     median,
+    outwait_racy_window,
     rss_bytes,
     run_with_daemons,
     running_service,
@@ -61,7 +62,6 @@ from magi_code.providers import (
 )
 from magi_code.providers.http import DIRECT, build_client
 from magi_code.providers.stream import stream_response
-from magi_code.storage.stamps import RACY_WINDOW_NS
 from magi_code.tools.files import ListFiles
 from magi_code.turns.agent import MAX_PROVIDER_REQUESTS
 
@@ -303,11 +303,11 @@ def populate_project(project: Path) -> None:
 async def main(args: argparse.Namespace) -> None:
     heading("bench_activity: activity events and the tool loop", args.quick)
     # One provider request is the final answer; the rest may call tools.
-    rounds = 4 if args.quick else MAX_PROVIDER_REQUESTS - 1
+    rounds = 2 if args.quick else MAX_PROVIDER_REQUESTS - 1
     turns = 1 if args.quick else 3
     request_bodies(rounds, 16)
     async with FakeProvider.running() as fake:
-        await provider_reply_cost(fake, 20 if args.quick else 200)
+        await provider_reply_cost(fake, 5 if args.quick else 200)
         for mode, env, place in (
             ("embedded", EMBEDDED_ENV, workspace),
             ("daemon", DAEMON_ENV, daemon_workspace),
@@ -319,7 +319,7 @@ async def main(args: argparse.Namespace) -> None:
                     await warm_up(service, fake)
                     # A project's directories are usually older than the racy window
                     # within which the file tools read a directory again on every call.
-                    await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
+                    await outwait_racy_window(args.quick)
                     processes = service_processes(service, ws, mode)
                     idle = rss_bytes(processes[-1].pid)
                     await activity_rate(service, fake, turns, rounds, mode, processes)
@@ -332,7 +332,7 @@ async def main(args: argparse.Namespace) -> None:
                         service, fake, turns, few, mode, processes, calls=16 * rounds // few
                     )
                     if mode == "embedded":
-                        await tool_loop_overhead(service, fake, 2 if args.quick else 5, rounds)
+                        await tool_loop_overhead(service, fake, 1 if args.quick else 5, rounds)
                     else:
                         # The daemon gives its free heap back once turns ended (daemon.heap).
                         await asyncio.sleep(0 if args.quick else TRIM_INTERVAL_SECONDS + 1)

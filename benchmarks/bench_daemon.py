@@ -129,16 +129,16 @@ async def persistent_clients(ws: Workspace, count: int) -> AsyncIterator[list[Cl
             await client.close()
 
 
-async def settled_rss(proc: psutil.Process, wait: float = 0.5) -> float:
+async def settled_rss(proc: psutil.Process, wait: float) -> float:
     await asyncio.sleep(wait)
     return rss_bytes(proc.pid) / MIB
 
 
-async def clients_rss(ws: Workspace, daemon: psutil.Process, count: int) -> None:
-    idle = await settled_rss(daemon)
+async def clients_rss(ws: Workspace, daemon: psutil.Process, count: int, wait: float) -> None:
+    idle = await settled_rss(daemon, wait)
     figure("daemon RSS idle (started, no clients)", idle, "MiB", "codex app-server ~89 MiB")
     async with persistent_clients(ws, count):
-        loaded = await settled_rss(daemon)
+        loaded = await settled_rss(daemon, wait)
         async with await Client.connect(
             daemon_launch_context(ws), "control", autostart=False
         ) as ctl:
@@ -219,7 +219,7 @@ async def embedded_phase(args: argparse.Namespace) -> list[tuple[float, float]]:
     """Embedded figures; returns the spawn -> initialize / EOF -> exit samples."""
     with workspace() as ws:
         async with running_service(ws, EMBEDDED_ENV) as service:
-            await settle(service)
+            await settle(service, args.quick)
             await status_figures(service, *counts(args))
         return [await spawn_to_initialize(ws, EMBEDDED_ENV) for _ in range(spawns(args))]
 
@@ -245,10 +245,11 @@ async def daemon_phase(args: argparse.Namespace, embedded: list[tuple[float, flo
 
             await daemon_command(ws, "start")
             daemon = daemon_process(ws)
-            await clients_rss(ws, daemon, 10 if args.quick else 100)
-            await concurrent_turns(ws, daemon, fake, 200 if args.quick else TURN_DELTAS)
+            # RSS is read 0.5 s after a change (at once in a quick run).
+            await clients_rss(ws, daemon, 4 if args.quick else 100, 0 if args.quick else 0.5)
+            await concurrent_turns(ws, daemon, fake, 20 if args.quick else TURN_DELTAS)
             # Long enough for the daemon to give back the heap those turns freed.
-            after = await settled_rss(daemon, 0.5 if args.quick else TRIM_INTERVAL_SECONDS + 1)
+            after = await settled_rss(daemon, 0 if args.quick else TRIM_INTERVAL_SECONDS + 1)
 
             # A long-lived shim keeps the daemon warm: the measured shims are never the
             # last one of this MC_HOME, so stopping them leaves the daemon running.
@@ -263,7 +264,7 @@ async def daemon_phase(args: argparse.Namespace, embedded: list[tuple[float, flo
 
 def counts(args: argparse.Namespace) -> tuple[int, int, int]:
     """(warm-up, sequential, pipelined) status request counts."""
-    return (50, 200, 500) if args.quick else (300, 2000, 10000)
+    return (10, 50, 100) if args.quick else (300, 2000, 10000)
 
 
 def spawns(args: argparse.Namespace) -> int:

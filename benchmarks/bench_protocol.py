@@ -9,7 +9,7 @@ in-process cost of decoding/validating a maximum-size request record (``decode_r
 ``status`` is measured in its steady state: the service re-reads settings and the auth
 store while anything it stamps changed less than ``RACY_WINDOW_NS`` (2 s) ago, and its
 first start writes ``settings.schema.json`` into the fresh home, so the script waits
-that window out once before measuring.
+that window out once before measuring (not with ``--quick``).
 
     .venv/bin/python benchmarks/bench_protocol.py [--quick]
 """
@@ -187,13 +187,13 @@ async def main(args: argparse.Namespace) -> None:
     heading("bench_protocol: stdio request/response overhead", args.quick)
     with workspace() as ws:
         async with running_service(ws) as service:
-            await settle(service)
-            await sequential(service, 50 if args.quick else 300, 200 if args.quick else 2000)
-            await pipelined(service, 500 if args.quick else 10000)
-            await cheap_requests(service, 20 if args.quick else 100, 100 if args.quick else 1000)
-            await rereading(service, ws.home / "settings.json", 50 if args.quick else 300)
-    await spawn_to_initialize(2 if args.quick else 10)
-    decode_cost(20 if args.quick else 300)
+            await settle(service, args.quick)
+            await sequential(service, 10 if args.quick else 300, 50 if args.quick else 2000)
+            await pipelined(service, 100 if args.quick else 10000)
+            await cheap_requests(service, 5 if args.quick else 100, 20 if args.quick else 1000)
+            await rereading(service, ws.home / "settings.json", 20 if args.quick else 300)
+    await spawn_to_initialize(1 if args.quick else 10)
+    decode_cost(5 if args.quick else 300)
 
 
 if __name__ == "__main__":

@@ -223,18 +223,18 @@ async def main(args: argparse.Namespace) -> None:
     with workspace() as ws:
         sessions_dir = ws.home / "sessions"
         start = time.perf_counter()
-        session_id, size = build_session(sessions_dir, (256 if args.quick else 2000) * 1024)
+        session_id, size = build_session(sessions_dir, (64 if args.quick else 2000) * 1024)
         build = time.perf_counter() - start
         figure("  (setup) build session through SessionStore", build * 1e3, "ms")
         async with running_service(ws, EMBEDDED_ENV) as service:
             await replay(service, session_id, size, 1 if args.quick else 7, "embedded")
-            await creates(service, 20 if args.quick else 200)
-        replay_while_appending(sessions_dir, session_id, 20 if args.quick else 200)
+            await creates(service, 5 if args.quick else 200)
+        replay_while_appending(sessions_dir, session_id, 5 if args.quick else 200)
     with daemon_workspace() as ws:
-        session_id, size = build_session(ws.home / "sessions", (256 if args.quick else 2000) * 1024)
+        session_id, size = build_session(ws.home / "sessions", (64 if args.quick else 2000) * 1024)
         async with running_service(ws, DAEMON_ENV) as service:
             await replay(service, session_id, size, 1 if args.quick else 7, "through the shim")
-    count = 500 if args.quick else MAX_SESSION_LIST_SCAN_ENTRIES
+    count = 100 if args.quick else MAX_SESSION_LIST_SCAN_ENTRIES
     for mode, env, place in (
         ("embedded", EMBEDDED_ENV, workspace),
         ("through the shim", DAEMON_ENV, daemon_workspace),
@@ -244,9 +244,9 @@ async def main(args: argparse.Namespace) -> None:
             populate_sessions(ws.home / "sessions", count)
             figure("  (setup) write session directories", time.perf_counter() - start, "s")
             async with running_service(ws, env) as service:
-                await listing(service, count, 10 if args.quick else 40, mode)
+                await listing(service, count, 4 if args.quick else 40, mode)
     with workspace() as ws:
-        records = 100 if args.quick else 1000
+        records = 32 if args.quick else 1000
         await appends(ws.home / "sessions", 1, records)
         await appends(ws.home / "sessions", 16, records // 16)
 

@@ -21,10 +21,11 @@ With ``--codex PATH`` (the codex CLI's native binary), the same run also times
 ``codex app-server`` from spawn to its ``initialize`` response under a temporary
 ``CODEX_HOME``, after one unmeasured start: the reference a cold start is held to.
 
-Medians of 7 samples (one with ``--quick``). The loopback fake provider streams 50 deltas
-per turn. Every daemon runs for a temporary MC_HOME with ``MC_DAEMON_NO_SCOPE=1`` and is
-stopped (``daemon stop`` over the control protocol, then killed) when the script ends,
-also on errors and SIGTERM.
+Medians of 7 samples (with ``--quick`` one, and no pause before memory is read or before
+the turn after idle time). The loopback fake provider streams 50 deltas per turn. Every
+daemon runs for a temporary MC_HOME with ``MC_DAEMON_NO_SCOPE=1`` and is stopped
+(``daemon stop`` over the control protocol, then killed) when the script ends, also on
+errors and SIGTERM.
 
     .venv/bin/python benchmarks/bench_startup.py [--quick] [--codex PATH]
 """
@@ -88,6 +89,11 @@ class Samples:
 
 def samples_count(args: argparse.Namespace) -> int:
     return 1 if args.quick else 7
+
+
+async def pause(args: argparse.Namespace, seconds: float) -> None:
+    """Let memory settle or the service idle; a quick run goes on at once."""
+    await asyncio.sleep(0 if args.quick else seconds)
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -154,9 +160,9 @@ async def first_delta(service: ServiceProcess, fake: FakeProvider) -> float:
 # -- scale -----------------------------------------------------------------------------------
 
 
-async def python_scale(n: int) -> None:
+async def python_scale(args: argparse.Namespace) -> None:
     times: list[float] = []
-    for _ in range(n):
+    for _ in range(samples_count(args)):
         start = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
         await proc.wait()
@@ -170,7 +176,7 @@ async def python_scale(n: int) -> None:
             sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE
         )
         try:
-            await asyncio.sleep(SETTLE_SECONDS)
+            await pause(args, SETTLE_SECONDS)
             figure(f"RSS, {label}", rss(proc.pid) / MIB, "MiB")
         finally:
             assert proc.stdin is not None
@@ -183,6 +189,7 @@ async def python_scale(n: int) -> None:
 
 async def embedded_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
     samples = Samples()
+    idle = 0.0 if args.quick else IDLE_BEFORE_TURN_SECONDS
     with workspace() as ws:
         write_provider_settings(ws.home, fake.base_url)
         for _ in range(samples_count(args)):
@@ -191,14 +198,14 @@ async def embedded_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
                 samples.add("init", took)
                 samples.add("turn1", await first_delta(service, fake))
                 samples.add("turn2", await first_delta(service, fake))
-                await asyncio.sleep(SETTLE_SECONDS)
+                await pause(args, SETTLE_SECONDS)
                 samples.add("rss", rss(service.proc.pid))
                 samples.add("exit", await eof_to_exit(service))
             finally:
                 await stop_service(service)
             service, _ = await spawn(ws, EMBEDDED_ENV)
             try:
-                await asyncio.sleep(IDLE_BEFORE_TURN_SECONDS)
+                await asyncio.sleep(idle)
                 samples.add("turn1_idle", await first_delta(service, fake))
             finally:
                 await stop_service(service)
@@ -212,7 +219,7 @@ async def embedded_phase(args: argparse.Namespace, fake: FakeProvider) -> None:
     samples.ms("turn1", "turn 1 start -> first delta, embedded, at once")
     samples.ms(
         "turn1_idle",
-        f"turn 1 start -> first delta, embedded, {IDLE_BEFORE_TURN_SECONDS:.0f} s idle",
+        f"turn 1 start -> first delta, embedded, {idle:.0f} s idle",
     )
     samples.ms("turn2", "turn 2 start -> first delta, embedded")
     samples.ms("exit", "EOF -> exit after a turn, embedded")
@@ -233,12 +240,14 @@ def same_daemon(ws: Workspace, daemon: psutil.Process) -> None:
         raise DaemonReplaced
 
 
-async def warm_sample(ws: Workspace, fake: FakeProvider, samples: Samples) -> None:
+async def warm_sample(
+    args: argparse.Namespace, ws: Workspace, fake: FakeProvider, samples: Samples
+) -> None:
     """One sample on a new daemon, so the measured turn is the daemon's first; nothing is
     added to ``samples`` unless the same daemon served the whole sample."""
     await daemon_command(ws, "start")
     daemon = daemon_process(ws)
-    await asyncio.sleep(SETTLE_SECONDS)
+    await pause(args, SETTLE_SECONDS)
     taken = Samples()
     taken.add("daemon_before", rss(daemon))
     service, took = await spawn(ws, DAEMON_ENV)
@@ -247,11 +256,11 @@ async def warm_sample(ws: Workspace, fake: FakeProvider, samples: Samples) -> No
         taken.add("init", took)
         taken.add("turn1", await first_delta(service, fake))
         taken.add("turn2", await first_delta(service, fake))
-        await asyncio.sleep(SETTLE_SECONDS)
+        await pause(args, SETTLE_SECONDS)
         taken.add("rss_total", rss(service.proc.pid) + rss(daemon))
         taken.add("rss_shim", rss(service.proc.pid))
         taken.add("exit", await eof_to_exit(service))
-        await asyncio.sleep(SETTLE_SECONDS)
+        await pause(args, SETTLE_SECONDS)
         same_daemon(ws, daemon)
         taken.add("daemon_after", rss(daemon))
     except psutil.NoSuchProcess:
@@ -271,7 +280,7 @@ async def warm_daemon_phase(args: argparse.Namespace, fake: FakeProvider) -> Non
         write_provider_settings(ws.home, fake.base_url)
         while len(samples.values.get("init", [])) < samples_count(args):
             try:
-                await warm_sample(ws, fake, samples)
+                await warm_sample(args, ws, fake, samples)
             except DaemonReplaced:
                 # Files of the package changed (an edit in the checkout): a new build's
                 # shim replaced the daemon, so this sample measured something else.
@@ -366,7 +375,7 @@ async def codex_phase(args: argparse.Namespace) -> None:
 async def main(args: argparse.Namespace) -> None:
     heading("bench_startup: start-up, first turn, exit, idle memory", args.quick)
     compile_package()
-    await python_scale(samples_count(args))
+    await python_scale(args)
     async with FakeProvider.running() as fake:
         await embedded_phase(args, fake)
         await warm_daemon_phase(args, fake)

@@ -96,7 +96,7 @@ async def one_turn(fake: FakeProvider, watchers: int, deltas: int) -> tuple[list
 
 async def main(args: argparse.Namespace) -> None:
     heading("bench_watch: one turn watched by 1, 8 and 32 connections", args.quick)
-    deltas = 20 if args.quick else 200
+    deltas = 5 if args.quick else 200
     runs = 1 if args.quick else 3
     print(f"   {deltas} paced deltas a turn, {runs} turn(s) per row; lag in ms")
     print(f"   {'watchers':>8} {'deltas seen':>12} {'p50':>8} {'p99':>8}   starter p50/p99")

@@ -58,8 +58,10 @@ __all__ = [
     "heading",
     "kill_seen_daemons",
     "median",
+    "outwait_racy_window",
     "parse_args",
     "percentile",
+    "quartiles",
     "rss_bytes",
     "run",
     "run_with_daemons",
@@ -397,13 +399,30 @@ class FakeProvider:
         return pending
 
 
-async def settle(service: ServiceProcess) -> None:
+async def outwait_racy_window(quick: bool) -> None:
+    """Wait until what a fresh home and project were given is older than
+    ``RACY_WINDOW_NS``, within which the service reads it again on every use (a user's
+    files usually are); not in a quick run, whose figures are not meaningful."""
+    if not quick:
+        await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
+
+
+async def settle(service: ServiceProcess, quick: bool) -> None:
     """Let a fresh home go quiet before ``status`` is measured: the first ``status`` waits
     for the service's background load (which writes the settings schema), then the racy
     window passes (``status`` re-reads settings and the auth store while anything it
     stamps changed less than ``RACY_WINDOW_NS`` ago)."""
     await service.request("status")
-    await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
+    await outwait_racy_window(quick)
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """The lower quartile, median and upper quartile of ``values`` (all three the value
+    itself when there is one: a quick run's one pair)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    low, middle, high = statistics.quantiles(values, n=4)
+    return low, middle, high
 
 
 async def pipelined_status_rate(service: ServiceProcess, count: int) -> float:

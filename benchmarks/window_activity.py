@@ -1,8 +1,8 @@
 """``bench_activity.py``'s tool-heavy turn back to back for a while in one mode: how its
 rate spreads over this machine's phases.
 
-    .venv/bin/python benchmarks/window_activity.py [--seconds S] [--mode daemon|embedded]
-                                                    [--shape RxC]
+    .venv/bin/python benchmarks/window_activity.py [--quick] [--seconds S]
+                                                    [--mode daemon|embedded] [--shape RxC]
 
 The same turn takes up to twice the CPU in this machine's slow phases (other load on the
 host, which nothing inside the machine shows: not steal time, not a fixed loop timed
@@ -11,20 +11,27 @@ activity events/s with quartiles, the median of each minute, the median event-lo
 a turn, and the median rate of the turns whose loop CPU was in the lowest quartile: those
 the machine ran at its quietest (the same work cost the least), the figure a quiet
 machine gives.
+
+``--quick`` is a smoke run: one 1x1 turn (unless ``--seconds`` or ``--shape`` say
+otherwise), without first waiting out the racy window; its figures are not meaningful.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import time
 
-from ab_activity import MODES, add_shape
+from ab_activity import MODES, add_shape, default_shape
 from bench_activity import measured_turn, populate_project, service_processes, warm_up
-from benchlib import FakeProvider, run_with_daemons, running_service, write_provider_settings
-
-from magi_code.storage.stamps import RACY_WINDOW_NS
+from benchlib import (
+    FakeProvider,
+    argument_parser,
+    outwait_racy_window,
+    run_with_daemons,
+    running_service,
+    write_provider_settings,
+)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -40,7 +47,7 @@ async def main(args: argparse.Namespace) -> None:
                 await warm_up(service, fake)
                 loop_owner = service_processes(service, ws, args.mode)[-1]
                 # A project's directories are usually older than the racy window.
-                await asyncio.sleep(RACY_WINDOW_NS / 1e9 + 0.3)
+                await outwait_racy_window(args.quick)
                 start = time.monotonic()
                 while not turns or time.monotonic() - start < args.seconds:
                     began = time.monotonic() - start
@@ -67,11 +74,15 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seconds", type=float, default=240.0, help="default 240")
+    parser = argument_parser(__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--seconds", type=float, help="default 240, quick 0 (one turn)")
     parser.add_argument("--mode", choices=sorted(MODES), default="daemon")
     add_shape(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.seconds is None:
+        args.seconds = 0.0 if args.quick else 240.0
+    default_shape(args)
+    return args
 
 
 if __name__ == "__main__":
