@@ -10,7 +10,7 @@ Every sample is a new process (interpreter start and imports included):
   ``turn.assistant_delta`` of a process just initialized.
 
 The editor side is plain JSON-RPC lines (no SDK), so the figures are the agent's. Medians
-of 7 samples (2 with ``--quick``); the loopback fake provider streams 50 deltas a turn.
+of 7 samples (one with ``--quick``); the loopback fake provider streams 50 deltas a turn.
 
     .venv/bin/python benchmarks/bench_acp.py [--quick]
 """
