@@ -5,6 +5,7 @@ Through a daemon (a persistent client, the fake provider making the agent's 100
 preview, the commit (100 files restored, the ``rewind`` record appended) and a fork at
 the same point, ms each. In-process through ``SessionStore`` (no protocol, the files and
 history written directly): preview and commit of 100 and of 1,000 changed files.
+With ``--quick``: 10 changed files, one sample each, and not the 1,000.
 
     .venv/bin/python benchmarks/bench_rewind.py [--quick]
 """
@@ -67,13 +68,13 @@ async def _terminal_cursors(client: Client, session_id: str) -> list[str]:
             return cursors
 
 
-async def through_the_daemon(repeats: int) -> None:
+async def through_the_daemon(files: int, repeats: int) -> None:
     times: dict[str, list[float]] = {"turn": [], "preview": [], "commit": [], "fork": []}
     async with FakeProvider.running() as fake:
         for _ in range(repeats):
             with daemon_workspace() as ws:
                 write_provider_settings(ws.home, fake.base_url)
-                names = [f"src/file{i:03}.txt" for i in range(FILES)]
+                names = [f"src/file{i:03}.txt" for i in range(files)]
                 for name in names:
                     (ws.project / name).parent.mkdir(exist_ok=True)
                     (ws.project / name).write_text(_content(name, "before"))
@@ -99,7 +100,7 @@ async def through_the_daemon(repeats: int) -> None:
                     began = time.perf_counter()
                     preview = await client.rewind_session(session_id, cursor)
                     times["preview"].append(time.perf_counter() - began)
-                    if preview["file_states"] != {"restore": FILES}:
+                    if preview["file_states"] != {"restore": files}:
                         raise RuntimeError(f"unexpected preview: {preview['file_states']}")
                     began = time.perf_counter()
                     await client.fork_session(session_id, cursor)
@@ -107,19 +108,19 @@ async def through_the_daemon(repeats: int) -> None:
                     began = time.perf_counter()
                     done = await client.rewind_session(session_id, cursor, commit=True)
                     times["commit"].append(time.perf_counter() - began)
-                    if done["file_states"] != {"restored": FILES}:
+                    if done["file_states"] != {"restored": files}:
                         raise RuntimeError(f"unexpected commit: {done['file_states']}")
                     if (ws.project / names[0]).read_text() != _content(names[0], "before"):
                         raise RuntimeError("a file was not restored")
                 finally:
                     await client.close()
     figure(
-        f"daemon: turn of {FILES} write_file calls (checkpointed)",
+        f"daemon: turn of {files} write_file calls (checkpointed)",
         median(times["turn"]) * 1e3,
         "ms",
     )
-    figure(f"daemon: rewind preview, {FILES} files", median(times["preview"]) * 1e3, "ms")
-    figure(f"daemon: rewind commit, {FILES} files restored", median(times["commit"]) * 1e3, "ms")
+    figure(f"daemon: rewind preview, {files} files", median(times["preview"]) * 1e3, "ms")
+    figure(f"daemon: rewind commit, {files} files restored", median(times["commit"]) * 1e3, "ms")
     figure("daemon: fork at the same point", median(times["fork"]) * 1e3, "ms")
 
 
@@ -179,10 +180,11 @@ def in_process(files: int, repeats: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    heading(f"bench_rewind: fork and rewind of a session with {FILES} changed files", args.quick)
+    files = 10 if args.quick else FILES
+    heading(f"bench_rewind: fork and rewind of a session with {files} changed files", args.quick)
     repeats = 1 if args.quick else 5
-    await through_the_daemon(repeats)
-    in_process(FILES, repeats)
+    await through_the_daemon(files, repeats)
+    in_process(files, repeats)
     if not args.quick:
         in_process(10 * FILES, 3)
 
