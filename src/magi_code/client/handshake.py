@@ -7,6 +7,7 @@ errors (and messages). Import-light on purpose: no asyncio, no HTTP client, no f
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,18 @@ if TYPE_CHECKING:
 # A daemon that accepted the connection answers hello in milliseconds; one that does not
 # within this bound is stopped (SIGSTOP) or wedged.
 CONNECT_TIMEOUT: Final = 3.0
+ANSWER_TIMEOUT_ENV: Final = "MC_DAEMON_ANSWER_TIMEOUT_SECONDS"
+
+
+def answer_timeout(env: Mapping[str, str], default: float = CONNECT_TIMEOUT) -> float:
+    """How long a client waits for the daemon to accept, answer ``hello`` and answer a
+    control call: ``MC_DAEMON_ANSWER_TIMEOUT_SECONDS`` in the client's environment (a
+    positive number of seconds), else ``default``."""
+    try:
+        value = float(env.get(ANSWER_TIMEOUT_ENV, ""))
+    except ValueError:
+        return default
+    return value if value > 0 and math.isfinite(value) else default
 
 
 def launch_of(ctx: LaunchContext) -> Launch:

@@ -7,7 +7,7 @@ only while nobody holds the lifetime lock; it then waits on a readiness pipe (``
 that does not answer is never killed or unlinked: the starter waits for it while it has
 no socket or refuses as ``draining`` (starting or stopping), and reports at once one that
 accepts but does not answer its ``hello`` within :data:`ANSWER_TIMEOUT_SECONDS` (stopped
-or wedged).
+or wedged; ``MC_DAEMON_ANSWER_TIMEOUT_SECONDS`` in the caller's environment overrides it).
 
 :func:`start_daemon` is all of it, blocking, around the caller's own connection (the shim
 imports no asyncio for it); :func:`ensure_daemon` runs it from an event loop.
@@ -41,6 +41,7 @@ from magi_code.tools.environment import daemon_environment
 from magi_code.version import build_id
 
 from .errors import DaemonError, DaemonTimeout, DaemonUnavailable
+from .handshake import answer_timeout
 
 START_TIMEOUT_SECONDS: Final = 30.0
 # A daemon that accepted the connection answers hello in milliseconds.
@@ -83,7 +84,7 @@ async def ensure_daemon(
         future = asyncio.run_coroutine_threadsafe(_welcome(ctx, build), loop)
         try:
             # Bounded: once we are cancelled the loop may stop before it runs the hello.
-            return future.result(2 * ANSWER_TIMEOUT_SECONDS)
+            return future.result(2 * answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS))
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise DaemonStartError("the start was cancelled") from None
@@ -188,7 +189,11 @@ async def _welcome(ctx: LaunchContext, build: str | None) -> dict[str, Any]:
     from .channel import Channel, socket_for
 
     channel = await Channel.open(
-        socket_for(ctx), "control", ctx, timeout=ANSWER_TIMEOUT_SECONDS, build=build
+        socket_for(ctx),
+        "control",
+        ctx,
+        timeout=answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS),
+        build=build,
     )
     await channel.close()
     return channel.welcome
@@ -238,7 +243,7 @@ def _spawn_and_wait(ctx: LaunchContext, use_scope: bool, deadline: float) -> str
         if child is not None:
             # It exits as soon as it forked the daemon (or failed before that): reap it.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=ANSWER_TIMEOUT_SECONDS)
+                child.wait(timeout=answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS))
 
 
 def _read_line(fd: int, deadline: float) -> str:

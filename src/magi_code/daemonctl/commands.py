@@ -12,11 +12,12 @@ a different unit and ``uninstall`` to remove one it did not write (exit 1, unles
 ``--force``).
 
 Bounds: connecting, ``hello`` and each control answer get :data:`ANSWER_TIMEOUT_SECONDS`
-each, so ``stop`` and ``status`` report a daemon that accepts but does not answer (stopped
-with SIGSTOP, wedged) within a few seconds; ``stop`` waits up to
-:data:`STARTING_WAIT_SECONDS` for a lock holder that has no socket yet (starting), and up to
-:data:`STOP_TIMEOUT_SECONDS` for a daemon that accepted ``stop`` to drain. Nothing here
-ever kills a process; only ``uninstall`` unlinks a file (the unit ``install`` wrote).
+each (``MC_DAEMON_ANSWER_TIMEOUT_SECONDS`` in the command's environment overrides it), so
+``stop`` and ``status`` report a daemon that accepts but does not answer (stopped with
+SIGSTOP, wedged) within a few seconds; ``stop`` waits up to :data:`STARTING_WAIT_SECONDS`
+for a lock holder that has no socket yet (starting), and up to :data:`STOP_TIMEOUT_SECONDS`
+for a daemon that accepted ``stop`` to drain. Nothing here ever kills a process; only
+``uninstall`` unlinks a file (the unit ``install`` wrote).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from magi_code.client.errors import (
     DaemonUnavailable,
     ForeignDaemon,
 )
+from magi_code.client.handshake import answer_timeout
 from magi_code.client.starter import ANSWER_TIMEOUT_SECONDS
 from magi_code.daemon.control_role import RESTART_TURN_WAIT_SECONDS
 from magi_code.daemon.lifecycle import run_daemon
@@ -152,25 +154,28 @@ async def _connect(ctx: LaunchContext) -> Any:
         "control",
         ctx,
         client_name="magi-code daemon",
-        timeout=ANSWER_TIMEOUT_SECONDS,
+        timeout=_answer_timeout(ctx),
     )
     return Client(channel)
 
 
-async def _control(client: Any, op: str) -> dict[str, Any]:
+def _answer_timeout(ctx: LaunchContext) -> float:
+    return answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS)
+
+
+async def _control(ctx: LaunchContext, client: Any, op: str) -> dict[str, Any]:
+    timeout = _answer_timeout(ctx)
     try:
-        result: dict[str, Any] = await asyncio.wait_for(client.control(op), ANSWER_TIMEOUT_SECONDS)
+        result: dict[str, Any] = await asyncio.wait_for(client.control(op), timeout)
     except TimeoutError:
-        raise DaemonTimeout(
-            f"the daemon did not answer `{op}` within {ANSWER_TIMEOUT_SECONDS:g} s"
-        ) from None
+        raise DaemonTimeout(f"the daemon did not answer `{op}` within {timeout:g} s") from None
     return result
 
 
 async def _query(ctx: LaunchContext) -> dict[str, Any]:
     client = await _connect(ctx)
     try:
-        return await _control(client, "status")
+        return await _control(ctx, client, "status")
     finally:
         await client.close()
 
@@ -306,7 +311,7 @@ async def _stop(ctx: LaunchContext) -> int:
             return _fail(f"cannot stop the daemon: {exc}")
     if client is not None:
         try:
-            await _control(client, "stop")
+            await _control(ctx, client, "stop")
             # The daemon closes this connection once every turn is drained.
             await asyncio.wait_for(_until_closed(client), STOP_TIMEOUT_SECONDS)
         except DaemonTimeout as exc:
@@ -347,9 +352,9 @@ async def _restart(ctx: LaunchContext) -> int:
         return _not_answering(paths, exc, "restart")
     if client is not None:
         try:
-            status = await _control(client, "status")
+            status = await _control(ctx, client, "status")
             old_pid, managed = status.get("pid"), status.get("mode") == "foreground"
-            result = await _control(client, "restart")
+            result = await _control(ctx, client, "restart")
             turns = result.get("waiting_for_turns") or 0
             if turns:
                 sys.stdout.write(f"waiting for {turns} running turn(s) to end\n")

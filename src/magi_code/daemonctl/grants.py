@@ -28,6 +28,7 @@ from typing import Any, Final
 import orjson
 
 from magi_code.client.errors import DaemonError, DaemonUnavailable
+from magi_code.client.handshake import answer_timeout
 from magi_code.client.starter import ANSWER_TIMEOUT_SECONDS
 from magi_code.config.grants import project_grants, revoke_project_grant
 from magi_code.core.approvals import ApprovalService
@@ -146,14 +147,18 @@ async def _client(ctx: LaunchContext) -> Any:
     from magi_code.client import Channel, Client, socket_for
 
     channel = await Channel.open(
-        socket_for(ctx), "persistent", ctx, client_name=CLIENT_NAME, timeout=ANSWER_TIMEOUT_SECONDS
+        socket_for(ctx), "persistent", ctx, client_name=CLIENT_NAME, timeout=_answer_timeout(ctx)
     )
     return Client(channel)
 
 
-async def _bounded(call: Any) -> Any:
+def _answer_timeout(ctx: LaunchContext) -> float:
+    return answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS)
+
+
+async def _bounded(ctx: LaunchContext, call: Any) -> Any:
     try:
-        return await asyncio.wait_for(call, ANSWER_TIMEOUT_SECONDS)
+        return await asyncio.wait_for(call, _answer_timeout(ctx))
     except TimeoutError:
         raise DaemonError("it did not answer in time") from None
 
@@ -161,7 +166,7 @@ async def _bounded(call: Any) -> Any:
 async def _session_grants(ctx: LaunchContext, session_id: str) -> dict[str, Any]:
     client = await _client(ctx)
     try:
-        grants = await _bounded(client.grants_list(session_id))
+        grants = await _bounded(ctx, client.grants_list(session_id))
     finally:
         await client.close()
     session: dict[str, Any] = grants["session"]
@@ -173,11 +178,11 @@ async def _revoke_in_daemon(
 ) -> bool:
     client = await _client(ctx)
     try:
-        before = (await _bounded(client.grants_list(session_id)))["session"]
+        before = (await _bounded(ctx, client.grants_list(session_id)))["session"]
         entry = list(value) if kind == "commands" else value
         if entry not in before[kind]:
             return False
-        await _bounded(client.grants_revoke("session", kind, value, session_id=session_id))
+        await _bounded(ctx, client.grants_revoke("session", kind, value, session_id=session_id))
         return True
     finally:
         await client.close()

@@ -22,7 +22,7 @@ from typing import Any
 
 from magi_code.client.errors import DaemonError, DaemonUnavailable
 from magi_code.client.handshake import (
-    CONNECT_TIMEOUT,
+    answer_timeout,
     check_socket_dir,
     closed_early,
     connect_failure,
@@ -85,8 +85,9 @@ def reach(launch: Launch) -> Link:
     return _start_and_connect(launch)
 
 
-def connect(launch: Launch, *, build: str | None, timeout: float = CONNECT_TIMEOUT) -> Link:
+def connect(launch: Launch, *, build: str | None) -> Link:
     """One connection attempt (no start): the :class:`Link`, or the error it met."""
+    timeout = answer_timeout(launch.env)
     path = daemon_socket(launch.mc_home, launch.env)
     check_socket_dir(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
