@@ -1,6 +1,6 @@
 """No head-of-line blocking between frontends' configuration work, through real service
-processes (in daemon mode both frontends are shims of one daemon; in embedded mode they
-are separate services sharing one MC_HOME, where the same must hold trivially).
+processes: both frontends are shims of one daemon (in embedded mode they would be separate
+services sharing one MC_HOME, where it holds trivially: run in the default mode only).
 
 - Frontend A asks for large catalog pages and never reads its stdout: its pipe fills,
   its answers stay unwritten; frontend B's ``config.get`` still answers at once.
@@ -17,7 +17,6 @@ import os
 import sys
 import termios
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,6 @@ from magi_code.protocol import envelope
 from tests.support.fake_providers import FakeModel, FakeProviderServer
 from tests.support.service import ServiceProcess, current_mode, running_service, service_env
 
-# Both modes: in daemon mode the frontends share one daemon, embedded they share one MC_HOME.
-pytestmark = pytest.mark.both_modes
-
-LISTING_DELAY = 4.0
 PAGES = 48
 
 
@@ -167,24 +162,38 @@ async def test_a_frontends_eof_does_not_wait_for_another_frontends_slow_refresh(
 ) -> None:
     _settings(home, fake)
     async with running_service(home, project) as b, running_service(home, project) as a:
-        fake.listing_delay = LISTING_DELAY
+        # The provider holds every model listing until the test releases it.
+        fake.listing_gate = threading.Event()
         await b.send(envelope.request("slow", "catalog.refresh", {"provider_id": "local"}))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while not any(r.path == "/v1/models" for r in fake.requests):
-            assert loop.time() < deadline, "the refresh never reached the provider"
-            await asyncio.sleep(0.05)
-        started = time.monotonic()
+        await _listings_reach(fake, 0)
         await a.close_stdin()
-        assert await a.drain_stdout(timeout=LISTING_DELAY) == []
-        assert await a.wait(timeout=LISTING_DELAY) == 0
-        assert time.monotonic() - started < LISTING_DELAY / 2
-        refreshed = await b.response_for("slow", timeout=LISTING_DELAY + 10)
+        assert await a.drain_stdout(timeout=10) == []
+        # A ended while B's refresh is still held at the provider.
+        assert await a.wait(timeout=10) == 0
+        fake.listing_gate.set()
+        refreshed = await b.response_for("slow", timeout=20)
         assert refreshed["payload"] == {"provider_id": "local", "state": "fresh_cache"}
         # B's own EOF waits for B's own refresh: it is drained, not cancelled.
+        fake.listing_gate = threading.Event()
+        listed = _listings(fake)
         await b.send(envelope.request("own", "catalog.refresh", {"provider_id": "local"}))
-        await asyncio.sleep(0.5)
+        await _listings_reach(fake, listed)
         await b.close_stdin()
-        rest = await b.drain_stdout(timeout=LISTING_DELAY + 10)
+        await asyncio.sleep(0.5)  # B reads its EOF while its refresh is held
+        fake.listing_gate.set()
+        rest = await b.drain_stdout(timeout=20)
         assert [m["request_id"] for m in rest if m["kind"] == "response"] == ["own"]
         assert rest[-1]["payload"]["state"] == "fresh_cache"
+
+
+def _listings(fake: FakeProviderServer) -> int:
+    return sum(r.path == "/v1/models" for r in fake.requests)
+
+
+async def _listings_reach(fake: FakeProviderServer, listed: int) -> None:
+    """Until a model listing after the first ``listed`` reached the provider."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while _listings(fake) <= listed:
+        assert loop.time() < deadline, "the refresh never reached the provider"
+        await asyncio.sleep(0.05)

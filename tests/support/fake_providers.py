@@ -429,6 +429,8 @@ class FakeProviderServer:
         self.models_page_size = 1000
         self.listing_reply: HttpError | None = None  # answer GET …/models with this instead
         self.listing_delay = 0.0  # seconds before answering GET …/models (slow discovery)
+        # When set: GET …/models is answered only once this event is set (held discovery).
+        self.listing_gate: threading.Event | None = None
         self.stall_timeout = 30.0
         self._lock = threading.Condition()
         self._queue: deque[ScriptedReply] = deque()
@@ -596,6 +598,8 @@ class FakeProviderServer:
                 self._requests.append(request)
         if method == "GET" and url.path.endswith("/models"):
             await asyncio.sleep(self.listing_delay)
+            while (gate := self.listing_gate) is not None and not gate.is_set():
+                await asyncio.sleep(0.01)
             if self.listing_reply is not None:
                 return await self._play("listing", self.listing_reply, reader, writer)
             await self._send_json(writer, 200, self._listing(url.path, query, headers))
