@@ -89,6 +89,8 @@ class Reply:
     ``ending``: ``eof`` ends the body cleanly without the API's terminal event,
     ``disconnect`` aborts the socket, ``stall`` hangs until the client disconnects,
     ``error_event`` sends the API's in-stream error, ``malformed`` sends a non-JSON frame.
+    ``hold`` (an event of the test's): after its text chunks the stream waits, open, until
+    the event is set, then ends (a turn that runs exactly as long as the test needs).
     """
 
     text: Sequence[str] = ("Hello", " world")
@@ -104,6 +106,7 @@ class Reply:
     # ``usage.input_tokens`` becomes the request body's size / 4 (a prompt that grows
     # reports growing usage, as a real provider's would).
     measure_input: bool = False
+    hold: threading.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -783,6 +786,8 @@ class FakeProviderServer:
             if reply.chunk_delay:
                 await asyncio.sleep(reply.chunk_delay)
             await self._send_frames(writer, [frame])
+        while reply.hold is not None and not reply.hold.is_set():
+            await asyncio.sleep(0.01)
         if reply.ending == "complete":
             await self._send_frames(writer, plan.postlude + plan.terminal)
         elif reply.ending == "disconnect":

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -256,7 +257,8 @@ async def test_a_deleted_socket_is_rebound_at_once_and_the_turn_keeps_running(
 ) -> None:
     write_settings(home, fake)
     chunks = [f"c{i} " for i in range(20)]
-    fake.enqueue(Reply(text=chunks, chunk_delay=0.2))
+    hold = threading.Event()  # the turn runs until the test releases it
+    fake.enqueue(Reply(text=chunks, hold=hold))
     client = await persistent(home, project)
     try:
         reply = await client.request("turn.start", {"prompt": "go"})
@@ -272,6 +274,7 @@ async def test_a_deleted_socket_is_rebound_at_once_and_the_turn_keeps_running(
         again = status(home)
         assert again["pid"] == before["pid"] and again["instance_id"] == before["instance_id"]
         assert again["active_turns"] == 1 and again["accepting"] is True
+        hold.set()
         events = []
         async for event in client.events():
             events.append(event)
