@@ -132,7 +132,9 @@ async def test_a_provider_failing_with_5xx_after_its_retries_is_a_server_error(
 
 async def test_a_provider_that_cannot_be_reached_is_unavailable(home: Path, project: Path) -> None:
     _custom_provider(home, f"http://127.0.0.1:{_closed_port()}/v1")
-    terminal, line = await _failed_turn(home, project)
+    # Each connection is refused at once; only the retries' backoff (0.5 s, doubling) is
+    # shortened, not how often the turn tries.
+    terminal, line = await _failed_turn(home, project, {"MC_RETRY_BASE_SECONDS": "0.01"})
     _check(terminal, line, "provider_unavailable")
 
 

@@ -213,7 +213,9 @@ async def test_an_unreachable_proxy_fails_the_turn_instead_of_going_direct(
 ) -> None:
     write_settings(home, fake)
     fake.enqueue(Reply(text=["never"]))
-    async with running_service(home, project, {"HTTP_PROXY": "http://127.0.0.1:9"}) as service:
+    # The proxy refuses each connection at once: the retries' backoff is shortened.
+    unreachable = {"HTTP_PROXY": "http://127.0.0.1:9", "MC_RETRY_BASE_SECONDS": "0.01"}
+    async with running_service(home, project, unreachable) as service:
         _, turn = await run_turn(service, "hello")
         assert turn.terminal["status"] == "failed"
         refreshed = await service.request("catalog.refresh", {"provider_id": "local"})

@@ -7,7 +7,8 @@ exits the ``async with`` and closes the HTTP response and its connection.
 
 - Retries: 408/409/429/5xx statuses and connect-phase errors, only while no event has
   been yielded; at most ``RetryPolicy.max_retries`` retries, exponential backoff with
-  jitter, ``retry-after-ms`` / ``retry-after`` honoured up to ``max_retry_after``.
+  jitter (:func:`stream_settings` reads its base from the launch environment),
+  ``retry-after-ms`` / ``retry-after`` honoured up to ``max_retry_after``.
   Quota errors (429 ``insufficient_quota``/``usage_limit_reached``) are not retried.
 - Timeouts: ``connect_timeout`` to connect; ``idle_timeout`` bounds each read, i.e. the
   gap between chunks (SSE comments/pings count as activity).
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import random
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Final
@@ -83,6 +86,20 @@ class StreamSettings:
 
 
 DEFAULT_SETTINGS: Final = StreamSettings()
+RETRY_BASE_ENV: Final = "MC_RETRY_BASE_SECONDS"
+
+
+def stream_settings(env: Mapping[str, str]) -> StreamSettings:
+    """The defaults, with the first retry's backoff from ``MC_RETRY_BASE_SECONDS`` in the
+    launch environment (a positive number of seconds; each later retry doubles it)."""
+    try:
+        base = float(env.get(RETRY_BASE_ENV, ""))
+    except ValueError:
+        return DEFAULT_SETTINGS
+    if not 0 < base < math.inf:
+        return DEFAULT_SETTINGS
+    retry = dataclasses.replace(DEFAULT_SETTINGS.retry, base_delay=base)
+    return dataclasses.replace(DEFAULT_SETTINGS, retry=retry)
 
 
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:

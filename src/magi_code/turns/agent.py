@@ -54,7 +54,7 @@ import httpx
 
 from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure
-from magi_code.providers.stream import stream_response
+from magi_code.providers.stream import DEFAULT_SETTINGS, StreamSettings, stream_response
 from magi_code.providers.types import (
     AssistantText,
     Completed,
@@ -154,6 +154,7 @@ class AgentPlan:
     context_window: int
     system: str
     cache_key: str
+    stream: StreamSettings = DEFAULT_SETTINGS  # timeouts and retries of its requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,7 +414,7 @@ class Agent:
         started = False
         try:
             async with contextlib.aclosing(
-                stream_response(self.client, self.plan.endpoint, request)
+                stream_response(self.client, self.plan.endpoint, request, self.plan.stream)
             ) as stream:
                 async for event in stream:
                     started = True
@@ -427,7 +428,7 @@ class Agent:
         endpoint = dataclasses.replace(self.plan.endpoint, headers=headers)
         self.plan = dataclasses.replace(self.plan, endpoint=endpoint)
         async with contextlib.aclosing(
-            stream_response(self.client, self.plan.endpoint, request)
+            stream_response(self.client, self.plan.endpoint, request, self.plan.stream)
         ) as stream:
             async for event in stream:
                 yield event
@@ -544,6 +545,7 @@ class Agent:
                 context.summary,
                 context_window=window,
                 max_output_tokens=self.plan.max_output_tokens,
+                settings=self.plan.stream,
             )
             if usage is not None:
                 self._count_usage(usage, final=False)

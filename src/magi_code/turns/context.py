@@ -18,7 +18,7 @@ from typing import Final
 
 import httpx
 
-from magi_code.providers.stream import stream_response
+from magi_code.providers.stream import DEFAULT_SETTINGS, StreamSettings, stream_response
 from magi_code.providers.types import (
     AssistantText,
     Completed,
@@ -215,6 +215,7 @@ async def summarize(
     *,
     context_window: int,
     max_output_tokens: int = SUMMARY_MAX_OUTPUT_TOKENS,
+    settings: StreamSettings = DEFAULT_SETTINGS,
 ) -> tuple[str, UsageEvent | None]:
     """Ask the provider for a summary of ``items`` (and any earlier summary); the summary
     (bounded to ``MAX_SUMMARY_CHARS``) and the request's usage, when reported.
@@ -236,7 +237,7 @@ async def summarize(
     )
     parts: list[str] = []
     usage: UsageEvent | None = None
-    async for event in stream_response(client, endpoint, request):
+    async for event in stream_response(client, endpoint, request, settings):
         if isinstance(event, TextDelta):
             parts.append(event.text)
         elif isinstance(event, UsageEvent):

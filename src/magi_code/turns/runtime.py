@@ -19,6 +19,7 @@ from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.http import HttpClients, transport_options
+from magi_code.providers.stream import stream_settings
 from magi_code.providers.types import Endpoint, ReasoningLevel
 from magi_code.sessions.checkpoints import Checkpoints
 from magi_code.sessions.store import SessionContext
@@ -197,6 +198,7 @@ class TurnRuntime:
             context_window=effective.context_window or API_PROFILES[provider.api].context_window,
             system=await asyncio.to_thread(system_prompt, ctx.project_dir, skills),
             cache_key=turn.session_id,
+            stream=stream_settings(ctx.env),
         )
         tool_ctx = ToolContext(
             project_dir=ctx.project_dir,
