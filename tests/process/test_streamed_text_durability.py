@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from magi_code.turns.streamed import INCREMENT_SECONDS
-from tests.process.daemon.support import status, wait_for
+from tests.process.daemon.support import exited, paths
 from tests.process.turn_support import (
     conversation,
     replay_events,
@@ -37,6 +38,8 @@ CHUNKS = [f"chunk{i:02d}:" + "ab" * 8 + " " for i in range(40)]
 # 5,160 bytes of 1-, 2- and 3-byte characters: three parts.
 WIDE_CHUNKS = [f"chunk{i:02d}:" + "aé漢" * 20 + " " for i in range(40)]
 CHUNK_DELAY = 0.05
+# Where only the text after the stream stalled matters, not when each part was durable.
+FAST_CHUNK_DELAY = 0.005
 # One increment window plus generous room for the append in flight on a loaded machine.
 SLACK_SECONDS = INCREMENT_SECONDS + 0.75
 
@@ -70,13 +73,15 @@ async def _read_deltas(svc: ServiceProcess, clock: DeltaClock, count: int) -> No
         clock(message)
 
 
-def _kill_the_turns_process(svc: ServiceProcess, home: Path) -> None:
+def _kill_the_turns_process(svc: ServiceProcess, home: Path) -> int:
+    """SIGKILL the process running the turn; its pid."""
     if svc.mode == "daemon":
-        pid = status(home)["pid"]
+        pid = orjson.loads(paths(home).info.read_bytes())["pid"]
         assert isinstance(pid, int)
-        os.kill(pid, signal.SIGKILL)
     else:
-        svc.proc.send_signal(signal.SIGKILL)
+        pid = svc.proc.pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 async def _replayed_assistant_text(home: Path, project: Path, session_id: str) -> str:
@@ -101,10 +106,11 @@ async def _turn_killed_after(
     *,
     settle: float = 0.0,
     chunks: list[str] = CHUNKS,
+    chunk_delay: float = CHUNK_DELAY,
 ) -> tuple[DeltaClock, float, str]:
     write_settings(home, fake)
     fake.enqueue(
-        Reply(text=chunks, chunk_delay=CHUNK_DELAY, ending="stall", after_chunks=len(chunks))
+        Reply(text=chunks, chunk_delay=chunk_delay, ending="stall", after_chunks=len(chunks))
     )
     svc = await ServiceProcess.start(home, project)
     try:
@@ -117,9 +123,9 @@ async def _turn_killed_after(
         if settle:
             await asyncio.sleep(settle)
         killed_at = time.monotonic()
-        await asyncio.to_thread(_kill_the_turns_process, svc, home)
+        pid = await asyncio.to_thread(_kill_the_turns_process, svc, home)
         if svc.mode == "daemon":
-            await wait_for(lambda: not status(home)["running"], 30, "the daemon to die")
+            await exited(pid, 30)  # its lifetime lock went with it
         else:
             await svc.wait()
     finally:
@@ -146,7 +152,7 @@ async def test_all_text_of_a_stalled_stream_is_replayed_after_a_kill_9(
     # Every chunk was streamed, then the provider stalls: once a window has passed, the
     # whole text is durable although the turn never ended.
     clock, _, session_id = await _turn_killed_after(
-        home, project, fake, len(CHUNKS), settle=SLACK_SECONDS
+        home, project, fake, len(CHUNKS), settle=SLACK_SECONDS, chunk_delay=FAST_CHUNK_DELAY
     )
     assert clock.text() == "".join(CHUNKS)
     assert await _replayed_assistant_text(home, project, session_id) == "".join(CHUNKS)
@@ -156,7 +162,13 @@ async def test_a_reply_cut_by_a_kill_9_replays_as_one_message_and_open_closes_it
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     clock, _, session_id = await _turn_killed_after(
-        home, project, fake, len(WIDE_CHUNKS), settle=SLACK_SECONDS, chunks=WIDE_CHUNKS
+        home,
+        project,
+        fake,
+        len(WIDE_CHUNKS),
+        settle=SLACK_SECONDS,
+        chunks=WIDE_CHUNKS,
+        chunk_delay=FAST_CHUNK_DELAY,
     )
     text = "".join(WIDE_CHUNKS)
     assert clock.text() == text
