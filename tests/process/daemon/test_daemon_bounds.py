@@ -43,6 +43,8 @@ from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.service import ServiceProcess, service_env
 
 FAST = {"MC_DAEMON_CLIENT_TIMEOUT_SECONDS": "2"}
+# Where no client of the daemon reads anything big (raw sockets, one-line controls).
+FASTER = {"MC_DAEMON_CLIENT_TIMEOUT_SECONDS": "1"}
 
 
 def _start(home: Path, project: Path, extra: dict[str, str] | None = None) -> int:
@@ -86,7 +88,7 @@ def _rss_kib(pid: int) -> int:
 def test_a_client_that_sends_but_never_reads_is_paused_bounded_and_dropped(
     home: Path, project: Path
 ) -> None:
-    pid = _start(home, project, FAST)
+    pid = _start(home, project, FASTER)
     flood = _raw(home, project)
     flood.setblocking(False)
     before = _rss_kib(pid)
@@ -130,7 +132,7 @@ def test_a_client_that_sends_but_never_reads_is_paused_bounded_and_dropped(
 
 
 def test_partial_frames_time_out_and_free_their_memory(home: Path, project: Path) -> None:
-    pid = _start(home, project, FAST)
+    pid = _start(home, project, FASTER)
     holders = []
     for _ in range(20):
         sock = _raw(home, project)
@@ -147,7 +149,7 @@ def test_partial_frames_time_out_and_free_their_memory(home: Path, project: Path
 
 
 def test_a_silent_connection_is_told_it_missed_the_handshake(home: Path, project: Path) -> None:
-    _start(home, project, FAST)  # the hello deadline is the client timeout when shorter
+    _start(home, project, FASTER)  # the hello deadline is the client timeout when shorter
     sock = _connect(home, project)
     frames = _frames(sock, timeout=30)
     assert [(f["t"], f["code"]) for f in frames] == [("error", "handshake_timeout")]
