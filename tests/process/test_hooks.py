@@ -320,13 +320,13 @@ async def test_a_cancelled_turn_ends_after_its_grace_when_its_hook_ignores_sigte
     tmp_path: Path,
     service_mode: str,
 ) -> None:
-    """The hook's cleanup lasts until the SIGKILL that follows the ignored SIGTERM; with the
-    grace far below that, the terminal does not wait for it: the worker is abandoned (and
-    logged), and its cleanup still kills the hook."""
+    """The hook's cleanup lasts until the SIGKILL that follows the ignored SIGTERM (1 s
+    later here, 2 s by default); with the grace far below that, the terminal does not wait
+    for it: the worker is abandoned (and logged), and its cleanup still kills the hook."""
     log = tmp_path / "hook-log.jsonl"
     hooks = {"user_prompt_submit": [_hook("deaf", log, hook_script, timeout_ms=600_000)]}
     write_settings(home, fake, hooks=hooks)
-    grace = {"MC_CANCEL_GRACE_SECONDS": "0.2"}
+    grace = {"MC_CANCEL_GRACE_SECONDS": "0.2", "MC_DAEMON_TERM_GRACE_SECONDS": "1"}
     async with running_service(home, project, grace) as svc:
         rid, accepted = await start_turn(svc, "go")
         loop = asyncio.get_running_loop()

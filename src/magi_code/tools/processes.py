@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,7 @@ from typing import Final, Literal
 from magi_code.storage.launch import current_umask
 
 TERM_GRACE_SECONDS: Final = 2.0
+TERM_GRACE_ENV: Final = "MC_DAEMON_TERM_GRACE_SECONDS"
 KILL_GRACE_SECONDS: Final = 2.0
 _POLL_SECONDS: Final = 0.05
 ChildKind = Literal["tool", "hook", "mcp_server", "worker"]
@@ -114,9 +116,18 @@ def child_slot(owner: object | None) -> Iterator[None]:
                 _slots_by_owner[key] = left
 
 
+def term_grace() -> float:
+    """``MC_DAEMON_TERM_GRACE_SECONDS`` (a positive number), else ``TERM_GRACE_SECONDS``."""
+    try:
+        value = float(os.environ.get(TERM_GRACE_ENV, ""))
+    except ValueError:
+        return TERM_GRACE_SECONDS
+    return value if 0 < value < math.inf else TERM_GRACE_SECONDS
+
+
 async def terminate_process_group(pgid: int) -> None:
     """SIGTERM the group, SIGKILL what is left after a grace period; bounded in time."""
-    for sig, grace in ((signal.SIGTERM, TERM_GRACE_SECONDS), (signal.SIGKILL, KILL_GRACE_SECONDS)):
+    for sig, grace in ((signal.SIGTERM, term_grace()), (signal.SIGKILL, KILL_GRACE_SECONDS)):
         if not await asyncio.to_thread(group_has_live_members, pgid):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
