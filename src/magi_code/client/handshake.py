@@ -7,12 +7,12 @@ errors (and messages). Import-light on purpose: no asyncio, no HTTP client, no f
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from magi_code.durations import seconds_from
 from magi_code.endpoint.paths import (
     INFO_NAME,
     read_info_file,
@@ -41,11 +41,7 @@ def answer_timeout(env: Mapping[str, str], default: float = CONNECT_TIMEOUT) -> 
     """How long a client waits for the daemon to accept, answer ``hello`` and answer a
     control call: ``MC_DAEMON_ANSWER_TIMEOUT_SECONDS`` in the client's environment (a
     positive number of seconds), else ``default``."""
-    try:
-        value = float(env.get(ANSWER_TIMEOUT_ENV, ""))
-    except ValueError:
-        return default
-    return value if value > 0 and math.isfinite(value) else default
+    return seconds_from(env, ANSWER_TIMEOUT_ENV, default)
 
 
 def launch_of(ctx: LaunchContext) -> Launch:

@@ -42,6 +42,7 @@ import orjson
 
 from magi_code import logs
 from magi_code.core.handover import DEFAULT_TIMEOUT_SECONDS as DEFAULT_CONTROL_REQUEST_SECONDS
+from magi_code.durations import seconds_from
 from magi_code.endpoint.lock import (
     FileIdentity,
     LifetimeLock,
@@ -112,21 +113,13 @@ def outbound_limit(ctx: LaunchContext) -> int:
 
 def client_timeout(ctx: LaunchContext) -> float:
     """``MC_DAEMON_CLIENT_TIMEOUT_SECONDS``: how long a client may leave output unread."""
-    try:
-        value = float(ctx.env.get(CLIENT_TIMEOUT_ENV, ""))
-    except ValueError:
-        return CLIENT_TIMEOUT_SECONDS
-    return value if value > 0 else CLIENT_TIMEOUT_SECONDS
+    return seconds_from(ctx.env, CLIENT_TIMEOUT_ENV, CLIENT_TIMEOUT_SECONDS)
 
 
 def control_request_timeout(ctx: LaunchContext) -> float:
     """``MC_DAEMON_CONTROL_REQUEST_SECONDS``: how long a ``control_request`` waits for the
     controller's answer before it is granted (once no turn runs)."""
-    try:
-        value = float(ctx.env.get(CONTROL_REQUEST_ENV, ""))
-    except ValueError:
-        return DEFAULT_CONTROL_REQUEST_SECONDS
-    return value if value > 0 else DEFAULT_CONTROL_REQUEST_SECONDS
+    return seconds_from(ctx.env, CONTROL_REQUEST_ENV, DEFAULT_CONTROL_REQUEST_SECONDS)
 
 
 def raise_fd_limit() -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ import httpx
 import orjson
 
 from magi_code.dataclass import dataclass, field
+from magi_code.durations import seconds_from
 from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.errors import (
     ProviderFailure,
@@ -92,11 +92,8 @@ RETRY_BASE_ENV: Final = "MC_RETRY_BASE_SECONDS"
 def stream_settings(env: Mapping[str, str]) -> StreamSettings:
     """The defaults, with the first retry's backoff from ``MC_RETRY_BASE_SECONDS`` in the
     launch environment (a positive number of seconds; each later retry doubles it)."""
-    try:
-        base = float(env.get(RETRY_BASE_ENV, ""))
-    except ValueError:
-        return DEFAULT_SETTINGS
-    if not 0 < base < math.inf:
+    base = seconds_from(env, RETRY_BASE_ENV, DEFAULT_SETTINGS.retry.base_delay)
+    if base == DEFAULT_SETTINGS.retry.base_delay:
         return DEFAULT_SETTINGS
     retry = dataclasses.replace(DEFAULT_SETTINGS.retry, base_delay=base)
     return dataclasses.replace(DEFAULT_SETTINGS, retry=retry)

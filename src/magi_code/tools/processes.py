@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import signal
 from collections.abc import Iterator, Sequence
 from typing import Final, Literal
 
+from magi_code.durations import seconds_from
 from magi_code.storage.launch import current_umask
 
 TERM_GRACE_SECONDS: Final = 2.0
@@ -118,11 +118,7 @@ def child_slot(owner: object | None) -> Iterator[None]:
 
 def term_grace() -> float:
     """``MC_DAEMON_TERM_GRACE_SECONDS`` (a positive number), else ``TERM_GRACE_SECONDS``."""
-    try:
-        value = float(os.environ.get(TERM_GRACE_ENV, ""))
-    except ValueError:
-        return TERM_GRACE_SECONDS
-    return value if 0 < value < math.inf else TERM_GRACE_SECONDS
+    return seconds_from(os.environ, TERM_GRACE_ENV, TERM_GRACE_SECONDS)
 
 
 async def terminate_process_group(pgid: int) -> None:
