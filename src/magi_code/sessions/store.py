@@ -68,6 +68,7 @@ from magi_code.sessions.fileio import (
     REMOVING_PREFIX,
     close_all,
     complete_prefix,
+    flock_wait,
     holding,
     last_valid_seq,
     pread_all,
@@ -123,6 +124,10 @@ MAX_APPEND_RECORD_BYTES: Final = 1024 * 1024
 # Replay holds the shared append lock only briefly; appends wait longer for readers.
 REPLAY_LOCK_WAIT: Final = 0.05
 WRITER_LOCK_WAIT: Final = 5.0
+# A lease just released can still look held for a moment: a process this one is spawning
+# (a tool, the sandbox probe) holds a copy of every descriptor until it closes them on
+# exec. Taking a lease waits this long for that before it reports the session busy.
+LEASE_WAIT: Final = 0.25
 # How often ``remove`` empties a directory that an opener racing it refilled.
 REMOVE_ATTEMPTS: Final = 3
 # A session's sidecar names at most this many of its forks (the latest).
@@ -615,10 +620,7 @@ class SessionStore:
                 LEASE_LOCK, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, mode=FILE_MODE
             )
             fds.append(lease_fd)
-            try:
-                fcntl.flock(lease_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ServiceError(ErrorCode.SESSION_BUSY) from None
+            flock_wait(lease_fd, fcntl.LOCK_EX, LEASE_WAIT)
             lock_fd = open_regular(
                 APPEND_LOCK, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, mode=FILE_MODE
             )

@@ -158,6 +158,7 @@ async def test_after_kill_9_a_finished_turn_keeps_its_outcome_and_a_running_one_
     done_id, session_id, terminal = await _completed_turn(peer, fake)
     fake.enqueue(Reply(text=["half ", "way"], ending="stall", after_chunks=2))
     response = await peer.request("turn.start", {"prompt": "hang"}, session_id=session_id)
+    assert response["error"] is None, response
     running_id = response["payload"]["turn_id"]
     deltas = 0
     while deltas < 2:

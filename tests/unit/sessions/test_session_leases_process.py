@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from magi_code.sessions.store import SessionStore
 
 HOLDER = """
 import sys
+import threading
 from pathlib import Path
 from magi_code.sessions.store import SessionStore
 lease = SessionStore(Path(sys.argv[1])).acquire_writer_lease(sys.argv[2])
@@ -59,3 +61,24 @@ def test_lease_held_by_another_process_is_busy_until_it_is_killed(tmp_path: Path
             proc.wait(timeout=10)
     with store.acquire_writer_lease(session) as lease:
         assert lease.append({"type": "assistant", "turn_id": "child", "text": "after"}) == 2
+
+
+def test_a_released_lease_is_free_while_another_thread_spawns_processes(tmp_path: Path) -> None:
+    """A process being spawned holds a copy of every descriptor until its exec, the
+    lease's included: a reopen right after a close must not take that for a holder."""
+    store = SessionStore(tmp_path / "sessions")
+    session = store.create()
+    stop = threading.Event()
+
+    def spawn() -> None:
+        while not stop.is_set():
+            subprocess.run(["true"], check=True)
+
+    spawner = threading.Thread(target=spawn)
+    spawner.start()
+    try:
+        for _ in range(300):
+            store.acquire_writer_lease(session).release()
+    finally:
+        stop.set()
+        spawner.join(timeout=30)
