@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,12 @@ from magi_code.protocol import envelope
 from magi_code.storage.launch import LaunchContext
 from tests.support.fake_providers import FakeModel, FakeProviderServer
 
-LISTING_DELAY = 1.5
+
+async def _listings_received(fake: FakeProviderServer, count: int) -> None:
+    """Until the fake has taken ``count`` model listings (held while it is closed)."""
+    async with asyncio.timeout(10):
+        while sum(r.path.endswith("/models") for r in fake.requests) < count:
+            await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -117,8 +122,9 @@ async def test_one_connection_one_request_and_one_refresh_per_provider_cache(
     clients: tuple[Client, Client], fake: FakeProviderServer
 ) -> None:
     a, b = clients
-    fake.listing_delay = LISTING_DELAY
+    gate = fake.listing_gate = threading.Event()  # the refresh stays in flight until it is opened
     slow = await a.send("catalog.refresh", {"provider_id": "a"})
+    await _listings_received(fake, 1)
     assert _code(await a.request("config.get")) == "configuration_busy"  # the v1 rule
     # Another connection: reads and other files go ahead, the same cache file is busy.
     assert _code(await b.request("config.get")) is None
@@ -126,6 +132,7 @@ async def test_one_connection_one_request_and_one_refresh_per_provider_cache(
     assert _code(await b.request("catalog.refresh", {"provider_id": "a"})) == "configuration_busy"
     assert _code(await b.request("config.set", {"scope": "global", "fast": True})) is None
     other = await b.send("catalog.refresh", {"provider_id": "b"})
+    gate.set()
     assert (await a.answer(slow))["payload"]["state"] == "fresh_cache"
     assert (await b.answer(other))["payload"]["state"] == "fresh_cache"
     assert _code(await a.request("config.get")) is None
@@ -135,34 +142,43 @@ async def test_a_close_waits_only_for_its_own_request(
     coordinator: ServiceCoordinator, clients: tuple[Client, Client], fake: FakeProviderServer
 ) -> None:
     a, b = clients
-    fake.listing_delay = LISTING_DELAY
+    gate = fake.listing_gate = threading.Event()  # refreshes stay in flight until it is opened
     slow = await b.send("catalog.refresh", {"provider_id": "a"})
-    started = time.monotonic()
-    await coordinator.close_connection(a.conn)
-    assert time.monotonic() - started < LISTING_DELAY / 2
+    await _listings_received(fake, 1)
+    # A's close returns while B's refresh is still held.
+    await asyncio.wait_for(coordinator.close_connection(a.conn), 10)
+    gate.set()
     assert (await b.answer(slow))["payload"]["state"] == "fresh_cache"
     # Its own in-flight request is drained (never cancelled) before the close returns.
+    gate = fake.listing_gate = threading.Event()
     own = await b.send("catalog.refresh", {"provider_id": "b"})
-    await coordinator.close_connection(b.conn)
-    assert time.monotonic() - started >= 2 * LISTING_DELAY
+    await _listings_received(fake, 2)
+    closing = asyncio.create_task(coordinator.close_connection(b.conn))
+    await asyncio.sleep(0.2)  # room for a close that does not wait to return
+    assert not closing.done()
+    gate.set()
+    await asyncio.wait_for(closing, 10)
     assert (await b.answer(own))["payload"]["state"] == "fresh_cache"
 
 
 @pytest.fixture
-def slow_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+def held_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Settings writes wait (in their worker thread) until the returned event is set."""
     write = configuration.apply_config_set
+    writes_open = threading.Event()
 
-    def slow(ctx: LaunchContext, payload: dict[str, Any]) -> dict[str, Any]:
-        time.sleep(0.5)
+    def held(ctx: LaunchContext, payload: dict[str, Any]) -> dict[str, Any]:
+        writes_open.wait(10)
         return write(ctx, payload)
 
-    monkeypatch.setattr(configuration, "apply_config_set", slow)
+    monkeypatch.setattr(configuration, "apply_config_set", held)
+    return writes_open
 
 
 async def test_writes_of_one_settings_file_overlap_busy_other_files_not(
     coordinator: ServiceCoordinator,
     clients: tuple[Client, Client],
-    slow_writes: None,
+    held_writes: threading.Event,
     tmp_path: Path,
 ) -> None:
     a, b = clients
@@ -172,13 +188,16 @@ async def test_writes_of_one_settings_file_overlap_busy_other_files_not(
     first = await a.send("config.set", fast)
     assert _code(await b.request("config.set", fast)) == "configuration_busy"
     project_write = await b.send("config.set", level)  # B's own project file
+    held_writes.set()
     assert _code(await a.answer(first)) is None
     assert _code(await b.answer(project_write)) is None
     # Two connections in one project share its file.
+    held_writes.clear()
     c = Client(coordinator, tmp_path / "home", tmp_path / "pb")
     await c.initialize()
     again = await b.send("config.set", level)
     assert _code(await c.request("config.set", level)) == "configuration_busy"
+    held_writes.set()
     assert _code(await c.request("config.set", fast)) is None
     assert _code(await b.answer(again)) is None
     assert (tmp_path / "pb" / ".magi-code" / "settings.json").is_file()

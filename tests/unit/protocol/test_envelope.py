@@ -131,12 +131,15 @@ def test_check_bounds_counts_depth_from_the_top_container() -> None:
         check_bounds([value])
 
 
+# The decoder judges an envelope field by its type and a payload's size by its bounds
+# (test_rejections_carry_code_and_safe_identity, test_envelope_short_lines): small values
+# of every JSON type, nested a few levels, reach every verdict; larger ones only cost time.
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20),
     lambda children: (
-        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children)
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
     ),
-    max_leaves=30,
+    max_leaves=6,
 )
 
 
