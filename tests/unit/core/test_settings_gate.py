@@ -10,6 +10,7 @@ import pytest
 from magi_code.core.settings_gate import SettingsGate
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.storage.launch import LaunchContext
+from magi_code.turns import runtime
 from magi_code.turns.runtime import PreparedSettings, prepare_settings
 from tests.support.settings_lock import settings_lock_held
 
@@ -44,7 +45,11 @@ def test_capture_reads_the_merged_settings(tmp_path: Path) -> None:
     assert list(bare.iterdir()) == []  # capture never creates files in a project
 
 
-def test_capture_is_busy_while_another_process_writes(tmp_path: Path) -> None:
+def test_capture_is_busy_while_another_process_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # How long a capture waits for a write is the setting; the test need not wait 2 s.
+    monkeypatch.setattr(runtime, "SETTINGS_LOCK_WAIT", 0.1)
     home = tmp_path / "home"
     home.mkdir()
     with settings_lock_held(home / "settings.json"), pytest.raises(ServiceError) as busy:
