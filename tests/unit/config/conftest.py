@@ -50,7 +50,10 @@ def model_server() -> Iterator[ModelServer]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     state.base = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the loop's next poll: the default half second, at every test.
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
     thread.start()
     try:
         yield state

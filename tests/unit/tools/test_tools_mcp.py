@@ -151,7 +151,12 @@ async def test_closing_the_toolset_leaves_no_process(ctx: ToolContext) -> None:
     assert toolset.tools() == []
 
 
-async def test_unresponsive_server_is_skipped_and_stopped(ctx: ToolContext) -> None:
+async def test_unresponsive_server_is_skipped_and_stopped(
+    ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server ignores its stdin closing: the SDK kills it once its grace period (2 s,
+    # the SDK's setting) is over; a short one reaches the kill as surely.
+    monkeypatch.setattr("mcp.client.stdio.PROCESS_TERMINATION_TIMEOUT", 0.2)
     silent = spec("silent", args=("-c", "import time; time.sleep(300)"))
     async with McpToolset([silent], ctx, startup_timeout=0.5) as toolset:
         assert toolset.tools() == []

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from magi_code.storage.launch import current_umask
+from magi_code.tools import mcp
 from magi_code.tools.base import Tool, ToolContext, ToolOutcome, run_tool
 from magi_code.tools.files import EditFile, WriteFile
 from magi_code.tools.mcp import McpServerSpec, McpToolset
@@ -155,7 +156,12 @@ async def test_an_mcp_server_runs_under_the_context_umask(tmp_path: Path, umask:
     assert _server_umasks() == []
 
 
-async def test_a_missing_mcp_server_under_the_wrapper_fails_only_itself(tmp_path: Path) -> None:
+async def test_a_missing_mcp_server_under_the_wrapper_fails_only_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broken server's wrapper exits at once, so its pid is looked for until the lookup
+    # gives up (2 s); a process found at all is found within milliseconds of its spawn.
+    monkeypatch.setattr(mcp, "_FIND_PID_SECONDS", 0.3)
     servers = [
         McpServerSpec("echo", sys.executable, (SERVER_SCRIPT,)),
         McpServerSpec("broken", str(tmp_path / "no-such-server")),
