@@ -16,6 +16,7 @@ from pathlib import Path
 
 import magi_code
 from magi_code.daemon.preload import NEVER_RUN
+from tests.support.product_source import parsed_modules
 
 ROOT = Path(magi_code.__file__).parent
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -64,10 +65,10 @@ def modules() -> set[str]:
 def _imports() -> dict[str, dict[str, str]]:
     """module -> {module it imports: where (the first such import)}."""
     graph: dict[str, dict[str, str]] = defaultdict(dict)
-    for path in sorted(ROOT.rglob("*.py")):
+    for path, tree in parsed_modules():
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
         package, own = parts[:-1], parts[1]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             targets: list[list[str]] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name.split(".") for alias in node.names]

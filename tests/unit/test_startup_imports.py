@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import magi_code
+from tests.support.product_source import parsed_modules
 
 # Top-level packages that must not be loaded by importing the CLI module.
 HEAVY_FOR_CLI = (
@@ -154,8 +155,8 @@ def test_no_product_module_uses_the_httpx_command_line() -> None:
     # back to a stub ``main``, which nothing may call.
     root = Path(magi_code.__file__).parent
     uses = []
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+    for path, tree in parsed_modules():
+        for node in ast.walk(tree):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]

@@ -38,6 +38,7 @@ from magi_code.protocol.v2 import (
     TakeControl,
     Watch,
 )
+from tests.support.product_source import parsed_modules
 
 ENVELOPE = {"kind": "request", "request_id": "r1", "method": "turn.start", "params": {}}
 SERVER = {"name": "files", "command": "/bin/mcp", "args": ["-v"], "env": {"A": "1"}}
@@ -175,8 +176,10 @@ def test_the_client_library_builds_no_frame_itself() -> None:
     root = Path(magi_code.__file__).parent / "client"
     members = {"t", "id"}
     spelled = []
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+    for path, tree in parsed_modules():
+        if not path.is_relative_to(root):
+            continue
+        for node in ast.walk(tree):
             keys: list[ast.expr | None] = []
             if isinstance(node, ast.Dict):
                 keys = list(node.keys)
