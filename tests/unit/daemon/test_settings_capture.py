@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tests.support.fake_providers import FakeProviderServer, Reply
@@ -23,6 +24,7 @@ from tests.support.v2peer import Frame, Peer
 
 from magi_code.config.settings import Layer
 from magi_code.core import turns
+from magi_code.protocol import deadlines
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns import runtime
 
@@ -105,20 +107,26 @@ async def test_a_capture_or_write_that_overlaps_a_capture_is_busy_not_queued(
 
 
 async def test_a_start_whose_deadline_passes_during_the_capture_does_not_run(
-    daemon: InMemoryDaemon, fake: FakeProviderServer, home: Path, capture_started: asyncio.Event
+    daemon: InMemoryDaemon,
+    fake: FakeProviderServer,
+    home: Path,
+    capture_started: asyncio.Event,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake.enqueue(Reply(text=["later"]))
     peer = await _peer(daemon)
     session_id = (await peer.request("session.create", {}))["payload"]["session_id"]
     with settings_lock_held(home / "settings.json") as lock:
         # Far enough ahead that the daemon reaches the request before it (else it would
-        # expire unrun without a capture, and the wait below fails).
-        deadline_ms = int(time.time() * 1000) + 2000
+        # expire unrun without a capture, and the wait below fails)...
+        deadline_ms = int(time.time() * 1000) + 60_000
         rid = await peer.send_request(
             "turn.start", {"prompt": "expired"}, session_id=session_id, deadline_ms=deadline_ms
         )
         await asyncio.wait_for(capture_started.wait(), 20)
-        await asyncio.sleep(max(0.0, deadline_ms / 1000 - time.time()) + 0.05)
+        # ...and passed while the capture waits: the deadline checks' clock moves on.
+        later = SimpleNamespace(time=lambda: time.time() + 120)
+        monkeypatch.setattr(deadlines, "time", later)
         lock.release()
         answer = await peer.until(_answers(rid))
     assert answer["t"] == "request_error", answer
