@@ -37,9 +37,7 @@ values = st.recursive(
     lambda inner: (
         st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
     ),
-    # Every leaf type, nested, split anywhere by the cuts: a cut lands in a header, a
-    # string or a container the same way in a small frame as in a large one.
-    max_leaves=8,
+    max_leaves=30,
 )
 frames_strategy = st.lists(st.dictionaries(st.text(max_size=10), values, max_size=6), max_size=6)
 
