@@ -8,11 +8,42 @@ whatever its kind.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Final
 
 import psutil
 
 from magi_code.tools.processes import CHILD_KINDS, child_kind
+
+_TASKS: Final = "/proc/self/task"
+
+
+def own_children() -> list[psutil.Process]:
+    """This process's children.
+
+    Linux lists each thread's children in ``/proc/self/task/<tid>/children`` (an orphan
+    reparented to the daemon, a subreaper, may be on any thread's list). psutil's
+    ``children()`` reads every process on the machine to find them instead: ~27 ms with
+    1,500 processes, on every ``status`` and every reaper sweep. Where that file is
+    missing (another platform, a kernel without it), psutil's scan.
+    """
+    if not os.path.exists(f"{_TASKS}/{os.getpid()}/children"):
+        scanned: list[psutil.Process] = psutil.Process().children(recursive=False)
+        return scanned
+    pids: list[int] = []
+    for tid in os.listdir(_TASKS):
+        try:
+            with open(f"{_TASKS}/{tid}/children", "rb") as file:
+                pids.extend(int(pid) for pid in file.read().split())
+        except OSError:  # the thread ended meanwhile
+            continue
+    children = []
+    for pid in pids:
+        try:
+            children.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:  # reaped meanwhile
+            continue
+    return children
 
 
 def process_figures() -> dict[str, Any]:
@@ -20,7 +51,7 @@ def process_figures() -> dict[str, Any]:
     me = psutil.Process()
     children = dict.fromkeys((*CHILD_KINDS, "other"), 0)
     zombies = 0
-    for child in me.children(recursive=False):
+    for child in own_children():
         try:
             zombie = child.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:  # reaped meanwhile

@@ -33,6 +33,8 @@ from typing import Final
 
 import psutil
 
+from .health import own_children
+
 log = logging.getLogger("magi_code.daemon")
 
 PR_SET_CHILD_SUBREAPER: Final = 36
@@ -84,7 +86,7 @@ class OrphanReaper:
 
 def _zombie_children() -> list[tuple[int, float]]:
     found = []
-    for child in psutil.Process().children():
+    for child in own_children():
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
                 found.append((child.pid, child.create_time()))
