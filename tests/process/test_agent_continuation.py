@@ -5,9 +5,7 @@ against the loopback fake provider."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,14 +17,11 @@ from tests.process.turn_support import (
     conversation,
     replay_all,
     run_turn,
+    tool_call,
     write_settings,
 )
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.service import running_service
-
-
-def _call(call_id: str, name: str, **arguments: Any) -> FakeToolCall:
-    return FakeToolCall(call_id, name, json.dumps(arguments))
 
 
 def _assistant_records(home: Path, session_id: str, turn_id: str) -> list[AssistantRecord]:
@@ -115,10 +110,12 @@ async def test_a_tool_call_cut_at_the_output_limit_is_not_run(
     fake.enqueue(
         Reply(
             text=["Running both."],
-            tool_calls=[_call("c-whole", "shell", command="echo whole > whole.txt"), cut],
+            tool_calls=[tool_call("c-whole", "shell", command="echo whole > whole.txt"), cut],
             stop="max_tokens",
         ),
-        Reply(text=[], tool_calls=[_call("c-again", "shell", command="echo again > again.txt")]),
+        Reply(
+            text=[], tool_calls=[tool_call("c-again", "shell", command="echo again > again.txt")]
+        ),
         Reply(text=["Finished."]),
     )
     async with running_service(home, project) as svc:

@@ -12,7 +12,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -30,6 +29,7 @@ from tests.process.turn_support import (
     start_turn,
     stdout_text,
     strings_in,
+    tool_call,
     write_settings,
 )
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
@@ -37,10 +37,6 @@ from tests.support.service import ServiceProcess, running_service
 
 MCP_SERVER = Path(__file__).parents[1] / "unit" / "tools" / "mcp_echo_server.py"
 BUILTIN_NAMES = {"read_file", "write_file", "edit_file", "list_files", "grep", "shell", "task"}
-
-
-def _call(call_id: str, name: str, **arguments: Any) -> FakeToolCall:
-    return FakeToolCall(call_id, name, json.dumps(arguments))
 
 
 def _tools(text: str = "", *calls: FakeToolCall) -> Reply:
@@ -80,9 +76,9 @@ async def _coding_turn(
     script = f"{name}.py"
     (project / script).write_text("VALUE = 41\nprint('value', VALUE)\n")
     fake.enqueue(
-        _tools("Let me look.", _call("c1", "read_file", path=script)),
-        _tools("", _call("c2", "edit_file", path=script, old_string="41", new_string="42")),
-        _tools("", _call("c3", "shell", command=f"python3 {script} > {name}-marker.txt")),
+        _tools("Let me look.", tool_call("c1", "read_file", path=script)),
+        _tools("", tool_call("c2", "edit_file", path=script, old_string="41", new_string="42")),
+        _tools("", tool_call("c3", "shell", command=f"python3 {script} > {name}-marker.txt")),
         Reply(text=["Done: ", "VALUE is 42."]),
     )
     first_post = len([r for r in fake.requests if r.method == "POST"])
@@ -129,11 +125,11 @@ async def test_read_only_calls_of_one_reply_run_together_and_writes_alone(
     fake.enqueue(
         _tools(
             "",
-            _call("c1", "read_file", path="a.txt"),
-            _call("c2", "list_files", pattern="*.txt"),
-            _call("c3", "grep", pattern="alpha"),
-            _call("c4", "write_file", path="b.txt", content="beta-content\n"),
-            _call("c5", "read_file", path="b.txt"),
+            tool_call("c1", "read_file", path="a.txt"),
+            tool_call("c2", "list_files", pattern="*.txt"),
+            tool_call("c3", "grep", pattern="alpha"),
+            tool_call("c4", "write_file", path="b.txt", content="beta-content\n"),
+            tool_call("c5", "read_file", path="b.txt"),
         ),
         Reply(text=["done"]),
     )
@@ -198,17 +194,17 @@ async def test_listings_in_a_turn_follow_changes_by_its_tools_and_other_processe
     settled = time.monotonic() + RACY_WINDOW_NS / 1e9 + 0.2
 
     def listing(call_id: str) -> FakeToolCall:
-        return _call(call_id, "list_files", pattern="**/*.py")
+        return tool_call(call_id, "list_files", pattern="**/*.py")
 
     fake.enqueue(
         _tools("", listing("l1")),
         _tools(
             "",
             listing("l2"),
-            _call("w", "write_file", path="src/b.py", content="b\n"),
+            tool_call("w", "write_file", path="src/b.py", content="b\n"),
             listing("l3"),
         ),
-        _tools("", _call("s", "shell", command="rm src/a.py && mkdir src/c.py"), listing("l4")),
+        _tools("", tool_call("s", "shell", command="rm src/a.py && mkdir src/c.py"), listing("l4")),
         Reply(text=["done"]),
     )
     async with running_service(home, project) as svc:
@@ -254,7 +250,7 @@ async def test_mcp_tool_call_is_projected_by_hash_only(
     servers = {server_name: {"command": sys.executable, "args": [str(MCP_SERVER)]}}
     write_settings(home, fake, mcp_servers=servers)
     fake.enqueue(
-        _tools("", _call("m1", f"mcp__{server_name}__echo", text="mcp-echo-payload")),
+        _tools("", tool_call("m1", f"mcp__{server_name}__echo", text="mcp-echo-payload")),
         Reply(text=["echoed"]),
     )
     async with running_service(home, project) as svc:
@@ -309,7 +305,7 @@ async def test_published_mcp_server_package_answers_a_tool_call(
     servers = {"clock": {"command": sys.executable, "args": ["-m", "mcp_server_time"]}}
     write_settings(home, fake, mcp_servers=servers)
     fake.enqueue(
-        _tools("", _call("t1", "mcp__clock__get_current_time", timezone="UTC")),
+        _tools("", tool_call("t1", "mcp__clock__get_current_time", timezone="UTC")),
         Reply(text=["it is now"]),
     )
     async with running_service(home, project) as svc:
@@ -337,8 +333,8 @@ async def test_task_tool_runs_a_subagent_linked_by_parent_activity(
     write_settings(home, fake)
     (project / "notes.txt").write_text("child-visible-content\n")
     fake.enqueue(
-        _tools("", _call("p1", "task", description="inspect", prompt="Read notes.txt")),
-        _tools("child says hi", _call("k1", "read_file", path="notes.txt")),
+        _tools("", tool_call("p1", "task", description="inspect", prompt="Read notes.txt")),
+        _tools("child says hi", tool_call("k1", "read_file", path="notes.txt")),
         Reply(text=["child-final-answer"]),
         Reply(text=["Parent ", "done"]),
     )
@@ -433,7 +429,7 @@ async def test_activity_flood_drops_activity_but_never_text(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    calls = [_call(f"f{i}", "list_files", pattern="*.none") for i in range(400)]
+    calls = [tool_call(f"f{i}", "list_files", pattern="*.none") for i in range(400)]
     tail = [f"after-{i} " for i in range(50)]
     fake.enqueue(Reply(text=["before ", "tools "], tool_calls=calls), Reply(text=tail))
     async with running_service(home, project) as svc:
@@ -521,7 +517,7 @@ async def test_cancel_during_a_shell_command_leaves_no_process_behind(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    fake.enqueue(_tools("", _call("s1", "shell", command=f"{SLEEP_MARKER}; echo never")))
+    fake.enqueue(_tools("", tool_call("s1", "shell", command=f"{SLEEP_MARKER}; echo never")))
     svc = await ServiceProcess.start(home, project)
     try:
         await svc.initialize()
@@ -575,9 +571,9 @@ async def test_tool_and_mcp_children_do_not_inherit_credentials_or_service_varia
     fake.enqueue(
         _tools(
             "",
-            _call("e1", "shell", command="env > env-dump.txt"),
-            _call("e2", "mcp__envsrv__echo", text="probe", env_name="ANTHROPIC_API_KEY"),
-            _call("e3", "mcp__envsrv__echo", text="probe", env_name="MC_HOME"),
+            tool_call("e1", "shell", command="env > env-dump.txt"),
+            tool_call("e2", "mcp__envsrv__echo", text="probe", env_name="ANTHROPIC_API_KEY"),
+            tool_call("e3", "mcp__envsrv__echo", text="probe", env_name="MC_HOME"),
         ),
         Reply(text=["checked"]),
     )

@@ -24,6 +24,14 @@ from tests.support.fake_providers import (
 )
 from tests.support.service import ServiceProcess
 
+
+def held_shell(project: Path) -> tuple[Path, Path, str]:
+    """``(started, release, command)``: a shell command that touches ``started`` and then
+    waits until the test creates ``release``."""
+    started, release = project / "started", project / "release"
+    return started, release, f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+
+
 APIS = ("openai-chat", "anthropic", "openai-responses")
 CODEX_ACCESS_CLAIMS = {"https://api.openai.com/auth": {"chatgpt_account_id": "acct-fake-1"}}
 

@@ -19,7 +19,7 @@ import psutil
 from magi_code.client import Client
 from magi_code.tools.processes import MAX_CHILDREN_ENV
 from tests.process.daemon.support import cli, exited, paths, persistent, status, wait_for
-from tests.process.turn_support import posted_bodies, strings_in, write_settings
+from tests.process.turn_support import held_shell, posted_bodies, strings_in, write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 
 LIMIT_ERROR = (
@@ -89,8 +89,8 @@ async def test_past_the_child_limit_a_tool_gets_the_fixed_error(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    started, release, marker = project / "started", project / "release", project / "ran"
-    hold = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    started, release, hold = held_shell(project)
+    marker = project / "ran"
     fake.route("holding-turn", shell_call("h1", hold), Reply(text=["held"]))
     fake.route("refused-turn", shell_call("r1", f"touch {marker}"), Reply(text=["refused"]))
     first = await persistent(home, project, **{MAX_CHILDREN_ENV: "1"})

@@ -23,15 +23,11 @@ import pytest
 
 from magi_code.client import Client, Rewound, SessionError, SyncClient, Watched
 from tests.process.daemon.support import cli, context, persistent, wait_for
-from tests.process.turn_support import write_settings
-from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.process.turn_support import held_shell, tool_call, write_settings
+from tests.support.fake_providers import FakeProviderServer, Reply
 
 TRACKED_BEFORE = b"tracked \xff\x00 bytes\r\n"
 SEEN_BEFORE = b"seen before\n"
-
-
-def _call(call_id: str, name: str, **arguments: Any) -> FakeToolCall:
-    return FakeToolCall(call_id, name, json.dumps(arguments))
 
 
 def _git_project(project: Path) -> None:
@@ -74,15 +70,15 @@ async def _two_turns(client: Client, project: Path, fake: FakeProviderServer) ->
     """Turn one creates ``a.txt``; turn two edits it, overwrites ``seen.txt``, creates
     ``new.txt`` and a shell command rewrites the tracked ``tracked.bin``."""
     fake.enqueue(
-        Reply(text=[], tool_calls=[_call("c1", "write_file", path="a.txt", content="A1\n")]),
+        Reply(text=[], tool_calls=[tool_call("c1", "write_file", path="a.txt", content="A1\n")]),
         Reply(text=["one"]),
         Reply(
             text=[],
             tool_calls=[
-                _call("c2", "edit_file", path="a.txt", old_string="A1", new_string="A2"),
-                _call("c3", "write_file", path="seen.txt", content="agent wrote\n"),
-                _call("c4", "write_file", path="new.txt", content="N\n"),
-                _call("c5", "shell", command="printf 'shell wrote' > tracked.bin"),
+                tool_call("c2", "edit_file", path="a.txt", old_string="A1", new_string="A2"),
+                tool_call("c3", "write_file", path="seen.txt", content="agent wrote\n"),
+                tool_call("c4", "write_file", path="new.txt", content="N\n"),
+                tool_call("c5", "shell", command="printf 'shell wrote' > tracked.bin"),
             ],
         ),
         Reply(text=["two"]),
@@ -200,11 +196,10 @@ async def test_no_rewind_while_a_turn_runs(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    started, release = project / "started", project / "release"
-    command = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    started, release, command = held_shell(project)
     fake.enqueue(
         Reply(text=["done"]),
-        Reply(text=[], tool_calls=[_call("c1", "shell", command=command)]),
+        Reply(text=[], tool_calls=[tool_call("c1", "shell", command=command)]),
         Reply(text=["waited"]),
     )
     client = await persistent(home, project)
@@ -228,9 +223,9 @@ async def test_no_rewind_while_a_turn_runs(
 def test_sync_client_and_cli(home: Path, project: Path, fake: FakeProviderServer) -> None:
     write_settings(home, fake)
     fake.enqueue(
-        Reply(text=[], tool_calls=[_call("c1", "write_file", path="w.txt", content="W1")]),
+        Reply(text=[], tool_calls=[tool_call("c1", "write_file", path="w.txt", content="W1")]),
         Reply(text=["one"]),
-        Reply(text=[], tool_calls=[_call("c2", "write_file", path="w.txt", content="W2")]),
+        Reply(text=[], tool_calls=[tool_call("c2", "write_file", path="w.txt", content="W2")]),
         Reply(text=["two"]),
     )
 

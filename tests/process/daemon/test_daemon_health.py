@@ -11,8 +11,8 @@ from typing import Any
 
 from magi_code.client import Client
 from tests.process.daemon.support import cli, context, paths, persistent, status, wait_for
-from tests.process.turn_support import write_settings
-from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.process.turn_support import held_shell, tool_call, write_settings
+from tests.support.fake_providers import FakeProviderServer, Reply
 
 CHILD_KINDS = {"tool", "hook", "mcp_server", "worker", "other"}
 ROLES = {"v1_shim", "persistent", "control", "handshake"}
@@ -54,10 +54,9 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    started, release = project / "started", project / "release"
-    command = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    started, release, command = held_shell(project)
     fake.enqueue(
-        Reply(text=[], tool_calls=[FakeToolCall("t1", "shell", json.dumps({"command": command}))]),
+        Reply(text=[], tool_calls=[tool_call("t1", "shell", command=command)]),
         Reply(text=["done"]),
     )
     client = await persistent(home, project)

@@ -33,7 +33,7 @@ from tests.process.daemon.support import (
     status,
     wait_for,
 )
-from tests.process.turn_support import write_settings
+from tests.process.turn_support import held_shell, tool_call, write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.v2peer import Peer
 
@@ -42,10 +42,9 @@ PROMPTS = ["first queued", "second queued", "third queued"]
 
 def _blocking_turn(fake: FakeProviderServer, project: Path) -> tuple[Path, Path]:
     """Enqueue a turn whose shell tool waits for ``release``: ``(started, release)``."""
-    started, release = project / "started", project / "release"
-    command = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    started, release, command = held_shell(project)
     fake.enqueue(
-        Reply(text=[], tool_calls=[FakeToolCall("t1", "shell", json.dumps({"command": command}))]),
+        Reply(text=[], tool_calls=[tool_call("t1", "shell", command=command)]),
         Reply(text=["worked"]),
     )
     return started, release

@@ -5,15 +5,14 @@ against its document, the watcher's session events too."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from magi_code.client import connect_channel
 from magi_code.protocol.schema.session import FRAMES
 from tests.process.daemon.support import context, wait_for
-from tests.process.turn_support import write_settings
-from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.process.turn_support import held_shell, tool_call, write_settings
+from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.v2peer import Frame, Peer
 
 
@@ -32,10 +31,9 @@ async def test_the_session_frames_of_a_real_daemon_hold_their_schemas(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    started, release = project / "started", project / "release"
-    command = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    started, release, command = held_shell(project)
     fake.enqueue(
-        Reply(text=[], tool_calls=[FakeToolCall("t1", "shell", json.dumps({"command": command}))]),
+        Reply(text=[], tool_calls=[tool_call("t1", "shell", command=command)]),
         Reply(text=["worked"]),
         Reply(text=["queued answer"]),
     )

@@ -15,8 +15,8 @@ import pytest
 
 from magi_code.client import Client, SteerError, TurnStarted, Watched, connect_channel
 from tests.process.daemon.support import context, persistent, replay_in_new_shim, wait_for
-from tests.process.turn_support import write_settings
-from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.process.turn_support import held_shell, tool_call, write_settings
+from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.v2peer import Peer
 
 STEER = "also look at the tests"
@@ -35,10 +35,9 @@ async def test_a_steer_enters_the_next_request_and_replays_where_it_entered(
     home: Path, project: Path, fake: FakeProviderServer
 ) -> None:
     write_settings(home, fake)
-    started, release = project / "started", project / "release"
-    command = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    started, release, command = held_shell(project)
     fake.enqueue(
-        Reply(text=[], tool_calls=[FakeToolCall("t1", "shell", json.dumps({"command": command}))]),
+        Reply(text=[], tool_calls=[tool_call("t1", "shell", command=command)]),
         Reply(text=["steered ", "answer"]),
     )
     client = await persistent(home, project)

@@ -9,18 +9,16 @@ one starts the daemon.
 
 from __future__ import annotations
 
-import json
 import stat
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from magi_code.endpoint.paths import read_info
 from tests.process.daemon.support import paths
-from tests.process.turn_support import run_turn, write_settings
+from tests.process.turn_support import run_turn, tool_call, write_settings
 from tests.support import service
-from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
+from tests.support.fake_providers import FakeProviderServer, Reply
 from tests.support.modes import service_mode
 from tests.support.service import ServiceProcess, service_env, spawn
 
@@ -41,16 +39,14 @@ async def frontend(home: Path, project: Path, umask: int) -> ServiceProcess:
     return svc
 
 
-def _call(call_id: str, name: str, **arguments: Any) -> FakeToolCall:
-    return FakeToolCall(call_id, name, json.dumps(arguments))
-
-
 async def make_files(svc: ServiceProcess, fake: FakeProviderServer, name: str) -> None:
     """One turn: the shell tool makes ``<name>/`` and ``<name>/f``; write_file makes
     ``<name>-w/sub/new.txt`` (two new parent directories)."""
     fake.enqueue(
-        Reply(tool_calls=(_call("s1", "shell", command=f"mkdir {name} && touch {name}/f"),)),
-        Reply(tool_calls=(_call("w1", "write_file", path=f"{name}-w/sub/new.txt", content="x"),)),
+        Reply(tool_calls=(tool_call("s1", "shell", command=f"mkdir {name} && touch {name}/f"),)),
+        Reply(
+            tool_calls=(tool_call("w1", "write_file", path=f"{name}-w/sub/new.txt", content="x"),)
+        ),
         Reply(text=["done"]),
     )
     _, turn = await run_turn(svc, f"make {name}")
