@@ -124,11 +124,14 @@ def test_sync_client_requests_snapshots_attaches_and_iterates_events() -> None:
 
 
 def test_a_failing_opener_stops_the_loop_thread_and_raises() -> None:
-    before = threading.active_count()
+    # Its own loop thread, found by identity: other tests' threads may end meanwhile.
+    started: list[threading.Thread] = []
 
     async def opener() -> Client:
+        started.append(threading.current_thread())
         raise DaemonUnavailable("no daemon is running")
 
     with pytest.raises(DaemonUnavailable):
         SyncClient(opener)
-    assert threading.active_count() == before
+    assert [t.name for t in started] == ["magi-code-client"]
+    assert not started[0].is_alive()
