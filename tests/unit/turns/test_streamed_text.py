@@ -121,13 +121,17 @@ async def test_a_steady_slow_stream_costs_one_append_per_window() -> None:
     store = Store()
     streamed = StreamedText(store.append, interval=0.1)
     sent = []
+    loop = asyncio.get_running_loop()
+    began = loop.time()
     for i in range(50):  # ~1 s of one small delta every 20 ms
         sent.append(f"w{i} ")
         streamed.add(sent[-1])
         await asyncio.sleep(0.02)
+    windows = (loop.time() - began) / 0.1  # more on a loaded machine, whose sleeps run long
     await streamed.settle()
     assert "".join(store.texts) == "".join(sent)
-    assert 5 <= len(store.texts) <= 13  # about one per 100 ms (+ the settle)
+    # At most one append per window (+ the settle), and appends while it streams.
+    assert 5 <= len(store.texts) <= windows + 2, (len(store.texts), windows)
     assert store.max_in_flight == 1
 
 
