@@ -210,12 +210,6 @@ def test_ctrl_c_at_the_anthropic_key_prompt_is_one_line_and_stores_nothing(home:
     try:
         seen = _read_until(master, b"(not echoed): ")
         os.write(master, b"\x03")
-        # Once, on a heavily loaded machine, nothing came of it for 30 s; a user would
-        # press Ctrl-C again, and so does the test, only after 5 s without an answer.
-        for _ in range(3):
-            if select.select([master], [], [], 5)[0]:
-                break
-            os.write(master, b"\x03")
         seen += _read_until(master, None)
         assert proc.wait(30) == 130
     finally:
