@@ -196,6 +196,9 @@ def test_ctrl_c_at_the_anthropic_key_prompt_is_one_line_and_stores_nothing(home:
     def take_terminal() -> None:
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        # As a command typed at a shell prompt: a suite started as a background job of a
+        # shell without job control inherits SIGINT ignored, and so would the command.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "magi_code", "login", "--provider", "anthropic"],
