@@ -6,7 +6,7 @@ only while nobody holds the lifetime lock; it then waits on a readiness pipe (``
 ``ERR reason`` / EOF) and keeps the start lock until the daemon answers. A live daemon
 that does not answer is never killed or unlinked: the starter waits for it while it has
 no socket or refuses as ``draining`` (starting or stopping), and reports at once one that
-accepts but does not answer its ``hello`` within :data:`ANSWER_TIMEOUT_SECONDS` (stopped
+accepts but does not answer its ``hello`` within ``handshake.CONNECT_TIMEOUT`` (stopped
 or wedged; ``MC_DAEMON_ANSWER_TIMEOUT_SECONDS`` in the caller's environment overrides it).
 
 :func:`start_daemon` is all of it, blocking, around the caller's own connection (the shim
@@ -44,8 +44,6 @@ from .errors import DaemonError, DaemonTimeout, DaemonUnavailable
 from .handshake import answer_timeout
 
 START_TIMEOUT_SECONDS: Final = 30.0
-# A daemon that accepted the connection answers hello in milliseconds.
-ANSWER_TIMEOUT_SECONDS: Final = 3.0
 NO_SCOPE_ENV: Final = "MC_DAEMON_NO_SCOPE"
 MANAGER_NAMES: Final = frozenset({"NOTIFY_SOCKET", "JOURNAL_STREAM"})
 
@@ -84,7 +82,7 @@ async def ensure_daemon(
         future = asyncio.run_coroutine_threadsafe(_welcome(ctx, build), loop)
         try:
             # Bounded: once we are cancelled the loop may stop before it runs the hello.
-            return future.result(2 * answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS))
+            return future.result(2 * answer_timeout(ctx.env))
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise DaemonStartError("the start was cancelled") from None
@@ -192,7 +190,7 @@ async def _welcome(ctx: LaunchContext, build: str | None) -> dict[str, Any]:
         socket_for(ctx),
         "control",
         ctx,
-        timeout=answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS),
+        timeout=answer_timeout(ctx.env),
         build=build,
     )
     await channel.close()
@@ -243,7 +241,7 @@ def _spawn_and_wait(ctx: LaunchContext, use_scope: bool, deadline: float) -> str
         if child is not None:
             # It exits as soon as it forked the daemon (or failed before that): reap it.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS))
+                child.wait(timeout=answer_timeout(ctx.env))
 
 
 def _read_line(fd: int, deadline: float) -> str:

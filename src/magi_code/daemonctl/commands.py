@@ -11,7 +11,7 @@ client, ``restart``): a service manager starts it again. ``install`` refuses to 
 a different unit and ``uninstall`` to remove one it did not write (exit 1, unless
 ``--force``).
 
-Bounds: connecting, ``hello`` and each control answer get :data:`ANSWER_TIMEOUT_SECONDS`
+Bounds: connecting, ``hello`` and each control answer get ``handshake.CONNECT_TIMEOUT``
 each (``MC_DAEMON_ANSWER_TIMEOUT_SECONDS`` in the command's environment overrides it), so
 ``stop`` and ``status`` report a daemon that accepts but does not answer (stopped with
 SIGSTOP, wedged) within a few seconds; ``stop`` waits up to :data:`STARTING_WAIT_SECONDS`
@@ -39,7 +39,6 @@ from magi_code.client.errors import (
     ForeignDaemon,
 )
 from magi_code.client.handshake import answer_timeout
-from magi_code.client.starter import ANSWER_TIMEOUT_SECONDS
 from magi_code.daemon.control_role import RESTART_TURN_WAIT_SECONDS
 from magi_code.daemon.lifecycle import run_daemon
 from magi_code.endpoint.lock import StartLockTimeout, is_held
@@ -154,17 +153,13 @@ async def _connect(ctx: LaunchContext) -> Any:
         "control",
         ctx,
         client_name="magi-code daemon",
-        timeout=_answer_timeout(ctx),
+        timeout=answer_timeout(ctx.env),
     )
     return Client(channel)
 
 
-def _answer_timeout(ctx: LaunchContext) -> float:
-    return answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS)
-
-
 async def _control(ctx: LaunchContext, client: Any, op: str) -> dict[str, Any]:
-    timeout = _answer_timeout(ctx)
+    timeout = answer_timeout(ctx.env)
     try:
         result: dict[str, Any] = await asyncio.wait_for(client.control(op), timeout)
     except TimeoutError:

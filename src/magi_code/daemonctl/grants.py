@@ -29,7 +29,6 @@ import orjson
 
 from magi_code.client.errors import DaemonError, DaemonUnavailable
 from magi_code.client.handshake import answer_timeout
-from magi_code.client.starter import ANSWER_TIMEOUT_SECONDS
 from magi_code.config.grants import project_grants, revoke_project_grant
 from magi_code.core.approvals import ApprovalService
 from magi_code.protocol.errors import ServiceError
@@ -147,18 +146,14 @@ async def _client(ctx: LaunchContext) -> Any:
     from magi_code.client import Channel, Client, socket_for
 
     channel = await Channel.open(
-        socket_for(ctx), "persistent", ctx, client_name=CLIENT_NAME, timeout=_answer_timeout(ctx)
+        socket_for(ctx), "persistent", ctx, client_name=CLIENT_NAME, timeout=answer_timeout(ctx.env)
     )
     return Client(channel)
 
 
-def _answer_timeout(ctx: LaunchContext) -> float:
-    return answer_timeout(ctx.env, ANSWER_TIMEOUT_SECONDS)
-
-
 async def _bounded(ctx: LaunchContext, call: Any) -> Any:
     try:
-        return await asyncio.wait_for(call, _answer_timeout(ctx))
+        return await asyncio.wait_for(call, answer_timeout(ctx.env))
     except TimeoutError:
         raise DaemonError("it did not answer in time") from None
 

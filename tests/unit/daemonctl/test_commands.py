@@ -6,6 +6,7 @@ whose peer check fails (another user's; the check is replaced, so no root is nee
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from collections.abc import Iterator
@@ -45,13 +46,18 @@ def _stderr_line(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
+def _answering_within(ctx: LaunchContext, seconds: float) -> LaunchContext:
+    return dataclasses.replace(
+        ctx, env={**ctx.env, "MC_DAEMON_ANSWER_TIMEOUT_SECONDS": str(seconds)}
+    )
+
+
 def test_stop_of_a_daemon_that_does_not_answer_fails_promptly_and_touches_nothing(
     ctx: LaunchContext,
     silent_listener: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(commands, "ANSWER_TIMEOUT_SECONDS", 0.5)
+    ctx = _answering_within(ctx, 0.5)
     inode = silent_listener.stat().st_ino
     started = time.monotonic()
     code = commands.main(ctx, "stop", json=False, print_unit=False)
@@ -67,9 +73,8 @@ def test_status_reports_a_timeout_without_calling_it_a_daemon(
     ctx: LaunchContext,
     silent_listener: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(commands, "ANSWER_TIMEOUT_SECONDS", 0.5)
+    ctx = _answering_within(ctx, 0.5)
     started = time.monotonic()
     assert commands.main(ctx, "status", json=True, print_unit=False) == 0
     assert time.monotonic() - started < 5
