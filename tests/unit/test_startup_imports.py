@@ -1,6 +1,7 @@
 """Start-up imports only what it needs: each check runs in a fresh interpreter.
 
-``import magi_code.cli`` (every command's first step) loads no heavy third-party module;
+``import magi_code.cli`` (every command's first step) loads no heavy third-party module, and
+the daemon's operator commands but ``run`` load neither the daemon nor the HTTP stack;
 ``magi_code.tools.mcp`` and a toolset without servers load nothing of the MCP SDK; the
 daemon's preload imports every product module it can run (none of the frontends') but not
 the SDK, nor the HTTP stack every turn uses, which ``warm_turn_modules`` loads (the daemon
@@ -74,6 +75,16 @@ def test_importing_the_cli_loads_no_heavy_module(tmp_path: Path) -> None:
     assert "magi_code.cli" in modules
     assert present(modules, HEAVY_FOR_CLI) == []
     assert present(modules, ("asyncio", "magi_code.composition", "magi_code.core")) == []
+
+
+def test_the_daemon_commands_but_run_load_neither_the_daemon_nor_the_http_stack(
+    tmp_path: Path,
+) -> None:
+    # ``daemon status``/``stop``/``start``/``install`` are a control client at most.
+    code = "import magi_code.daemonctl.commands, magi_code.client.starter, magi_code.client"
+    modules = loaded_after(code, tmp_path)
+    assert "magi_code.daemonctl.units" in modules
+    assert present(modules, ("magi_code.daemon.lifecycle", "magi_code.core", "httpx")) == []
 
 
 def test_the_mcp_module_and_a_toolset_without_servers_load_no_sdk(tmp_path: Path) -> None:

@@ -63,14 +63,10 @@ from magi_code.storage.launch import LaunchContext
 from magi_code.tools.environment import daemon_environment
 from magi_code.version import build_id, package_version
 
+from .exits import EXIT_ALREADY_RUNNING, EXIT_RESTART, EXIT_UNSAFE
 from .notify import NOTIFY_ENV, Notifier, stderr_is_journal
 from .outbound import CLIENT_TIMEOUT_SECONDS, DEFAULT_LIMIT_BYTES, MIN_LIMIT_BYTES
 
-EXIT_ALREADY_RUNNING: Final = 3
-EXIT_UNSAFE: Final = 2
-# EX_TEMPFAIL: stopped to be replaced (another build's client, ``daemon restart``); a
-# service manager starts it again, an on-demand daemon is started by the next client.
-EXIT_RESTART: Final = 75
 RESTART_REASONS: Final = frozenset({"upgrade", "restart"})
 IDLE_ENV: Final = "MC_DAEMON_IDLE_SECONDS"
 OUTBOUND_ENV: Final = "MC_DAEMON_OUTBOUND_BYTES"

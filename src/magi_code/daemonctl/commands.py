@@ -40,7 +40,6 @@ from magi_code.client.errors import (
 )
 from magi_code.client.handshake import answer_timeout
 from magi_code.daemon.control_role import RESTART_TURN_WAIT_SECONDS
-from magi_code.daemon.lifecycle import run_daemon
 from magi_code.endpoint.lock import StartLockTimeout, is_held
 from magi_code.endpoint.paths import RuntimePaths, UnsafeRuntimeDir, read_info, runtime_paths
 from magi_code.protocol.v2 import SUPPORTED_VERSIONS
@@ -102,6 +101,9 @@ def main(
 
 def run(ctx: LaunchContext, *, on_demand: bool, ready_fd: int | None) -> int:
     """``daemon run``: the daemon itself reports its startup failures (one line)."""
+    # Only this command loads the daemon: status, stop and the rest stay quick to start.
+    from magi_code.daemon.lifecycle import run_daemon
+
     try:
         return run_daemon(ctx, on_demand=on_demand, ready_fd=ready_fd)
     except UnsafeRuntimeDir as exc:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from magi_code.daemon.lifecycle import EXIT_ALREADY_RUNNING, EXIT_RESTART, EXIT_UNSAFE
+from magi_code.daemon.exits import EXIT_ALREADY_RUNNING, EXIT_RESTART, EXIT_UNSAFE
 
 SYSTEMD_UNIT_NAME: Final = "magi-code.service"
 LAUNCHD_LABEL: Final = "com.magi-code.daemon"

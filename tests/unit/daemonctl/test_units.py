@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from magi_code.daemon import lifecycle
+from magi_code.daemon import exits
 from magi_code.daemonctl.units import (
     LAUNCHD_LABEL,
     SHIPPED_PLACEHOLDERS,
@@ -78,7 +78,7 @@ def test_systemd_unit_is_notify_and_its_exit_statuses_never_loop() -> None:
     # 75 (stopped to be replaced): a clean exit, and the manager starts the new build.
     assert d["RestartForceExitStatus"] == ["75"]
     assert d["SuccessExitStatus"] == ["75"]
-    assert (lifecycle.EXIT_UNSAFE, lifecycle.EXIT_ALREADY_RUNNING) == (2, 3)
+    assert (exits.EXIT_UNSAFE, exits.EXIT_ALREADY_RUNNING) == (2, 3)
 
 
 def _systemd_analyze(unit: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
