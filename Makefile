@@ -7,11 +7,13 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: service test test-fast check bytecode coverage conformance benchmark stress soak
 
 # Set-up output goes to stderr: `make service` keeps stdout for protocol JSONL only.
+# pip installs uv, which installs the package and its dependencies: the same versions
+# pip resolves, in ~2 s instead of ~13 s (an upgraded pip) on a fresh clone.
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) ..." >&2
 	@$(PYTHON) -m venv $(VENV) >&2
-	@$(BIN)/pip install --quiet --upgrade pip >&2
-	@$(BIN)/pip install --quiet -e '.[dev]' >&2
+	@$(BIN)/pip install --quiet uv >&2
+	@$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]' >&2
 	@touch $(STAMP)
 
 service: $(STAMP)
