@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -10,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
 
 from magi_code.client import ApprovalRequest, Client
+from magi_code.daemonctl.commands import query_daemon
 from magi_code.endpoint.paths import RuntimePaths, runtime_paths
 from magi_code.storage.launch import LaunchContext
 from tests.process.turn_support import replay_all
@@ -43,9 +44,12 @@ def cli(
 
 
 def status(home: Path) -> dict[str, Any]:
-    result = cli(home, "daemon", "status", "--json")
-    data: dict[str, Any] = orjson.loads(result.stdout)
-    return data
+    """``magi-code daemon status --json``'s document, made by the command's own code in this
+    process (on a thread of its own: the caller may be on an event loop), over the real
+    socket: a probe spares the test an interpreter start. The command itself, its output
+    and exit codes, is tested through the command line (test_daemon_control and others)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(query_daemon, context(home, home)).result(timeout=90)
 
 
 async def persistent(home: Path, project: Path, **extra: str) -> Client:

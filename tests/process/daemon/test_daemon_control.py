@@ -196,7 +196,9 @@ async def test_a_client_that_stops_reading_is_cut_from_the_live_stream_not_the_t
     try:
         await slow.send(_request("i1", "initialize", {"supported_protocol_versions": [1]}))
         await slow.send(_request("t1", "turn.start", {"prompt": "go"}))
-        # The slow client reads nothing while the turn runs to its end.
+        # The slow client reads nothing while the turn runs to its end (it has begun once
+        # the provider has its request).
+        await wait_for(lambda: len(fake.requests) == 1, 60, "the turn to reach the provider")
         await wait_for(lambda: status(home)["active_turns"] == 0, 60, "the turn to finish")
 
         deltas: list[dict[str, Any]] = []
