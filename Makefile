@@ -37,7 +37,10 @@ bytecode: $(STAMP)
 	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q --collect-only \
 		-p no:cacheprovider tests >/dev/null 2>&1 || true
 
-test: check bytecode
+# Lint and types run beside the bytecode step: mypy keeps one core busy, the collection
+# the other (~5 s off a fresh clone's run).
+test: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 check bytecode
 	$(BIN)/python -m pytest -n 4 -q tests
 
 # Line coverage of src/ over the whole suite, every Python process measured: pytest's

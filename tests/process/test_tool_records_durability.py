@@ -32,9 +32,6 @@ from tests.process.turn_support import start_turn, write_settings
 from tests.support.fake_providers import FakeProviderServer, FakeToolCall, Reply
 from tests.support.service import ServiceProcess
 
-# Both modes: the process killed is the service (embedded) or the daemon.
-pytestmark = pytest.mark.both_modes
-
 HOLD_SECONDS = 0.5  # well below the 5 s an append waits for the lock
 ROUND_DELAY = 0.08
 ROUNDS = 23  # tool replies, then a final text reply: the agent's 24 provider requests
@@ -130,7 +127,9 @@ async def _killed_after(
     return accepted["session_id"], seen
 
 
-@pytest.mark.parametrize("activities", [3, 60, 250])
+# Both modes for the longest run (the process killed is the service, embedded, or the
+# daemon); the shorter runs once.
+@pytest.mark.parametrize("activities", [3, 60, pytest.param(250, marks=pytest.mark.both_modes)])
 async def test_every_activity_seen_before_a_kill_9_has_its_records(
     home: Path, project: Path, activities: int
 ) -> None:
