@@ -47,7 +47,8 @@ def status(home: Path) -> dict[str, Any]:
     """``magi-code daemon status --json``'s document, made by the command's own code in this
     process (on a thread of its own: the caller may be on an event loop), over the real
     socket: a probe spares the test an interpreter start. The command itself, its output
-    and exit codes, is tested through the command line (test_daemon_control and others)."""
+    and exit codes, is tested through the command line (test_daemon_lifecycle, _journal,
+    _upgrade and _identity)."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(query_daemon, context(home, home)).result(timeout=90)
 
