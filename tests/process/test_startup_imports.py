@@ -170,7 +170,7 @@ async def test_a_ready_daemon_loads_the_http_stack_of_turns_before_any_turn(home
         # without any client asking for anything.
         await asyncio.wait_for(read_until_warmed(), 60)
         assert "magi_code.composition" in imported(lines)
-        assert {"httpcore", "h11"} <= set(imported(lines))
+        assert {"httpx", "httpcore", "h11"} <= set(imported(lines))
     finally:
         stopped = await asyncio.to_thread(cli, home, "daemon", "stop")
         assert stopped.returncode == 0, stopped.stderr

@@ -122,7 +122,7 @@ def test_a_toolset_with_a_server_loads_the_sdk(tmp_path: Path) -> None:
     assert present(loaded_after(code, tmp_path), ("mcp",)) == ["mcp"]
 
 
-WARMED = ("httpcore", "h11", "anyio._backends._asyncio", "certifi")
+WARMED = ("httpx", "http.cookiejar", "httpcore", "h11", "anyio._backends._asyncio", "certifi")
 
 
 def test_the_daemon_preload_loads_the_product_but_no_sdk_and_warming_the_http_stack(
@@ -149,7 +149,7 @@ def test_the_daemon_preload_loads_the_product_but_no_sdk_and_warming_the_http_st
     assert present(modules, HTTPX_CLI) == []
 
 
-def test_the_services_are_built_without_the_mcp_sdk(tmp_path: Path) -> None:
+def test_the_services_are_built_without_the_http_stack_or_the_mcp_sdk(tmp_path: Path) -> None:
     code = (
         "from pathlib import Path\n"
         "from magi_code import composition\n"
@@ -157,8 +157,9 @@ def test_the_services_are_built_without_the_mcp_sdk(tmp_path: Path) -> None:
         f"composition._domain_services(LaunchContext(Path({str(tmp_path)!r}), Path('.'), {{}}))\n"
     )
     modules = loaded_after(code, tmp_path)
-    assert "magi_code.core.turns" in modules and "httpx" in modules
-    assert present(modules, (*HTTPX_CLI, *MCP_SDK)) == []
+    assert "magi_code.core.turns" in modules
+    # httpx loads where a request is made, or when the daemon warms up once it answers.
+    assert present(modules, ("httpx", *MCP_SDK)) == []
 
 
 def test_no_product_module_uses_the_httpx_command_line() -> None:

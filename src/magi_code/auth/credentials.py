@@ -10,9 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, Final
-
-import httpx
+from typing import TYPE_CHECKING, Any, Final
 
 from magi_code.auth import oauth
 from magi_code.auth.readiness import ProviderLike, env_value
@@ -30,6 +28,9 @@ from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.errors import ProviderFailure
 from magi_code.providers.http import ClientSource, as_source
 from magi_code.storage.launch import LaunchContext
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 

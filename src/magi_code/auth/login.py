@@ -13,10 +13,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
-
-import httpx
 
 from magi_code.auth import oauth
 from magi_code.auth.loopback import CallbackListener, callback_code, state_matches
@@ -28,6 +26,9 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.providers.errors import ProviderFailure
 from magi_code.providers.http import build_client, transport_options
 from magi_code.storage.launch import LaunchContext
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,13 @@ import hashlib
 import json
 import secrets
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlencode, urlsplit
 
-import httpx
-
 from magi_code.protocol.errors import ErrorCode, ServiceError
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_ISSUER: Final = "https://auth.openai.com"
 CLIENT_ID: Final = "app_EMoamEEZ73f0CkXaXp7hrann"
@@ -121,6 +122,8 @@ def authorize_url(issuer: str, redirect: str, challenge: str, state: str) -> str
 async def _post_token(
     client: httpx.AsyncClient, issuer: str, timeout: float, **kwargs: Any
 ) -> dict[str, Any]:
+    import httpx
+
     try:
         # One overall deadline: httpx timeouts are per phase, so a dripping peer could
         # otherwise hold the login or the turn far longer than ``timeout``.

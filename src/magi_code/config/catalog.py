@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import httpx
 import orjson
 
 from magi_code.config.ids import is_safe_id, normalize_levels, sanitize_label
@@ -36,11 +35,14 @@ from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_CATALOG_PAGE_ITEMS
 from magi_code.providers.apis import API_PROFILES
 from magi_code.providers.discovery import list_models
-from magi_code.providers.errors import HTTPX_EXCEPTIONS, ProviderFailure
+from magi_code.providers.errors import ProviderFailure, httpx_exceptions
 from magi_code.providers.http import ClientSource, as_source
 from magi_code.providers.types import Endpoint
 from magi_code.storage.files import atomic_write, read_regular
 from magi_code.storage.launch import LaunchContext
+
+if TYPE_CHECKING:
+    import httpx
 
 CATALOG_TTL_SECONDS: Final = 3600.0
 # A fetch time further in the future than this means the clock moved back: not fresh.
@@ -376,7 +378,7 @@ async def _discovered_models(
     # Provider details (status, body, URL) never leave this function.
     except ProviderFailure:
         raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED) from None
-    except HTTPX_EXCEPTIONS:
+    except httpx_exceptions():
         raise ServiceError(ErrorCode.CATALOG_REFRESH_FAILED) from None
     return _clean(
         (m.model_id, m.label, m.context_window, m.max_output_tokens, m.reasoning_levels)

@@ -14,9 +14,8 @@ Failures raise ``ProviderFailure``; bodies are read with a size bound.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import httpx
 import orjson
 
 from magi_code.dataclass import dataclass
@@ -31,11 +30,13 @@ from magi_code.providers.errors import (
 from magi_code.providers.types import Endpoint, ReasoningLevel
 from magi_code.providers.wire import JsonObject, count, obj, text
 
+if TYPE_CHECKING:
+    import httpx
+
 MAX_PAGES: Final = 10
 PAGE_LIMIT: Final = 100
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_CLIENT_VERSION: Final = "0.128.0"
-_TIMEOUT: Final = httpx.Timeout(30.0, connect=10.0)
 _EFFORTS: Final[dict[str, ReasoningLevel]] = {
     "low": "low",
     "medium": "medium",
@@ -146,11 +147,14 @@ async def _get_json(
     params: dict[str, str],
     extra_headers: dict[str, str] | None = None,
 ) -> JsonObject:
+    import httpx
+
     headers = {"accept": "application/json", **(extra_headers or {}), **endpoint.headers}
+    timeout = httpx.Timeout(30.0, connect=10.0)
     body = bytearray()
     with map_httpx_errors():
         async with client.stream(
-            "GET", endpoint.url(path), params=params, headers=headers, timeout=_TIMEOUT
+            "GET", endpoint.url(path), params=params, headers=headers, timeout=timeout
         ) as response:
             async for chunk in response.aiter_bytes():
                 body += chunk

@@ -24,12 +24,11 @@ httpx exception tree (``httpx/_exceptions.py``) and where each lands::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import Final
-
-import httpx
 
 
 class FailureLabel(StrEnum):
@@ -74,47 +73,63 @@ class ProviderFailure(Exception):
         return f"ProviderFailure({self.label.value!r}, status={self.status!r})"
 
 
-# Explicit per-class table, most specific class wins (walk of the MRO); the unit test
-# enumerates httpx's exported exception classes and fails on any missing entry.
-_HTTPX_LABELS: Final[dict[type[Exception], tuple[FailureLabel, bool]]] = {
-    httpx.ConnectTimeout: (FailureLabel.TIMEOUT, True),
-    httpx.PoolTimeout: (FailureLabel.TIMEOUT, True),
-    httpx.ReadTimeout: (FailureLabel.TIMEOUT, False),
-    httpx.WriteTimeout: (FailureLabel.TIMEOUT, False),
-    httpx.TimeoutException: (FailureLabel.TIMEOUT, False),
-    httpx.ConnectError: (FailureLabel.UNAVAILABLE, True),
-    httpx.ReadError: (FailureLabel.STREAM_ERROR, False),
-    httpx.WriteError: (FailureLabel.STREAM_ERROR, False),
-    httpx.CloseError: (FailureLabel.STREAM_ERROR, False),
-    httpx.NetworkError: (FailureLabel.STREAM_ERROR, False),
-    httpx.RemoteProtocolError: (FailureLabel.STREAM_ERROR, False),
-    httpx.LocalProtocolError: (FailureLabel.STREAM_ERROR, False),
-    httpx.ProtocolError: (FailureLabel.STREAM_ERROR, False),
-    httpx.ProxyError: (FailureLabel.HTTP_ERROR, False),
-    httpx.UnsupportedProtocol: (FailureLabel.HTTP_ERROR, False),
-    httpx.TransportError: (FailureLabel.STREAM_ERROR, False),
-    httpx.DecodingError: (FailureLabel.STREAM_ERROR, False),
-    httpx.TooManyRedirects: (FailureLabel.HTTP_ERROR, False),
-    httpx.RequestError: (FailureLabel.HTTP_ERROR, False),
-    httpx.HTTPStatusError: (FailureLabel.HTTP_ERROR, False),
-    httpx.HTTPError: (FailureLabel.HTTP_ERROR, False),
-    httpx.InvalidURL: (FailureLabel.HTTP_ERROR, False),
-    httpx.CookieConflict: (FailureLabel.HTTP_ERROR, False),
-    httpx.StreamConsumed: (FailureLabel.STREAM_ERROR, False),
-    httpx.StreamClosed: (FailureLabel.STREAM_ERROR, False),
-    httpx.ResponseNotRead: (FailureLabel.STREAM_ERROR, False),
-    httpx.RequestNotRead: (FailureLabel.STREAM_ERROR, False),
-    httpx.StreamError: (FailureLabel.STREAM_ERROR, False),
-}
+@functools.cache
+def _httpx_labels() -> dict[type[Exception], tuple[FailureLabel, bool]]:
+    """Explicit per-class table, most specific class wins (walk of the MRO); the unit test
+    enumerates httpx's exported exception classes and fails on any missing entry.
 
-HTTPX_EXCEPTIONS: Final[tuple[type[Exception], ...]] = tuple(_HTTPX_LABELS)
+    Built on first use: httpx is imported only when a request is made or the daemon warms
+    its HTTP stack after it is ready (``turns.runtime.TURN_MODULES``), not while it starts.
+    """
+    import httpx
+
+    return {
+        httpx.ConnectTimeout: (FailureLabel.TIMEOUT, True),
+        httpx.PoolTimeout: (FailureLabel.TIMEOUT, True),
+        httpx.ReadTimeout: (FailureLabel.TIMEOUT, False),
+        httpx.WriteTimeout: (FailureLabel.TIMEOUT, False),
+        httpx.TimeoutException: (FailureLabel.TIMEOUT, False),
+        httpx.ConnectError: (FailureLabel.UNAVAILABLE, True),
+        httpx.ReadError: (FailureLabel.STREAM_ERROR, False),
+        httpx.WriteError: (FailureLabel.STREAM_ERROR, False),
+        httpx.CloseError: (FailureLabel.STREAM_ERROR, False),
+        httpx.NetworkError: (FailureLabel.STREAM_ERROR, False),
+        httpx.RemoteProtocolError: (FailureLabel.STREAM_ERROR, False),
+        httpx.LocalProtocolError: (FailureLabel.STREAM_ERROR, False),
+        httpx.ProtocolError: (FailureLabel.STREAM_ERROR, False),
+        httpx.ProxyError: (FailureLabel.HTTP_ERROR, False),
+        httpx.UnsupportedProtocol: (FailureLabel.HTTP_ERROR, False),
+        httpx.TransportError: (FailureLabel.STREAM_ERROR, False),
+        httpx.DecodingError: (FailureLabel.STREAM_ERROR, False),
+        httpx.TooManyRedirects: (FailureLabel.HTTP_ERROR, False),
+        httpx.RequestError: (FailureLabel.HTTP_ERROR, False),
+        httpx.HTTPStatusError: (FailureLabel.HTTP_ERROR, False),
+        httpx.HTTPError: (FailureLabel.HTTP_ERROR, False),
+        httpx.InvalidURL: (FailureLabel.HTTP_ERROR, False),
+        httpx.CookieConflict: (FailureLabel.HTTP_ERROR, False),
+        httpx.StreamConsumed: (FailureLabel.STREAM_ERROR, False),
+        httpx.StreamClosed: (FailureLabel.STREAM_ERROR, False),
+        httpx.ResponseNotRead: (FailureLabel.STREAM_ERROR, False),
+        httpx.RequestNotRead: (FailureLabel.STREAM_ERROR, False),
+        httpx.StreamError: (FailureLabel.STREAM_ERROR, False),
+    }
+
+
+@functools.cache
+def httpx_exceptions() -> tuple[type[Exception], ...]:
+    """Every httpx exception class, for ``except httpx_exceptions():`` (evaluated only
+    when an exception is being matched)."""
+    return tuple(_httpx_labels())
 
 
 def failure_for_httpx(exc: Exception) -> ProviderFailure:
+    import httpx
+
     if isinstance(exc, httpx.HTTPStatusError):
         return failure_for_status(exc.response.status_code)
+    labels = _httpx_labels()
     for cls in type(exc).__mro__:
-        entry = _HTTPX_LABELS.get(cls)
+        entry = labels.get(cls)
         if entry is not None:
             label, retryable = entry
             return ProviderFailure(label, retryable=retryable)
@@ -130,7 +145,7 @@ def map_httpx_errors() -> Iterator[None]:
     """
     try:
         yield
-    except HTTPX_EXCEPTIONS as exc:
+    except httpx_exceptions() as exc:
         raise failure_for_httpx(exc) from exc
 
 

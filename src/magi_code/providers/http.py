@@ -32,19 +32,21 @@ import contextlib
 import functools
 import hashlib
 import hmac
-import http.cookiejar
 import ipaddress
 import secrets
 import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Final, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Final, Protocol
 
 from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure
+
+if TYPE_CHECKING:
+    from http.cookiejar import CookieJar
+
+    import httpx
 
 DEFAULT_CAPACITY: Final = 16
 # Headers whose values identify a credential (lower-case). An account ID, when present,
@@ -138,6 +140,8 @@ def _no_proxy_patterns(no_proxy: str) -> dict[str, None] | None:
 
 
 def _parses(pattern: str) -> bool:
+    import httpx
+
     try:
         httpx.URL(pattern)
     except (httpx.InvalidURL, ValueError, TypeError):
@@ -220,6 +224,8 @@ def build_client(options: TransportOptions) -> httpx.AsyncClient:
     Raises:
         ProviderFailure: ``provider_http_error`` for an unusable proxy URL or CA source.
     """
+    import httpx
+
     try:
         for _, url in options.proxies:
             if url is not None and httpx.URL(url).scheme not in PROXY_SCHEMES:
@@ -237,8 +243,10 @@ def build_client(options: TransportOptions) -> httpx.AsyncClient:
         raise ProviderFailure(FailureLabel.HTTP_ERROR) from None
 
 
-def _no_cookies() -> http.cookiejar.CookieJar:
+def _no_cookies() -> CookieJar:
     """A jar that stores nothing (no domain is allowed), so it never sends anything back."""
+    import http.cookiejar
+
     return http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
@@ -248,6 +256,8 @@ def origin(url: str) -> str:
     Raises:
         ProviderFailure: ``provider_http_error`` for a URL httpx cannot parse.
     """
+    import httpx
+
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError):
@@ -288,6 +298,8 @@ class FixedClient:
 
 
 def as_source(client: httpx.AsyncClient | ClientSource) -> ClientSource:
+    import httpx
+
     return FixedClient(client) if isinstance(client, httpx.AsyncClient) else client
 
 

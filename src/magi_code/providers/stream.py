@@ -28,10 +28,8 @@ import dataclasses
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import httpx
 import orjson
 
 from magi_code.dataclass import dataclass, field
@@ -46,6 +44,9 @@ from magi_code.providers.errors import (
 from magi_code.providers.sse import SSEEvent, SSEParser
 from magi_code.providers.types import Endpoint, ProviderRequest, StreamEvent
 from magi_code.providers.wire import Decoder, HttpCall
+
+if TYPE_CHECKING:
+    import httpx
 
 MAX_ERROR_BODY_BYTES: Final = 64 * 1024
 # Reading the rest of a response after its terminal event: a server that keeps sending
@@ -77,6 +78,8 @@ class StreamSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def timeout(self) -> httpx.Timeout:
+        import httpx
+
         return httpx.Timeout(
             connect=self.connect_timeout,
             read=self.idle_timeout,
@@ -169,6 +172,8 @@ async def stream_response(
 async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:
     """Read the body past the terminal event, so the connection can be reused; a failure
     or a server that goes on only costs the connection."""
+    import httpx
+
     read = 0
     with contextlib.suppress(httpx.HTTPError, TimeoutError):
         async with asyncio.timeout(TRAILING_SECONDS):
@@ -225,6 +230,9 @@ def retry_after(headers: httpx.Headers) -> float | None:
         return max(float(raw), 0.0)
     except ValueError:
         pass
+    # An HTTP date is rare: the email package loads only for one.
+    from email.utils import parsedate_to_datetime
+
     try:
         when = parsedate_to_datetime(raw)
     except (TypeError, ValueError):

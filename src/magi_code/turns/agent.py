@@ -48,9 +48,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Final, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from magi_code.dataclass import dataclass, field
 from magi_code.providers.errors import FailureLabel, ProviderFailure
@@ -89,6 +87,9 @@ from .context import (
     system_with_summary,
 )
 from .streamed import StreamedText
+
+if TYPE_CHECKING:
+    import httpx
 
 # The main agent's own model requests per turn (continuations included; compaction
 # summaries not).

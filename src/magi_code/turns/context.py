@@ -14,9 +14,7 @@ conversation itself no longer fits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
-
-import httpx
+from typing import TYPE_CHECKING, Final
 
 from magi_code.providers.stream import DEFAULT_SETTINGS, StreamSettings, stream_response
 from magi_code.providers.types import (
@@ -38,6 +36,9 @@ from magi_code.sessions.records import (
     UserRecord,
 )
 from magi_code.sessions.store import ContextRecord
+
+if TYPE_CHECKING:
+    import httpx
 
 # Rough bytes-per-token for the fallback estimate (no tokenizer is shipped).
 BYTES_PER_TOKEN: Final = 4

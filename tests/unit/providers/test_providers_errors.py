@@ -8,10 +8,10 @@ import httpx
 import pytest
 
 from magi_code.providers.errors import (
-    HTTPX_EXCEPTIONS,
     FailureLabel,
     ProviderFailure,
     failure_for_status,
+    httpx_exceptions,
     map_httpx_errors,
     stream_failure,
 )
@@ -47,7 +47,7 @@ def instantiate(cls: type[Exception]) -> Exception:
 
 
 def test_every_httpx_exception_class_has_an_explicit_mapping() -> None:
-    missing = [cls.__name__ for cls in httpx_exception_classes() if cls not in HTTPX_EXCEPTIONS]
+    missing = [cls.__name__ for cls in httpx_exception_classes() if cls not in httpx_exceptions()]
     assert missing == []
 
 
