@@ -51,10 +51,10 @@ ALLOWLISTED_TOOL_NAMES: Final = BUILTIN_TOOL_NAMES | {TASK_TOOL_NAME, SKILL_TOOL
 
 # Third-party modules that a turn's first provider request imports (the product imports
 # ``httpx`` only where it makes a request, and ``httpx`` loads its transports, ``anyio``'s
-# asyncio backend and ``certifi`` only then): warmed by the daemon right after it is ready
-# and by the embedded service after ``initialize``, so neither waits for them to answer.
-# The MCP SDK is deliberately not among them (``tools.mcp`` imports it only for configured
-# servers).
+# asyncio backend and ``certifi`` only then): warmed by the daemon right after it is
+# ready, so it does not wait for them to answer; an embedded service's first turn imports
+# them. The MCP SDK is deliberately not among them (``tools.mcp`` imports it only for
+# configured servers).
 TURN_MODULES: Final = (
     "httpx",
     "certifi",

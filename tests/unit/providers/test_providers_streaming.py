@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import socket
 from contextlib import aclosing
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
 import httpx
 import pytest
@@ -277,6 +279,19 @@ async def test_429_with_retry_after_is_retried_after_the_hinted_delay(
         events = await collect(client, endpoint_for(fake, api), settings=slow_backoff)
     assert texts(events) == ["after retry"]
     assert len(fake.requests) == 3
+
+
+async def test_a_retry_after_http_date_in_the_past_retries_at_once(
+    fake: FakeProviderServer, client: httpx.AsyncClient
+) -> None:
+    """Backoff is set to a minute: finishing within the timeout proves the date was read."""
+    slow_backoff = StreamSettings(retry=RetryPolicy(base_delay=60.0, max_delay=60.0))
+    past = format_datetime(datetime.now(UTC) - timedelta(seconds=30), usegmt=True)
+    fake.enqueue(HttpError(429, retry_after=past), Reply(text=["ok"]))
+    async with asyncio.timeout(10):
+        events = await collect(client, endpoint_for(fake, "openai-chat"), settings=slow_backoff)
+    assert texts(events) == ["ok"]
+    assert len(fake.requests) == 2
 
 
 async def test_retry_after_beyond_the_cap_is_clamped(
