@@ -23,6 +23,10 @@ provider's cookies are never kept or sent back. A client evicted from the cache 
 as soon as its last lease ends. A proxy URL httpx cannot use or a CA file that cannot be
 loaded fails the request (``ProviderFailure``); it never falls back to a direct
 connection or to the default CAs. Nothing here logs a URL, a header or a proxy.
+
+httpx is imported by the functions that use it, here and in every product module, never
+at module level: loading it (~35 ms) is left out of the daemon's start, which imports the
+whole product before it answers; the daemon loads it just after (``turns.runtime``).
 """
 
 from __future__ import annotations
