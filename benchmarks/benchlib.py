@@ -392,6 +392,13 @@ class FakeProvider:
         response = await self.client.post("/__fake__/enqueue", json=list(replies))
         response.raise_for_status()
 
+    async def route(self, marker: str, default: Mapping[str, Any]) -> None:
+        """Answer every request whose body contains ``marker`` with ``default``."""
+        response = await self.client.post(
+            "/__fake__/route", json={"marker": marker, "default": dict(default)}
+        )
+        response.raise_for_status()
+
     async def pending(self) -> int:
         response = await self.client.get("/__fake__/state")
         response.raise_for_status()

@@ -25,6 +25,13 @@ signals it (``SIGUSR2``) at every sample, so that it writes where its Python hea
 ``--session-turns N`` bounds how long a session gets: after N turns on a session the
 next turn in its slot starts a fresh one, so the conversations a turn resends (and the
 daemon's working set with them) stop growing. By default (0) sessions only get longer.
+
+``--context-window N`` declares the fake model's context window as N tokens, so that the
+sessions go on for the whole run and compact whenever their conversation reaches the
+agent's threshold (80 % of it), as against a real model; the provider answers every
+summary request with a short summary. A real model's window is 128k tokens or more: a
+small one makes the soak's short turns reach it within minutes. By default (0) the
+window is the API's (128k tokens for chat completions), which no soak session reaches.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from benchlib import (
 from magi_code.client import Client
 from magi_code.endpoint.paths import runtime_paths
 from magi_code.protocol import envelope
+from magi_code.turns.context import SUMMARY_PROMPT
 
 MIB = 2**20
 FRONTENDS = 4
@@ -129,6 +137,11 @@ def replies(action: str, n: int) -> list[dict[str, Any]]:
     return [{"text": ["slow "] * 40, "chunk_delay": 0.05}]
 
 
+def _is_compaction(payload: dict[str, Any]) -> bool:
+    activity = payload.get("activity") or {}
+    return activity.get("kind") == "compaction" and activity.get("status") == "completed"
+
+
 class Stats:
     def __init__(self) -> None:
         self.started = 0
@@ -136,6 +149,7 @@ class Stats:
         self.outcomes: collections.Counter[str] = collections.Counter()  # since last sample
         self.totals: collections.Counter[str] = collections.Counter()
         self.action_of: collections.Counter[str] = collections.Counter()
+        self.compactions = 0  # compactions the turns reported as completed
 
     def outcome(self, name: str) -> None:
         self.outcomes[name] += 1
@@ -226,6 +240,8 @@ class Run:
                         await svc.send(
                             envelope.request(svc.next_id("cancel"), "turn.cancel", cancel)
                         )
+                elif name == "turn.activity" and _is_compaction(event["payload"]):
+                    stats.compactions += 1
                 elif name == "turn.terminal":
                     stats.outcome(event["payload"]["status"])
                     return True
@@ -317,7 +333,8 @@ async def main(args: argparse.Namespace) -> None:
     heading(
         f"soak: {FRONTENDS} frontends, {SESSIONS} sessions, up to {args.minutes:g} min "
         f"or {args.turns:,} turns, a sample every {args.interval:g} s"
-        + (f", a fresh session every {args.session_turns} turns" if args.session_turns else ""),
+        + (f", a fresh session every {args.session_turns} turns" if args.session_turns else "")
+        + (f", a {args.context_window:,}-token context" if args.context_window else ""),
         quick=False,
     )
     with daemon_workspace() as ws:
@@ -325,6 +342,10 @@ async def main(args: argparse.Namespace) -> None:
         async with FakeProvider.running() as fake:
             write_provider_settings(ws.home, fake.base_url)
             settings = json.loads((ws.home / "settings.json").read_text())
+            if args.context_window:
+                settings["providers"]["local"]["context_window"] = args.context_window
+                summary = {"text": ["The soak so far: replies, shell, grep and clock calls."]}
+                await fake.route(SUMMARY_PROMPT, summary)
             settings["mcp_servers"] = {
                 "clock": {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
             }
@@ -360,6 +381,7 @@ async def main(args: argparse.Namespace) -> None:
             print_slopes(rows)
             totals = ", ".join(f"{k} {v}" for k, v in sorted(run.stats.totals.items()))
             print(f"   turns {run.stats.started:,} on {len(run.used)} sessions: {totals}")
+            print(f"   compactions: {run.stats.compactions:,}")
             print(f"   at the end: children {final['children']}, zombies {final['zombies']}")
 
 
@@ -393,6 +415,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--session-turns", type=int, default=0, metavar="N",
         help="start a fresh session after N turns on one (default 0: sessions only grow)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--context-window", type=int, default=0, metavar="N",
+        help="the model's context window in tokens: sessions compact at 80%% of it "
+        "(default 0: the API's, which no soak session reaches)",
     )  # fmt: skip
     return parser.parse_args()
 

@@ -12,11 +12,12 @@ Each POST takes the next scripted reply from a FIFO queue (or the default reply;
 neither it answers 400). Replies: ``Reply`` (text chunks, tool calls, reasoning summary,
 usage, and an ``ending``: complete / eof / disconnect / stall / error_event /
 malformed), ``HttpError`` (status, JSON body, retry-after), ``Fast`` (N deltas as fast
-as possible) and ``RawSSE`` (frames verbatim). ``route(marker, *replies)`` answers the
-requests whose body contains ``marker`` from their own queue first (concurrent subagents,
-summary requests); ``Reply.measure_input`` reports the request body's size / 4 as its
-input tokens. Every request except the control routes is recorded (method, path, query,
-lower-cased headers, body, parsed JSON).
+as possible) and ``RawSSE`` (frames verbatim). ``route(marker, *replies, default=...)``
+answers the requests whose body contains ``marker`` from their own queue first, then
+with its default if given (concurrent subagents, summary requests);
+``Reply.measure_input`` reports the request body's size / 4 as its input tokens. Every
+request except the control routes is recorded (method, path, query, lower-cased headers,
+body, parsed JSON).
 Streams use chunked encoding with one chunk per SSE frame, drained as written, on
 sockets with TCP_NODELAY; a ``disconnect`` aborts the socket mid-body.
 
@@ -34,7 +35,8 @@ Separate process (process-level tests)::
 prints one JSON line ``{"port": N, "base_url": "http://127.0.0.1:N"}`` and serves until
 SIGTERM/SIGINT. The script file is a JSON list of replies, or an object with
 ``replies``, ``default`` and ``models``. Control routes, usable in both modes:
-``POST /__fake__/enqueue`` (JSON list of replies), ``GET /__fake__/requests`` and
+``POST /__fake__/enqueue`` (JSON list of replies), ``POST /__fake__/route`` (``{"marker",
+"replies", "default"}``, as ``route``), ``GET /__fake__/requests`` and
 ``GET /__fake__/state`` (``{"pending", "disconnects", "connections"}``). Reply JSON uses
 the dataclass field names plus ``"kind"``: ``reply`` (default), ``http_error``, ``fast`` or ``raw``.
 """
@@ -438,9 +440,9 @@ class FakeProviderServer:
         self._lock = threading.Condition()
         self._queue: deque[ScriptedReply] = deque()
         self._default: ScriptedReply | None = None
-        # (marker, replies): a request whose body contains a marker takes its replies
-        # first (``route``).
-        self._routes: list[tuple[bytes, deque[ScriptedReply]]] = []
+        # (marker, replies, default): a request whose body contains a marker takes its
+        # replies first, then the route's default if it has one (``route``).
+        self._routes: list[tuple[bytes, deque[ScriptedReply], ScriptedReply | None]] = []
         self._requests: list[RecordedRequest] = []
         self._disconnects = 0
         self._connections = 0
@@ -459,15 +461,19 @@ class FakeProviderServer:
         with self._lock:
             self._queue.extend(replies)
 
-    def route(self, marker: str, *replies: ScriptedReply) -> None:
+    def route(
+        self, marker: str, *replies: ScriptedReply, default: ScriptedReply | None = None
+    ) -> None:
         """Answer requests whose body contains ``marker`` with ``replies`` (in order)
-        before the common queue; once they are used up such requests take from it."""
+        before the common queue; once they are used up, with ``default`` when given (every
+        such request), else from the common queue."""
         with self._lock:
-            for known, queue in self._routes:
+            for index, (known, queue, kept) in enumerate(self._routes):
                 if known == marker.encode():
                     queue.extend(replies)
+                    self._routes[index] = (known, queue, kept if default is None else default)
                     return
-            self._routes.append((marker.encode(), deque(replies)))
+            self._routes.append((marker.encode(), deque(replies), default))
 
     def set_default(self, reply: ScriptedReply | None) -> None:
         with self._lock:
@@ -496,9 +502,9 @@ class FakeProviderServer:
 
     def _next_reply(self, body: bytes = b"") -> ScriptedReply | None:
         with self._lock:
-            for marker, queue in self._routes:
-                if queue and marker in body:
-                    return queue.popleft()
+            for marker, queue, default in self._routes:
+                if (queue or default is not None) and marker in body:
+                    return queue.popleft() if queue else default
             return self._queue.popleft() if self._queue else self._default
 
     # -- lifecycle --
@@ -636,6 +642,16 @@ class FakeProviderServer:
     ) -> None:
         if method == "POST" and path == "/__fake__/enqueue":
             self.enqueue(*(reply_from_json(spec) for spec in json.loads(body)))
+            await self._send_json(writer, 200, {"ok": True})
+        elif method == "POST" and path == "/__fake__/route":
+            spec = json.loads(body)
+            replies = (reply_from_json(reply) for reply in spec.get("replies", ()))
+            default = spec.get("default")
+            self.route(
+                spec["marker"],
+                *replies,
+                default=None if default is None else reply_from_json(default),
+            )
             await self._send_json(writer, 200, {"ok": True})
         elif path == "/__fake__/requests":
             records = [

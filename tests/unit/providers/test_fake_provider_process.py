@@ -20,7 +20,7 @@ from tests.support.fake_providers import (
     reply_from_json,
 )
 
-from magi_code.providers import Completed, Endpoint, TextDelta
+from magi_code.providers import Completed, Endpoint, TextDelta, UserText
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -61,8 +61,22 @@ async def test_process_mode_prints_its_port_plays_the_script_and_records(
         assert events[0] == TextDelta("second")
         assert events[-1] == Completed("end_turn")
 
+        # A routed marker's replies first, then its default for every later match.
+        routed = await client.post(
+            base + "/__fake__/route",
+            json={
+                "marker": "tell me",
+                "replies": [{"text": ["once"]}],
+                "default": {"text": ["again"]},
+            },
+        )
+        assert routed.status_code == 200
+        for expected in ("once", "again", "again"):
+            events = await collect(client, endpoint, make_request([UserText("tell me")]))
+            assert events[0] == TextDelta(expected)
+
         recorded = (await client.get(base + "/__fake__/requests")).json()
-        assert [r["path"] for r in recorded] == ["/v1/messages", "/v1/messages"]
+        assert [r["path"] for r in recorded] == ["/v1/messages"] * 5
         assert recorded[0]["headers"]["x-api-key"] == "k"
         assert recorded[0]["json"]["stream"] is True
         state = (await client.get(base + "/__fake__/state")).json()
