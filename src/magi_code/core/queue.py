@@ -143,12 +143,7 @@ class PromptQueue:
         """Drop the state of sessions known empty that nothing uses now."""
         for session_id in [s for s in self._empty if s in self._sessions]:
             state = self._sessions[session_id]
-            if (
-                not state.lock.locked()
-                and not state.sending
-                and not state.returning
-                and (state.runner is None or state.runner.done())
-            ):
+            if _idle(state) and (state.runner is None or state.runner.done()):
                 del self._sessions[session_id]
 
     async def entries(self, conn: Connection, session_id: object) -> tuple[str, list[QueueEntry]]:
@@ -240,8 +235,8 @@ class PromptQueue:
         entered: the entry is then at the head."""
         valid = validate_session_id(session_id)
         self._controls(conn, valid)
-        state = self._state(valid)
         entries = await asyncio.to_thread(self.sessions.store.queue, valid)
+        state = self._state(valid)  # after the read: an idle state may go meanwhile
         entry = next((e for e in entries if e.entry_id == entry_id), None)
         if entry is None or entry_id in state.sending:
             raise QueueRefused(UNKNOWN_ENTRY)
@@ -315,6 +310,12 @@ class PromptQueue:
                 pass
         except Exception:
             log.exception("the prompt queue stopped")
+        finally:
+            # An idle state is as good as a new one: it goes with its runner, or every
+            # session that ever ended a turn here would keep one (and the runner's task).
+            state = self._sessions.get(session_id)
+            if state is not None and state.runner is asyncio.current_task() and _idle(state):
+                del self._sessions[session_id]
 
     async def _run_next(self, session_id: str) -> bool:
         """Start the head entry and wait for its turn; whether to go on."""
@@ -386,6 +387,11 @@ class PromptQueue:
             batch.written()
             if any(event.name == "turn.terminal" for event in batch.turn_events):
                 ended.set()
+
+
+def _idle(state: _Session) -> bool:
+    """Nothing holds or waits for the state's lock, sends or returns an entry."""
+    return not state.lock.locked() and not state.sending and not state.returning
 
 
 def _entry_id() -> str:
