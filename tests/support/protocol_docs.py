@@ -325,5 +325,32 @@ def refreshed(text: str) -> str:
     return BLOCK.sub(lambda m: m.group(1) + render(m.group("key")) + m.group(4), text)
 
 
+def with_every_operation(text: str) -> str:
+    """``operations.md``'s ``text`` with a section for each declared operation it lacks:
+    its heading, summary and generated blocks, after the section of the operation declared
+    before it (for prose to be added there)."""
+    for index, op in enumerate(v1.OPERATIONS):
+        heading = f"### `{op.name}`\n"
+        if heading in text:
+            continue
+        section = f"{heading}\n{op.summary}\n\n" + "".join(
+            f"{title}:\n\n<!-- generated: {kind}:{op.name} -->\n<!-- end generated -->\n\n"
+            for title, kind in (
+                ("Request", "request"),
+                ("Response", "response"),
+                ("Errors", "operation-errors"),
+            )
+        )
+        before = [o for o in v1.OPERATIONS[:index] if f"### `{o.name}`\n" in text]
+        if before:
+            start = text.index(f"### `{before[-1].name}`\n") + 1
+            found = re.compile(r"^#{2,3} ", re.M).search(text, start)
+            at = found.start() if found else len(text)
+        else:
+            at = text.index("### ")
+        text = text[:at] + section + text[at:]
+    return text
+
+
 def keys(text: str) -> list[str]:
     return [m.group("key") for m in BLOCK.finditer(text)]
