@@ -40,6 +40,8 @@ BLOCK: Final = re.compile(
     r"(<!-- generated: (?P<key>[^ ]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S
 )
 STRUCTURAL_STRING = 16384
+# A page's section or subsection heading.
+HEADING: Final = re.compile(r"^#{2,3} ", re.M)
 
 
 def _code(text: str) -> str:
@@ -330,10 +332,9 @@ def with_every_operation(text: str) -> str:
     its heading, summary and generated blocks, after the section of the operation declared
     before it (for prose to be added there)."""
     for index, op in enumerate(v1.OPERATIONS):
-        heading = f"### `{op.name}`\n"
-        if heading in text:
+        if _heading(op.name) in text:
             continue
-        section = f"{heading}\n{op.summary}\n\n" + "".join(
+        section = f"{_heading(op.name)}\n{op.summary}\n\n" + "".join(
             f"{title}:\n\n<!-- generated: {kind}:{op.name} -->\n<!-- end generated -->\n\n"
             for title, kind in (
                 ("Request", "request"),
@@ -341,15 +342,18 @@ def with_every_operation(text: str) -> str:
                 ("Errors", "operation-errors"),
             )
         )
-        before = [o for o in v1.OPERATIONS[:index] if f"### `{o.name}`\n" in text]
+        before = [o for o in v1.OPERATIONS[:index] if _heading(o.name) in text]
         if before:
-            start = text.index(f"### `{before[-1].name}`\n") + 1
-            found = re.compile(r"^#{2,3} ", re.M).search(text, start)
+            found = HEADING.search(text, text.index(_heading(before[-1].name)) + 1)
             at = found.start() if found else len(text)
         else:
             at = text.index("### ")
         text = text[:at] + section + text[at:]
     return text
+
+
+def _heading(name: str) -> str:
+    return f"### `{name}`\n"
 
 
 def keys(text: str) -> list[str]:

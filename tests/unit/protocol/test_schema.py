@@ -38,9 +38,8 @@ from magi_code.protocol.schema import definitions as v1
 from magi_code.protocol.schema.model import Arr, Int, Obj, Profile, Shape, Str, Union, walk
 from magi_code.storage.launch import LaunchContext
 from magi_code.turns import activity
+from tests.contract.fixture_runner import FIXTURES
 from tests.support import wire_schema
-
-ADVERTISED = Path(__file__).resolve().parents[2] / "fixtures/application_service/advertised.json"
 
 # -- shipped files -------------------------------------------------------------------------
 
@@ -144,11 +143,12 @@ def test_the_generated_route_facts_are_current() -> None:
 def test_the_contract_fixtures_advertised_sets_are_current() -> None:
     """Regenerates the operation and event sets of the contract fixtures'
     ``advertised.json``; fails when that changed it."""
-    text = ADVERTISED.read_text(encoding="utf-8")
+    advertised = FIXTURES / "advertised.json"
+    text = advertised.read_text(encoding="utf-8")
     sets = {"operations": list(v1.OPERATION_NAMES), "events": list(v1.EVENT_NAMES)}
     fresh = json.dumps(json.loads(text) | sets, indent=2) + "\n"
     if fresh != text:
-        ADVERTISED.write_text(fresh, encoding="utf-8")
+        advertised.write_text(fresh, encoding="utf-8")
         pytest.fail("regenerated the stale sets of the fixtures' advertised.json (commit it)")
 
 
