@@ -280,6 +280,9 @@ class ApprovalService:
         return self._grants.get(session_id, Rules())
 
     def _hold(self, session_id: str, rules: Rules) -> Rules:
+        if not rules:  # what ``session_rules`` gives anyway: most sessions hold nothing
+            self._grants.pop(session_id, None)
+            return rules
         self._grants[session_id] = rules
         self._grants.move_to_end(session_id)
         while len(self._grants) > MAX_HELD_GRANTS:
