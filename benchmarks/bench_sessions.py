@@ -4,10 +4,12 @@ Figures: paged ``session.replay`` of a ~2 MiB session (pages/s, bytes/s); ``sess
 paging over a 20,000-entry sessions directory (the scan budget), ms per page, and the
 first page after the directory changed (a full scan), each embedded and through the shim
 to a daemon; in-process, a replay page of that session while a turn appends to it (a
-record between pages); the ``session.create`` rate (each create is closed again: attachments are
-capped at 16); and, in-process through ``SessionStore``, appends per second to one
-session with 1 and with 16 concurrent writers (group commit: records queued during an
-fsync share the next one).
+record between pages), and a turn's context (``SessionStore.load_context``) read from it
+by a store that has not parsed it yet once a compaction checkpoint near its end kept the
+last turns (ms and the parse's peak of traced Python memory); the ``session.create``
+rate (each create is closed again: attachments are capped at 16); and, in-process
+through ``SessionStore``, appends per second to one session with 1 and with 16
+concurrent writers (group commit: records queued during an fsync share the next one).
 
     .venv/bin/python benchmarks/bench_sessions.py [--quick]
 """
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import os
 import time
+import tracemalloc
 from pathlib import Path
 
 import orjson
@@ -187,6 +190,28 @@ def replay_while_appending(sessions_dir: Path, session_id: str, pages: int) -> N
     figure("replay page after each append, in-process", median(timings[1:]) * 1e3, "ms")
 
 
+def context_after_checkpoint(sessions_dir: Path, session_id: str, runs: int) -> None:
+    """A new turn's context from the long session, once a checkpoint kept its last turn
+    (as the agent writes one when it compacts): each run by a fresh store, as a turn
+    start finds a session whose window is not cached."""
+    store = SessionStore(sessions_dir)
+    with store.acquire_writer_lease(session_id) as lease:
+        prompt = lease.append({"type": "user", "turn_id": "compacted", "text": USER_TEXT})
+        lease.append({"type": "compaction", "summary": "so far", "cutoff_seq": prompt - 1})
+    timings: list[float] = []
+    for _ in range(runs):
+        fresh = SessionStore(sessions_dir)
+        start = time.perf_counter()
+        fresh.load_context(session_id)
+        timings.append(time.perf_counter() - start)
+    tracemalloc.start()
+    SessionStore(sessions_dir).load_context(session_id)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    figure("turn context after a checkpoint, uncached, in-process", median(timings) * 1e3, "ms")
+    figure("  its peak traced memory", peak / 2**20, "MiB")
+
+
 async def appends(sessions_dir: Path, writers: int, per_writer: int) -> float:
     """Records/s appended to one session by ``writers`` tasks, each awaiting every record."""
     store = SessionStore(sessions_dir)
@@ -230,6 +255,7 @@ async def main(args: argparse.Namespace) -> None:
             await replay(service, session_id, size, 1 if args.quick else 7, "embedded")
             await creates(service, 5 if args.quick else 200)
         replay_while_appending(sessions_dir, session_id, 5 if args.quick else 200)
+        context_after_checkpoint(sessions_dir, session_id, 3 if args.quick else 21)
     with daemon_workspace() as ws:
         session_id, size = build_session(ws.home / "sessions", (64 if args.quick else 2000) * 1024)
         async with running_service(ws, DAEMON_ENV) as service:

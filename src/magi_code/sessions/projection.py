@@ -116,6 +116,42 @@ def parse_window(data: bytes, offset: int, session_id: str) -> ParsedWindow:
     return out
 
 
+# How the history's own encoder writes these types (a line found by one is decoded to be
+# sure: the same bytes can be a key and value in a tool call's arguments).
+_COMPACTION_MARK: Final = b'"type":"compaction"'
+_REWIND_MARK: Final = b'"type":"rewind"'
+
+
+def checkpoint_tail(data: bytes) -> int | None:
+    """Where, in a window's bytes, the lines after the latest compaction checkpoint's
+    cutoff begin (the start of a line): all that a turn's context needs from the window.
+
+    Found by searching the bytes, decoding only the lines it lands on. ``None`` where only
+    a whole parse can say: no checkpoint, a rewind among those lines (it may take the
+    checkpoint back), or lines not where their contiguous ``seq`` puts them.
+    """
+    end = len(data)
+    while True:
+        mark = data.rfind(_COMPACTION_MARK, 0, end)
+        if mark < 0:
+            return None
+        start = data.rfind(b"\n", 0, mark) + 1
+        if start == 0:  # the window's first line: it may be the tail of an earlier one
+            return None
+        checkpoint = decode_line(data[start : data.find(b"\n", mark)])
+        if isinstance(checkpoint, CompactionRecord):
+            break
+        end = start
+    for _ in range(checkpoint.seq - checkpoint.cutoff_seq - 1):
+        start = data.rfind(b"\n", 0, start - 1) + 1
+        if start == 0:
+            return None
+    first = decode_line(data[start : data.find(b"\n", start)])
+    if first is None or first.seq != checkpoint.cutoff_seq + 1:
+        return None
+    return None if data.find(_REWIND_MARK, start) >= 0 else start
+
+
 def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedWindow | None:
     """What ``parse_window`` gives for the window from ``offset`` (at or after
     ``window``'s) once ``appended`` follows ``window.end`` in the file, parsing only

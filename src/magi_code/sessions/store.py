@@ -93,6 +93,7 @@ from magi_code.sessions.projection import (
     ParsedWindow,
     Projection,
     build_page,
+    checkpoint_tail,
     effective,
     extend_window,
     history_after,
@@ -293,7 +294,8 @@ class SessionContext:
     ``records`` are the user/assistant/tool/terminal records after the latest compaction
     cutoff (all of them when there is no checkpoint), in ``seq`` order, from the recent
     replay window. ``history_cut`` means records the conversation needs lie before that
-    window; ``gap`` means torn or malformed lines were skipped.
+    window; ``gap`` means torn or malformed lines were skipped among those read (from the
+    checkpoint's cutoff on, when the window was parsed only from there).
     """
 
     summary: str | None
@@ -653,7 +655,7 @@ class SessionStore:
         return self._window_and_projection(session_id, wait, with_projection=False)[0]
 
     def _window_and_projection(
-        self, session_id: str, wait: float, *, with_projection: bool
+        self, session_id: str, wait: float, *, with_projection: bool, context: bool = False
     ) -> tuple[ParsedWindow, Projection | None]:
         """The parsed window (and its projection), reused while the file is unchanged.
 
@@ -662,6 +664,12 @@ class SessionStore:
         say whether an earlier parse still describes it. While a turn appends, each
         request parses only what was appended since the last one, where the earlier
         window's last line is still where it was, and projects only new text.
+
+        With ``context`` (a turn's start), a window that must be parsed anew is parsed
+        only from the lines after its latest compaction checkpoint's cutoff when
+        ``checkpoint_tail`` finds them; that part is not cached. A long session's turn
+        then reads what compaction kept, not the whole window (up to 2 MiB of history,
+        several times that once parsed).
         """
         entry = self._cache.latest(session_id)
         data = appended = None
@@ -683,6 +691,9 @@ class SessionStore:
         except OSError:
             raise unavailable() from None
         if data is not None:
+            tail = checkpoint_tail(data) if context else None
+            if tail is not None:  # from the newline that ends the line before
+                return parse_window(data[tail - 1 :], start + tail - 1, session_id), None
             window = parse_window(data, start, session_id)
         elif appended is not None:
             assert entry is not None
@@ -690,7 +701,7 @@ class SessionStore:
             if extended is None:  # only a whole parse can judge what was appended
                 self._cache.forget(session_id)
                 return self._window_and_projection(
-                    session_id, wait, with_projection=with_projection
+                    session_id, wait, with_projection=with_projection, context=context
                 )
             window = extended
         else:  # unchanged, and parsed for a turn: only the projection is new
@@ -709,7 +720,9 @@ class SessionStore:
                 when the append lock stays held.
         """
         name = validate_session_id(session_id)
-        window = self._read_window(name, WRITER_LOCK_WAIT)
+        window, _ = self._window_and_projection(
+            name, WRITER_LOCK_WAIT, with_projection=False, context=True
+        )
         kept = effective(window.records)
         compaction = window.compaction if len(kept) == len(window.records) else None
         if compaction is None:

@@ -1,0 +1,185 @@
+"""A turn's context read from what the latest compaction checkpoint keeps (issue 36).
+
+A turn's start needs only the records after the latest checkpoint's cutoff. When the
+session's window is not cached, the store finds them by searching the window's bytes
+and parses only those lines; the context must be exactly what a whole parse gives.
+Each test compares a fresh store (nothing cached: the search) with one whose cache
+holds the whole window (a replay parsed it), and counts the lines each decodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from magi_code.sessions import projection
+from magi_code.sessions.records import Record, encode_record
+from magi_code.sessions.store import HISTORY, SessionContext, SessionStore, WriterLease
+
+TS = "2025-01-01T00:00:00.000Z"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "sessions"
+
+
+@pytest.fixture
+def decoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """How many lines the window parser decodes (one count per test)."""
+    count = [0]
+    original: Callable[[bytes], Record | None] = projection.decode_line
+
+    def counting(line: bytes) -> Record | None:
+        count[0] += 1
+        return original(line)
+
+    monkeypatch.setattr(projection, "decode_line", counting)
+    yield count
+
+
+def turns(lease: WriterLease, first: int, count: int) -> None:
+    for n in range(first, first + count):
+        lease.append({"type": "user", "turn_id": f"t{n}", "text": f"question {n}"})
+        lease.append({"type": "assistant", "turn_id": f"t{n}", "text": f"answer {n}"})
+        lease.append(
+            {"type": "terminal", "turn_id": f"t{n}", "status": "completed", "assistant_text": "a"}
+        )
+
+
+def compact(lease: WriterLease, turn_id: str) -> int:
+    """A turn whose start compacted: its prompt, then the checkpoint cutting before it."""
+    prompt = lease.append({"type": "user", "turn_id": turn_id, "text": "go on"})
+    lease.append({"type": "compaction", "summary": "so far", "cutoff_seq": prompt - 1})
+    return prompt
+
+
+def contexts(root: Path, session: str, decoded: list[int]) -> tuple[SessionContext, int]:
+    """The context from a fresh store (and the lines it decoded), after checking that a
+    store holding the whole parsed window gives the same."""
+    whole = SessionStore(root)
+    whole.replay(session, None, 1)
+    expected = whole.load_context(session)
+    decoded[0] = 0
+    context = SessionStore(root).load_context(session)
+    assert context == expected
+    return context, decoded[0]
+
+
+def lines(root: Path, session: str) -> int:
+    return (root / session / HISTORY).read_bytes().count(b"\n")
+
+
+def test_only_the_lines_after_the_cutoff_are_parsed(root: Path, decoded: list[int]) -> None:
+    store = SessionStore(root)
+    session = store.create()
+    with store.acquire_writer_lease(session) as lease:
+        turns(lease, 0, 200)
+        prompt = compact(lease, "t200")
+        lease.append({"type": "assistant", "turn_id": "t200", "text": "after"})
+        turns(lease, 201, 2)
+    context, parsed = contexts(root, session, decoded)
+    assert context.summary == "so far" and context.cutoff_seq == prompt - 1
+    assert [r.seq for r in context.records][:2] == [prompt, prompt + 2]
+    assert not context.history_cut and not context.gap
+    # The checkpoint's line, the first line it keeps, then the 9 lines from there on.
+    assert parsed <= 12 < lines(root, session)
+
+
+def test_the_latest_checkpoint_counts(root: Path, decoded: list[int]) -> None:
+    store = SessionStore(root)
+    session = store.create()
+    with store.acquire_writer_lease(session) as lease:
+        turns(lease, 0, 50)
+        compact(lease, "t50")
+        turns(lease, 51, 50)
+        prompt = compact(lease, "t101")
+        turns(lease, 102, 1)
+    context, parsed = contexts(root, session, decoded)
+    assert context.cutoff_seq == prompt - 1 and context.records[0].seq == prompt
+    assert parsed <= 8
+
+
+def test_a_rewind_after_the_checkpoint_is_parsed_whole(root: Path, decoded: list[int]) -> None:
+    store = SessionStore(root)
+    session = store.create()
+    with store.acquire_writer_lease(session) as lease:
+        turns(lease, 0, 20)
+        prompt = compact(lease, "t20")
+        turns(lease, 21, 3)
+        lease.append({"type": "rewind", "to_seq": prompt - 10})  # takes the checkpoint back
+    context, parsed = contexts(root, session, decoded)
+    assert context.summary is None and context.records[-1].seq == prompt - 10
+    assert parsed >= lines(root, session)
+
+
+def test_a_line_that_reads_like_a_checkpoint(root: Path, decoded: list[int]) -> None:
+    store = SessionStore(root)
+    session = store.create()
+    with store.acquire_writer_lease(session) as lease:
+        turns(lease, 0, 30)
+        prompt = compact(lease, "t30")
+    # A record of a type this build does not know, holding the same bytes in an object.
+    fake = {"type": "compaction", "summary": "fake", "cutoff_seq": 1}
+    line = {"v": 1, "seq": prompt + 2, "ts": TS, "type": "later", "data": fake}
+    with (root / session / HISTORY).open("ab") as fh:
+        fh.write(orjson.dumps(line) + b"\n")
+    with store.acquire_writer_lease(session) as lease:
+        lease.append({"type": "user", "turn_id": "t31", "text": '"type":"rewind" in a prompt'})
+    context, parsed = contexts(root, session, decoded)
+    assert context.summary == "so far" and context.records[0].seq == prompt
+    assert [r.seq for r in context.records][-1] == prompt + 3
+    assert parsed <= 7 < lines(root, session)
+
+
+def test_a_cutoff_before_the_window_still_says_history_cut(root: Path, decoded: list[int]) -> None:
+    store = SessionStore(root)
+    session = store.create()
+    with (root / session / HISTORY).open("ab") as fh:  # ~2.8 MiB: the window is 2 MiB
+        for seq in range(1, 701):
+            text = "x" * 4000
+            fh.write(encode_record({"type": "user", "turn_id": f"t{seq}", "text": text}, seq, TS))
+    with store.acquire_writer_lease(session) as lease:
+        lease.append({"type": "compaction", "summary": "early", "cutoff_seq": 10})
+    context, _ = contexts(root, session, decoded)
+    assert context.history_cut and context.summary == "early"
+
+
+Step = tuple[str, int]
+steps = st.lists(
+    st.tuples(st.sampled_from(["turn", "turn", "compact", "rewind", "tool"]), st.integers(1, 12)),
+    max_size=30,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps)
+def test_any_history_gives_the_whole_parse_context(
+    tmp_path_factory: pytest.TempPathFactory, plan: list[Step]
+) -> None:
+    root = tmp_path_factory.mktemp("sessions")
+    store = SessionStore(root)
+    session = store.create()
+    with store.acquire_writer_lease(session) as lease:
+        for n, (step, size) in enumerate(plan):
+            if step == "turn":
+                turns(lease, n * 100, size % 3 + 1)
+            elif step == "compact":
+                compact(lease, f"c{n}")
+            elif step == "rewind":  # back some records, past a checkpoint or not
+                last = lease.append({"type": "user", "turn_id": f"r{n}", "text": "x"})
+                lease.append({"type": "rewind", "to_seq": max(1, last - size)})
+            else:
+                call = {"turn_id": f"c{n}", "call_id": f"k{n}", "name": "compaction"}
+                lease.append({"type": "tool_call", **call, "arguments": '{"type":"compaction"}'})
+                lease.append({"type": "tool_result", **call, "output": "ok", "is_error": False})
+    whole = SessionStore(root)
+    whole.replay(session, None, 1)
+    assert SessionStore(root).load_context(session) == whole.load_context(session)
