@@ -30,7 +30,7 @@ import binascii
 import bisect
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import orjson
@@ -150,6 +150,25 @@ def checkpoint_tail(data: bytes) -> int | None:
     if first is None or first.seq != checkpoint.cutoff_seq + 1:
         return None
     return None if data.find(_REWIND_MARK, start) >= 0 else start
+
+
+def records_backward(data: bytes, offset: int) -> Iterator[Record]:
+    """The records in a window's bytes (read from file offset ``offset``), the last first,
+    decoding only as far as the caller reads. Malformed lines and a torn tail are skipped,
+    and so is the first line when the window does not start the file (see
+    ``parse_window``)."""
+    first = 0
+    if offset > 0:
+        first = data.find(b"\n") + 1
+        if first == 0:
+            return
+    end = data.rfind(b"\n")
+    while end >= first:
+        start = max(first, data.rfind(b"\n", first, end) + 1)
+        record = decode_line(data[start:end])
+        if record is not None:
+            yield record
+        end = start - 1
 
 
 def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedWindow | None:

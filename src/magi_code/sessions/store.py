@@ -100,6 +100,7 @@ from magi_code.sessions.projection import (
     latest_compaction,
     parse_window,
     project,
+    records_backward,
     resolve_cursor,
     window_omits_history,
 )
@@ -650,9 +651,19 @@ class SessionStore:
             self._committer,
         )
 
-    def _read_window(self, session_id: str, wait: float) -> ParsedWindow:
-        """Parse the recent window under a shared append lock (never creates files)."""
-        return self._window_and_projection(session_id, wait, with_projection=False)[0]
+    def _window_bytes(self, session_id: str, wait: float) -> tuple[bytes, int]:
+        """The replay window's bytes and the file offset they start at, read under a
+        shared append lock (never creates files)."""
+        try:
+            with (
+                self._history(session_id) as (lock_fd, history_fd),
+                holding(lock_fd, fcntl.LOCK_SH, wait),
+            ):
+                size = os.fstat(history_fd).st_size
+                start = _window_start(size)
+                return pread_all(history_fd, size - start, start), start
+        except OSError:
+            raise unavailable() from None
 
     def _window_and_projection(
         self, session_id: str, wait: float, *, with_projection: bool, context: bool = False
@@ -892,22 +903,23 @@ class SessionStore:
         has no terminal (``None`` otherwise): what a service does on taking the lease,
         since no turn can be running under it then.
 
-        Reads the replay window (the whole history only when no turn starts in it).
+        Reads the replay window's bytes, decoding lines from its end back to the latest
+        turn's start (the whole history only when no turn starts in the window).
 
         Raises:
             ServiceError: as ``close_interrupted_turn``.
         """
         name = lease.session_id
-        window = self._read_window(name, WRITER_LOCK_WAIT)
+        data, start = self._window_bytes(name, WRITER_LOCK_WAIT)
         ended: set[str] = set()
-        for record in reversed(window.records):
+        for record in records_backward(data, start):
             if isinstance(record, TerminalRecord):
                 ended.add(record.turn_id)
             elif isinstance(record, UserRecord):
                 if record.turn_id in ended:
                     return None
                 return self._close_turn(lease, record.turn_id)
-        if not window.omitted_prefix:
+        if start == 0:
             return None  # no turn at all
         latest = self._scan(name, lambda _: True)
         if latest is None or latest.status is not None:

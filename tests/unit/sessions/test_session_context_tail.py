@@ -1,10 +1,11 @@
-"""A turn's context read from what the latest compaction checkpoint keeps (issue 36).
+"""What a turn's start reads of a long session (issue 36).
 
-A turn's start needs only the records after the latest checkpoint's cutoff. When the
-session's window is not cached, the store finds them by searching the window's bytes
-and parses only those lines; the context must be exactly what a whole parse gives.
-Each test compares a fresh store (nothing cached: the search) with one whose cache
-holds the whole window (a replay parsed it), and counts the lines each decodes.
+A turn's start needs only the records after the latest compaction checkpoint's cutoff.
+When the session's window is not cached, the store finds them by searching the window's
+bytes and parses only those lines; the context must be exactly what a whole parse gives.
+Each context test compares a fresh store (nothing cached: the search) with one whose
+cache holds the whole window (a replay parsed it), and counts the lines each decodes.
+Taking a session's lease (a client attaches) reads back only to the latest turn's start.
 """
 
 from __future__ import annotations
@@ -183,3 +184,21 @@ def test_any_history_gives_the_whole_parse_context(
     whole = SessionStore(root)
     whole.replay(session, None, 1)
     assert SessionStore(root).load_context(session) == whole.load_context(session)
+
+
+def test_taking_the_lease_reads_back_only_to_the_latest_turn(
+    root: Path, decoded: list[int]
+) -> None:
+    store = SessionStore(root)
+    session = store.create()
+    with store.acquire_writer_lease(session) as lease:
+        turns(lease, 0, 200)
+    decoded[0] = 0
+    with store.acquire_writer_lease(session) as lease:
+        assert store.close_last_interrupted_turn(lease) is None  # its terminal is there
+        assert decoded[0] <= 3  # the terminal and the answer before it, then its prompt
+        lease.append({"type": "user", "turn_id": "t200", "text": "lost"})
+        lease.append({"type": "assistant", "turn_id": "t200", "text": "half"})
+    with store.acquire_writer_lease(session) as lease:
+        closed = store.close_last_interrupted_turn(lease)
+    assert closed is not None and (closed.turn_id, closed.status) == ("t200", "failed")
