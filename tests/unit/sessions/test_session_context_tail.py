@@ -31,6 +31,11 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def store(root: Path) -> SessionStore:
+    return SessionStore(root)
+
+
+@pytest.fixture
 def decoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many lines the window parser decodes (one count per test)."""
     count = [0]
@@ -76,9 +81,9 @@ def lines(root: Path, session: str) -> int:
     return (root / session / HISTORY).read_bytes().count(b"\n")
 
 
-def test_only_the_lines_after_the_cutoff_are_parsed(root: Path, decoded: list[int]) -> None:
-    store = SessionStore(root)
-    session = store.create()
+def test_only_the_lines_after_the_cutoff_are_parsed(
+    root: Path, store: SessionStore, session: str, decoded: list[int]
+) -> None:
     with store.acquire_writer_lease(session) as lease:
         turns(lease, 0, 200)
         prompt = compact(lease, "t200")
@@ -92,9 +97,9 @@ def test_only_the_lines_after_the_cutoff_are_parsed(root: Path, decoded: list[in
     assert parsed <= 12 < lines(root, session)
 
 
-def test_the_latest_checkpoint_counts(root: Path, decoded: list[int]) -> None:
-    store = SessionStore(root)
-    session = store.create()
+def test_the_latest_checkpoint_counts(
+    root: Path, store: SessionStore, session: str, decoded: list[int]
+) -> None:
     with store.acquire_writer_lease(session) as lease:
         turns(lease, 0, 50)
         compact(lease, "t50")
@@ -106,9 +111,9 @@ def test_the_latest_checkpoint_counts(root: Path, decoded: list[int]) -> None:
     assert parsed <= 8
 
 
-def test_a_rewind_after_the_checkpoint_is_parsed_whole(root: Path, decoded: list[int]) -> None:
-    store = SessionStore(root)
-    session = store.create()
+def test_a_rewind_after_the_checkpoint_is_parsed_whole(
+    root: Path, store: SessionStore, session: str, decoded: list[int]
+) -> None:
     with store.acquire_writer_lease(session) as lease:
         turns(lease, 0, 20)
         prompt = compact(lease, "t20")
@@ -119,9 +124,9 @@ def test_a_rewind_after_the_checkpoint_is_parsed_whole(root: Path, decoded: list
     assert parsed >= lines(root, session)
 
 
-def test_a_line_that_reads_like_a_checkpoint(root: Path, decoded: list[int]) -> None:
-    store = SessionStore(root)
-    session = store.create()
+def test_a_line_that_reads_like_a_checkpoint(
+    root: Path, store: SessionStore, session: str, decoded: list[int]
+) -> None:
     with store.acquire_writer_lease(session) as lease:
         turns(lease, 0, 30)
         prompt = compact(lease, "t30")
@@ -138,9 +143,9 @@ def test_a_line_that_reads_like_a_checkpoint(root: Path, decoded: list[int]) -> 
     assert parsed <= 7 < lines(root, session)
 
 
-def test_a_cutoff_before_the_window_still_says_history_cut(root: Path, decoded: list[int]) -> None:
-    store = SessionStore(root)
-    session = store.create()
+def test_a_cutoff_before_the_window_still_says_history_cut(
+    root: Path, store: SessionStore, session: str, decoded: list[int]
+) -> None:
     with (root / session / HISTORY).open("ab") as fh:  # ~2.8 MiB: the window is 2 MiB
         for seq in range(1, 701):
             text = "x" * 4000
@@ -187,10 +192,8 @@ def test_any_history_gives_the_whole_parse_context(
 
 
 def test_taking_the_lease_reads_back_only_to_the_latest_turn(
-    root: Path, decoded: list[int]
+    root: Path, store: SessionStore, session: str, decoded: list[int]
 ) -> None:
-    store = SessionStore(root)
-    session = store.create()
     with store.acquire_writer_lease(session) as lease:
         turns(lease, 0, 200)
     decoded[0] = 0
