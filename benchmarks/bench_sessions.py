@@ -4,12 +4,13 @@ Figures: paged ``session.replay`` of a ~2 MiB session (pages/s, bytes/s); ``sess
 paging over a 20,000-entry sessions directory (the scan budget), ms per page, and the
 first page after the directory changed (a full scan), each embedded and through the shim
 to a daemon; in-process, a replay page of that session while a turn appends to it (a
-record between pages), and a turn's context (``SessionStore.load_context``) read from it
-by a store that has not parsed it yet once a compaction checkpoint near its end kept the
-last turns (ms and the parse's peak of traced Python memory); the ``session.create``
-rate (each create is closed again: attachments are capped at 16); and, in-process
-through ``SessionStore``, appends per second to one session with 1 and with 16
-concurrent writers (group commit: records queued during an fsync share the next one).
+record between pages), and what a turn's start reads of a ~2 MiB session of short turns
+that compacted near its end, by a store that has not parsed it yet: taking its lease and
+the turn's context (``SessionStore.load_context``), ms and the peak of traced Python
+memory; the ``session.create`` rate (each create is closed again: attachments are
+capped at 16); and, in-process through ``SessionStore``, appends per second to one
+session with 1 and with 16 concurrent writers (group commit: records queued during an
+fsync share the next one).
 
     .venv/bin/python benchmarks/bench_sessions.py [--quick]
 """
@@ -190,26 +191,63 @@ def replay_while_appending(sessions_dir: Path, session_id: str, pages: int) -> N
     figure("replay page after each append, in-process", median(timings[1:]) * 1e3, "ms")
 
 
-def context_after_checkpoint(sessions_dir: Path, session_id: str, runs: int) -> None:
-    """A new turn's context from the long session, once a checkpoint kept its last turn
-    (as the agent writes one when it compacts): each run by a fresh store, as a turn
-    start finds a session whose window is not cached."""
+def short_turns_session(sessions_dir: Path, target_bytes: int) -> str:
+    """A session of about ``target_bytes`` of short turns (a prompt, a reply, its
+    terminal: ~150 bytes a record), written straight to its history (not fsynced), then
+    compacted through the store: a checkpoint keeping only its last prompt."""
     store = SessionStore(sessions_dir)
+    session_id = store.create()
+    path = sessions_dir / session_id / "history.jsonl"
+    stamp = now_rfc3339()
+    with path.open("ab") as fh:
+        seq, written = 1, path.stat().st_size
+        while written < target_bytes:
+            turn_id = f"turn_{seq:024x}"
+            for record in (
+                {"type": "user", "turn_id": turn_id, "text": "a short prompt"},
+                {"type": "assistant", "turn_id": turn_id, "text": "a short reply"},
+                {
+                    "type": "terminal",
+                    "turn_id": turn_id,
+                    "status": "completed",
+                    "assistant_text": "a short reply",
+                },
+            ):
+                line = encode_record(record, seq, stamp)
+                fh.write(line)
+                seq, written = seq + 1, written + len(line)
     with store.acquire_writer_lease(session_id) as lease:
-        prompt = lease.append({"type": "user", "turn_id": "compacted", "text": USER_TEXT})
+        prompt = lease.append({"type": "user", "turn_id": "compacted", "text": "go on"})
         lease.append({"type": "compaction", "summary": "so far", "cutoff_seq": prompt - 1})
-    timings: list[float] = []
-    for _ in range(runs):
-        fresh = SessionStore(sessions_dir)
-        start = time.perf_counter()
-        fresh.load_context(session_id)
-        timings.append(time.perf_counter() - start)
-    tracemalloc.start()
-    SessionStore(sessions_dir).load_context(session_id)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    figure("turn context after a checkpoint, uncached, in-process", median(timings) * 1e3, "ms")
-    figure("  its peak traced memory", peak / 2**20, "MiB")
+    return session_id
+
+
+def turn_start_reads(sessions_dir: Path, runs: int) -> None:
+    """What a turn's start reads of a long compacted session whose window is not cached
+    (a client attached, or the window was evicted), each run by a fresh store: taking the
+    lease (it closes a turn a crash left open) and the turn's context."""
+    session_id = short_turns_session(sessions_dir, 2000 * 1024)
+
+    def attach() -> None:
+        store = SessionStore(sessions_dir)
+        with store.acquire_writer_lease(session_id) as lease:
+            store.close_last_interrupted_turn(lease)
+
+    def context() -> None:
+        SessionStore(sessions_dir).load_context(session_id)
+
+    for label, step in (("lease taken", attach), ("context", context)):
+        timings: list[float] = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            step()
+            timings.append(time.perf_counter() - start)
+        tracemalloc.start()
+        step()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        figure(f"2 MiB compacted session, uncached: {label}", median(timings) * 1e3, "ms")
+        figure("  its peak traced memory", peak / 2**20, "MiB")
 
 
 async def appends(sessions_dir: Path, writers: int, per_writer: int) -> float:
@@ -255,7 +293,7 @@ async def main(args: argparse.Namespace) -> None:
             await replay(service, session_id, size, 1 if args.quick else 7, "embedded")
             await creates(service, 5 if args.quick else 200)
         replay_while_appending(sessions_dir, session_id, 5 if args.quick else 200)
-        context_after_checkpoint(sessions_dir, session_id, 3 if args.quick else 21)
+        turn_start_reads(sessions_dir, 3 if args.quick else 21)
     with daemon_workspace() as ws:
         session_id, size = build_session(ws.home / "sessions", (64 if args.quick else 2000) * 1024)
         async with running_service(ws, DAEMON_ENV) as service:
