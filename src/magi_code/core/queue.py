@@ -119,10 +119,8 @@ class PromptQueue:
         self._served: dict[str, Launch] = {}
         self._tasks: set[asyncio.Task[str | None]] = set()
         # Sessions whose queue this daemon read empty since its last change (only a
-        # daemon writes queues): a turn's end or start there reads no file. Their IDs are
-        # kept encoded: the IDs in use are path parts, which pathlib interns, and thousands
-        # kept alive would grow the interpreter's table of interned strings with them.
-        self._empty: set[bytes] = set()
+        # daemon writes queues): a turn's end or start there reads no file.
+        self._empty: set[str] = set()
         sessions.served = self.served
         turns.ended = self.kick
 
@@ -143,16 +141,10 @@ class PromptQueue:
 
     def _forget_idle(self) -> None:
         """Drop the state of sessions known empty that nothing uses now."""
-        for session_id, state in list(self._sessions.items()):
-            if (
-                self._known_empty(session_id)
-                and _idle(state)
-                and (state.runner is None or state.runner.done())
-            ):
+        for session_id in [s for s in self._empty if s in self._sessions]:
+            state = self._sessions[session_id]
+            if _idle(state) and (state.runner is None or state.runner.done()):
                 del self._sessions[session_id]
-
-    def _known_empty(self, session_id: str) -> bool:
-        return session_id.encode() in self._empty
 
     async def entries(self, conn: Connection, session_id: object) -> tuple[str, list[QueueEntry]]:
         valid = validate_session_id(session_id)
@@ -283,7 +275,7 @@ class PromptQueue:
     ) -> list[QueueEntry]:
         """One change of the durable queue, serialized per session; watchers are told."""
         async with self._state(session_id).lock:
-            self._empty.discard(session_id.encode())
+            self._empty.discard(session_id)
             before: list[QueueEntry] = []
 
             def apply(entries: list[QueueEntry]) -> list[QueueEntry] | None:
@@ -300,13 +292,13 @@ class PromptQueue:
     def served(self, conn: Connection, session_id: str) -> None:
         """A persistent connection serves the session here: its queue resumes (with this
         connection's launch for entries that have none)."""
-        if conn.persistent and conn.queue_of is None and not self._known_empty(session_id):
+        if conn.persistent and conn.queue_of is None and session_id not in self._empty:
             self._served[session_id] = _launch_of(conn)
             self.kick(session_id)
 
     def kick(self, session_id: str) -> None:
         """Run the session's queue unless it runs already."""
-        if self._known_empty(session_id):
+        if session_id in self._empty:
             return
         state = self._state(session_id)
         if state.runner is None or state.runner.done():
@@ -338,7 +330,7 @@ class PromptQueue:
             if not entries and not state.returning:
                 if len(self._empty) >= MAX_KNOWN_EMPTY:
                     self._empty.clear()
-                self._empty.add(session_id.encode())
+                self._empty.add(session_id)
                 self._served.pop(session_id, None)
         if not entries:
             return False
