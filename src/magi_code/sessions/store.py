@@ -44,7 +44,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -126,6 +126,8 @@ MAX_APPEND_RECORD_BYTES: Final = 1024 * 1024
 # Replay holds the shared append lock only briefly; appends wait longer for readers.
 REPLAY_LOCK_WAIT: Final = 0.05
 WRITER_LOCK_WAIT: Final = 5.0
+# What taking a lease reads first to find the latest turn (many turns of most sessions).
+LATEST_TURN_BYTES: Final = 64 * 1024
 # A lease just released can still look held for a moment: a process this one is spawning
 # (a tool, the sandbox probe) holds a copy of every descriptor until it closes them on
 # exec. Taking a lease waits this long for that before it reports the session busy.
@@ -304,6 +306,18 @@ class SessionContext:
     records: tuple[ContextRecord, ...]
     history_cut: bool
     gap: bool
+
+
+def _latest_turn(records: Iterable[Record]) -> tuple[str, bool] | None:
+    """The latest turn among ``records`` (the last first): its ID and whether its
+    terminal follows; None when none starts there."""
+    ended: set[str] = set()
+    for record in records:
+        if isinstance(record, TerminalRecord):
+            ended.add(record.turn_id)
+        elif isinstance(record, UserRecord):
+            return record.turn_id, record.turn_id in ended
+    return None
 
 
 def _removable_entries(dir_fd: int) -> list[str]:
@@ -651,16 +665,20 @@ class SessionStore:
             self._committer,
         )
 
-    def _window_bytes(self, session_id: str, wait: float) -> tuple[bytes, int]:
-        """The replay window's bytes and the file offset they start at, read under a
-        shared append lock (never creates files)."""
+    def _window_bytes(
+        self, session_id: str, wait: float, tail: int | None = None
+    ) -> tuple[bytes, int]:
+        """The replay window's bytes (its last ``tail`` bytes at most) and the file offset
+        they start at, read under a shared append lock (never creates files)."""
         try:
             with (
                 self._history(session_id) as (lock_fd, history_fd),
                 holding(lock_fd, fcntl.LOCK_SH, wait),
             ):
                 size = os.fstat(history_fd).st_size
-                start = _window_start(size)
+                start = (
+                    _window_start(size) if tail is None else max(_window_start(size), size - tail)
+                )
                 return pread_all(history_fd, size - start, start), start
         except OSError:
             raise unavailable() from None
@@ -903,22 +921,22 @@ class SessionStore:
         has no terminal (``None`` otherwise): what a service does on taking the lease,
         since no turn can be running under it then.
 
-        Reads the replay window's bytes, decoding lines from its end back to the latest
-        turn's start (the whole history only when no turn starts in the window).
+        Reads the window's last :data:`LATEST_TURN_BYTES` (the whole window when the latest
+        turn starts before them), decoding lines from the end back to the latest turn's
+        start; the whole history only when no turn starts in the window.
 
         Raises:
             ServiceError: as ``close_interrupted_turn``.
         """
         name = lease.session_id
-        data, start = self._window_bytes(name, WRITER_LOCK_WAIT)
-        ended: set[str] = set()
-        for record in records_backward(data, start):
-            if isinstance(record, TerminalRecord):
-                ended.add(record.turn_id)
-            elif isinstance(record, UserRecord):
-                if record.turn_id in ended:
-                    return None
-                return self._close_turn(lease, record.turn_id)
+        for tail in (LATEST_TURN_BYTES, None):
+            data, start = self._window_bytes(name, WRITER_LOCK_WAIT, tail)
+            found = _latest_turn(records_backward(data, start))
+            if found is not None or tail is None or len(data) < tail:
+                break
+        if found is not None:
+            turn_id, ended = found
+            return None if ended else self._close_turn(lease, turn_id)
         if start == 0:
             return None  # no turn at all
         latest = self._scan(name, lambda _: True)

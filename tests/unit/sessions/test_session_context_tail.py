@@ -20,7 +20,13 @@ from hypothesis import strategies as st
 
 from magi_code.sessions import projection
 from magi_code.sessions.records import Record, encode_record
-from magi_code.sessions.store import HISTORY, SessionContext, SessionStore, WriterLease
+from magi_code.sessions.store import (
+    HISTORY,
+    LATEST_TURN_BYTES,
+    SessionContext,
+    SessionStore,
+    WriterLease,
+)
 
 TS = "2025-01-01T00:00:00.000Z"
 
@@ -205,3 +211,17 @@ def test_taking_the_lease_reads_back_only_to_the_latest_turn(
     with store.acquire_writer_lease(session) as lease:
         closed = store.close_last_interrupted_turn(lease)
     assert closed is not None and (closed.turn_id, closed.status) == ("t200", "failed")
+
+
+def test_a_latest_turn_longer_than_the_first_read_is_still_closed(
+    store: SessionStore, session: str
+) -> None:
+    with store.acquire_writer_lease(session) as lease:
+        turns(lease, 0, 3)
+        lease.append({"type": "user", "turn_id": "long", "text": "write a lot"})
+        for _ in range(4):  # past the first read from the end, within the window
+            text = "x" * (LATEST_TURN_BYTES // 2)
+            lease.append({"type": "assistant", "turn_id": "long", "text": text, "continued": True})
+    with store.acquire_writer_lease(session) as lease:
+        closed = store.close_last_interrupted_turn(lease)
+    assert closed is not None and (closed.turn_id, closed.status) == ("long", "failed")
