@@ -216,13 +216,13 @@ def latest_compaction(records: Sequence[Record]) -> CompactionRecord | None:
     return None
 
 
-def effective(records: Sequence[Record]) -> list[Record]:
+def effective(records: Sequence[Record]) -> Sequence[Record]:
     """``records`` without those rewinds took back: a ``RewindRecord`` drops every record
     after its ``to_seq`` and before itself, except a compaction checkpoint whose cutoff is
     at or before ``to_seq`` (what it summarizes is still the conversation); the rewind
-    record itself goes too. Without a rewind, ``records`` as they are."""
+    record itself goes too. Without a rewind, ``records`` themselves (not a copy)."""
     if not any(type(record) is RewindRecord for record in records):
-        return list(records)
+        return records
     kept: list[Record] = []
     for record in records:
         if type(record) is RewindRecord:

@@ -37,6 +37,7 @@ Every method is blocking file I/O; async callers run it in a worker thread (the 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import fcntl
@@ -44,9 +45,10 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Final
 
@@ -291,6 +293,27 @@ class Transcript:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextRecords:
+    """The user/assistant/tool/terminal records among ``records[first:]``, read in place.
+
+    A turn's context is as long as its conversation, and a copy of it made for every turn
+    was one of the allocations that grew with each turn and left the C heap scattered
+    (``docs/unix-daemon.md``). ``records`` is a parsed window's list, which is never
+    changed once parsed (``extend_window`` copies it). Iterate it as often as needed.
+    """
+
+    records: Sequence[Record]
+    first: int
+
+    def __iter__(self) -> Iterator[ContextRecord]:
+        records = self.records
+        for index in range(self.first, len(records)):
+            record = records[index]
+            if isinstance(record, _CONTEXT_TYPES):
+                yield record
+
+
+@dataclass(frozen=True, slots=True)
 class SessionContext:
     """What a turn needs to rebuild the conversation.
 
@@ -303,7 +326,7 @@ class SessionContext:
 
     summary: str | None
     cutoff_seq: int | None
-    records: tuple[ContextRecord, ...]
+    records: ContextRecords
     history_cut: bool
     gap: bool
 
@@ -757,11 +780,11 @@ class SessionStore:
         if compaction is None:
             compaction = latest_compaction(kept)
         cutoff = compaction.cutoff_seq if compaction else -1
-        records = tuple(r for r in kept if r.seq > cutoff and isinstance(r, _CONTEXT_TYPES))
+        first = bisect.bisect_right(kept, cutoff, key=attrgetter("seq"))  # ``kept`` is in seq order
         return SessionContext(
             summary=compaction.summary if compaction else None,
             cutoff_seq=compaction.cutoff_seq if compaction else None,
-            records=records,
+            records=ContextRecords(kept, first),
             history_cut=window_omits_history(window, compaction),
             gap=window.gap,
         )

@@ -13,7 +13,7 @@ conversation itself no longer fits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from magi_code.providers.stream import DEFAULT_SETTINGS, StreamSettings, stream_response
@@ -70,8 +70,8 @@ EARLIER_NOTE: Final = "(The earlier conversation is summarized in the system pro
 _OMITTED: Final = "[... the earlier part of the conversation is omitted ...]\n\n"
 
 
-def items_from_records(records: Sequence[ContextRecord]) -> list[ConversationItem]:
-    """Provider-neutral conversation from durable records.
+def items_from_records(records: Iterable[ContextRecord]) -> list[ConversationItem]:
+    """Provider-neutral conversation from durable records (iterated more than once).
 
     A tool call without a durable result (the turn was cancelled mid-tool) gets an error
     result, since every provider requires a result for each call; a result whose call is

@@ -103,7 +103,7 @@ def test_fork_copies_exactly_the_history_up_to_its_point(
     assert item["forked_from"] == {"session_id": original, "at_cursor": after_one}
     strip = lambda rows: [{k: v for k, v in r.items() if k != "cursor"} for r in rows]  # noqa: E731
     assert strip(_items(store, fork)) == strip(items[:3])
-    assert store.load_context(fork).records == store.load_context(original).records[:3]
+    assert [*store.load_context(fork).records] == [*store.load_context(original).records][:3]
     listed = {i["session_id"]: i for i in store.library(LibraryQuery())["sessions"]}  # type: ignore[union-attr]
     assert listed[original]["forks"] == [fork]
     assert listed[fork]["forked_from"]["session_id"] == original
