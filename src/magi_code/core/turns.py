@@ -537,8 +537,10 @@ class TurnRun:
         try:
             # Increments already written stay; the append in flight and the rest follow,
             # in order, before the terminal.
-            if self._settle_text is not None:
-                await self._settle_text()
+            # Dropped once used: it is the agent's, and the agent holds this run (its sink).
+            settle, self._settle_text = self._settle_text, None
+            if settle is not None:
+                await settle()
             await self.attachment.lease.append_async(terminal)
         except (OSError, ServiceError, ValueError):
             log.warning("could not persist the end of a turn")

@@ -130,8 +130,8 @@ async def stream_response(
                 async with client.stream(
                     "POST",
                     call.url,
-                    content=content,
-                    headers=dict(call.headers),
+                    content=_once(content),
+                    headers={**call.headers, "content-length": str(len(content))},
                     timeout=settings.timeout(),
                 ) as response:
                     if not response.is_success:
@@ -167,6 +167,14 @@ async def stream_response(
             delay = settings.retry.delay(retries, failure.retry_after)
         retries += 1
         await asyncio.sleep(delay)
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    """The body, given to httpx to send and then let go: each response sits in a reference
+    cycle of httpx's own until the cycle collector runs, and with ``content=body`` the
+    cycle would keep the request body (as large as the conversation) alive with it. With
+    an explicit content-length httpx sends it as is, not chunked."""
+    yield body
 
 
 async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:

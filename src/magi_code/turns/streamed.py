@@ -14,10 +14,11 @@ So a response costs at most one append (one fsync) per 4 KiB and per 250 ms, and
 streamed more than 250 ms (plus one append) ago survives a crash of the process.
 
 ``settle()`` ends the increments: it waits for the append in flight and writes what is
-left as one last record. The agent settles at the end of each response; the turn settles
-again when it ends (cancelled or failed mid-stream), which is then a no-op or writes the
-rest. Appends are shielded from cancellation, so a cancelled turn never leaves a record
-half-acknowledged and then written twice.
+left as one last record; once it succeeds, nothing added later is written. The agent
+settles at the end of each response; the turn settles again when it ends (cancelled or
+failed mid-stream), which is then a no-op or writes the rest. Appends are shielded from
+cancellation, so a cancelled turn never leaves a record half-acknowledged and then
+written twice.
 
 The records of one response are consecutive ``assistant`` records of the turn; their
 texts concatenated are the response (``turns.context`` joins them again for the provider).
@@ -99,6 +100,10 @@ class StreamedText:
             # left it is empty: it only ends the message the increments left open.
             self._start_write(background=False)
             await self._wait_writing(reraise=True)
+        # Settled: the writer is not needed again. It is the agent's method, and the agent
+        # holds this text: kept, that cycle would keep the whole turn (its conversation,
+        # its tools) until the cycle collector's next full pass instead of its end.
+        self._append = None
 
     # -- increments ----------------------------------------------------------------------
 
