@@ -474,6 +474,11 @@ class TurnRun:
                 _hashed(self.turn_id),
                 self._grace_seconds,
             )
+        # The agent's task keeps how it ended, whose traceback keeps the frames it went
+        # through (this one too, when it was raised here), and they keep this run: held
+        # from here, that cycle would keep the whole turn until the cycle collector ran.
+        self.agent_task = None
+        del agent
         self._close_steering()  # also for an agent abandoned past its grace
         self.report.log(self, status)
         self._admission_open = False

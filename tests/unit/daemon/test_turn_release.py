@@ -2,35 +2,49 @@
 a reference cycle for the cycle collector: on a daemon whose heap holds many long-lived
 objects a full collection runs rarely, and until then every finished turn's agent, tools,
 conversation and request body would pile up, raising the heap's high-water mark with each
-turn (``docs/unix-daemon.md``, "Memory over days")."""
+turn (``docs/development.md``, "What a turn leaves for the cycle collector"). Checked for
+each way a turn ends: completed after a tool call, failed, and cancelled mid-stream."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 from tests.process.turn_support import tool_call, tool_reply
-from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
 from tests.support.inprocess import InMemoryDaemon
 
 from magi_code.client import Client
 
 # The prompt (within the protocol's string limit) makes every request body longer.
 PROMPT_BYTES = 16_000
+PROMPT = "x" * PROMPT_BYTES
 
 
-async def _turn(client: Client, prompt: str, session_id: str | None) -> str:
-    """Run one turn to its terminal event; returns its session."""
-    started = await client.request("turn.start", {"prompt": prompt}, session_id=session_id)
+async def _client(daemon: InMemoryDaemon) -> Client:
+    client = Client(await daemon.channel("persistent"))
+    answer = await client.request("initialize", {"supported_protocol_versions": [1]})
+    assert answer["error"] is None, answer
+    return client
+
+
+async def _start(client: Client, session_id: str | None) -> dict[str, str]:
+    started = await client.request("turn.start", {"prompt": PROMPT}, session_id=session_id)
     assert started["error"] is None, started
+    return started["payload"]
+
+
+async def _next(client: Client, name: str) -> dict[str, object]:
     async with asyncio.timeout(30):
         while True:
             event = await client.next_event()
             assert event is not None, "the connection ended"
-            if isinstance(event, dict) and event["event"] == "turn.terminal":
-                assert event["payload"]["status"] == "completed", event
-                return str(started["payload"]["session_id"])
+            if isinstance(event, dict) and event["event"] == name:
+                return event["payload"]
 
 
 async def _turn_tasks_done() -> None:
@@ -43,44 +57,78 @@ async def _turn_tasks_done() -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_a_finished_turn_leaves_nothing_for_the_cycle_collector(
-    project: Path, daemon: InMemoryDaemon, fake: FakeProviderServer
-) -> None:
-    (project / "notes.txt").write_text("read me\n")
-    client = Client(await daemon.channel("persistent"))
+async def _connections_gone(daemon: InMemoryDaemon) -> None:
+    async with asyncio.timeout(30):
+        while daemon.server.peers:
+            await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def _saved_garbage() -> AsyncIterator[list[object]]:
+    """What a collection finds unreachable after the block (the collector keeps it)."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    found: list[object] = []
     try:
-        assert (await client.request("initialize", {"supported_protocol_versions": [1]}))[
-            "error"
-        ] is None
-        fake.enqueue(Reply(text=["warm"]))
-        session_id = await _turn(client, "warm up", None)  # first-use caches and imports
+        yield found
         await _turn_tasks_done()
         gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept, to be looked at
-        try:
-            fake.enqueue(
-                tool_reply(tool_call("r1", "read_file", path="notes.txt")),
-                Reply(text=["streamed ", "in ", "parts"]),
-            )
-            await _turn(client, "x" * PROMPT_BYTES, session_id)
-            await _turn_tasks_done()
-            gc.collect()
-            ours = {type(o).__qualname__ for o in gc.garbage if _ours(o)}
-            # Bytes are not tracked by the collector: what the cycles hold.
-            held = (r for o in gc.garbage for r in gc.get_referents(o))
-            bodies = [r for r in held if isinstance(r, bytes) and len(r) >= PROMPT_BYTES]
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-        assert len(fake.requests) == 3  # the tool loop sent the conversation twice
-        for sent in fake.requests:  # the body handed over once is still sent whole, unchunked
-            assert sent.headers["content-length"] == str(len(sent.body))
-            assert "transfer-encoding" not in sent.headers
-        assert ours == set()
-        assert bodies == []
+        found += gc.garbage
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+async def _completed(client: Client, fake: FakeProviderServer, session_id: str) -> None:
+    fake.enqueue(
+        tool_reply(tool_call("r1", "read_file", path="notes.txt")),
+        Reply(text=["streamed ", "in ", "parts"]),
+    )
+    await _start(client, session_id)
+    assert (await _next(client, "turn.terminal"))["status"] == "completed"
+
+
+async def _failed(client: Client, fake: FakeProviderServer, session_id: str) -> None:
+    fake.enqueue(HttpError(400))
+    await _start(client, session_id)
+    assert (await _next(client, "turn.terminal"))["status"] == "failed"
+
+
+async def _cancelled(client: Client, fake: FakeProviderServer, session_id: str) -> None:
+    fake.enqueue(Reply(text=["first ", "second"], after_chunks=1, ending="stall"))
+    turn = await _start(client, session_id)
+    await _next(client, "turn.assistant_delta")
+    assert (await client.request("turn.cancel", {"turn_id": turn["turn_id"]}))["error"] is None
+    assert (await _next(client, "turn.terminal"))["status"] == "cancelled"
+
+
+Ending = Callable[[Client, FakeProviderServer, str], Awaitable[None]]
+
+
+@pytest.mark.parametrize("ending", [_completed, _failed, _cancelled], ids=lambda f: f.__name__)
+async def test_a_finished_turn_leaves_nothing_for_the_cycle_collector(
+    project: Path, daemon: InMemoryDaemon, fake: FakeProviderServer, ending: Ending
+) -> None:
+    (project / "notes.txt").write_text("read me\n")
+    client = await _client(daemon)
+    fake.enqueue(Reply(text=["warm"]))
+    session_id = (await _start(client, None))["session_id"]  # first-use caches and imports
+    await _next(client, "turn.terminal")
+    await _turn_tasks_done()
+    try:
+        async with _saved_garbage() as garbage:
+            await ending(client, fake, session_id)
+            # Its connection holds the turn until the client goes.
+            await client.close()
+            await _connections_gone(daemon)
     finally:
         await client.close()
-
-
-def _ours(thing: object) -> bool:
-    return type(thing).__module__.startswith("magi_code.")
+    ours = {type(o).__qualname__ for o in garbage if type(o).__module__.startswith("magi_code.")}
+    # Bytes are not tracked by the collector: the bodies the cycles hold.
+    held = (r for o in garbage for r in gc.get_referents(o))
+    bodies = [r for r in held if isinstance(r, bytes) and len(r) >= PROMPT_BYTES]
+    assert ours == set()
+    assert bodies == []
+    sent = fake.requests[-1]  # the body handed over once is still sent whole, unchunked
+    assert sent.headers["content-length"] == str(len(sent.body)) and len(sent.body) > PROMPT_BYTES
+    assert "transfer-encoding" not in sent.headers
