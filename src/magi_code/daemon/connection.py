@@ -288,6 +288,9 @@ class PeerConnection:
         finally:
             self.server.peers.discard(self)
             self.transport.close()
+            # The role's methods: kept, they would hold the role, and it this connection,
+            # in a cycle that only the cycle collector frees.
+            self.on_lost_hook = self.intercept = None
 
     async def _serve(self) -> None:
         try:

@@ -80,8 +80,15 @@ class MemoryTransport:
             return
         self._closing = True
         self._reader.feed_eof()
-        if self.protocol is not None:
-            self._loop.call_soon(self.protocol.connection_lost, None)
+        self._loop.call_soon(self._lost)
+
+    def _lost(self) -> None:
+        # As asyncio's transports do, let go of the protocol once it is told (and of the
+        # client's reader): the connection is freed then, not left in a cycle.
+        protocol, self.protocol = self.protocol, None
+        self._reader.on_read = None
+        if protocol is not None:
+            protocol.connection_lost(None)
 
     abort = close
 

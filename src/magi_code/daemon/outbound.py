@@ -43,6 +43,14 @@ MAX_CUT_TURNS: Final = 1024
 Message = dict[str, Any]
 
 
+def _closed(_: Any) -> None:
+    pass
+
+
+def _nothing_buffered() -> int:
+    return 0
+
+
 class Outbound:
     def __init__(
         self,
@@ -106,6 +114,10 @@ class Outbound:
             timer.cancel()
         self._timers.clear()
         self._pending.clear()
+        # Nothing is written after this. The writers are the role's methods: kept, they
+        # would hold the role, which holds this, in a cycle only the cycle collector frees.
+        self._write = self._notify = self._on_cut = _closed
+        self._buffered = _nothing_buffered
 
     # -- internals -----------------------------------------------------------------------
 

@@ -151,6 +151,9 @@ class V1Role:
         finally:
             await peer.server.core.close(conn)
             status, detail = await writer
+            if self._timer is not None:  # the output ended: nothing is left to time
+                self._timer.cancel()
+                self._timer = None
         if status != "lost":
             peer.send(v2.end(status, detail))
             await bounded(peer.drain(), 5.0)

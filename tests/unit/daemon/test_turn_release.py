@@ -3,12 +3,15 @@ a reference cycle for the cycle collector: on a daemon whose heap holds many lon
 objects a full collection runs rarely, and until then every finished turn's agent, tools,
 conversation and request body would pile up, raising the heap's high-water mark with each
 turn (``docs/development.md``, "What a turn leaves for the cycle collector"). Checked for
-each way a turn ends: completed after a tool call, failed, and cancelled mid-stream."""
+each way a turn ends: completed after a tool call, failed, and cancelled mid-stream; and
+for a connection's end, of both roles a frontend's connection has (a persistent client,
+and the stdio shim: one connection for every service a frontend starts)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 from tests.process.turn_support import tool_call, tool_reply
 from tests.support.fake_providers import FakeProviderServer, HttpError, Reply
-from tests.support.inprocess import InMemoryDaemon
+from tests.support.inprocess import InMemoryDaemon, V1Service
 
 from magi_code.client import Client
 
@@ -132,3 +135,53 @@ async def test_a_finished_turn_leaves_nothing_for_the_cycle_collector(
     sent = fake.requests[-1]  # the body handed over once is still sent whole, unchunked
     assert sent.headers["content-length"] == str(len(sent.body)) and len(sent.body) > PROMPT_BYTES
     assert "transfer-encoding" not in sent.headers
+
+
+async def _persistent_turn(daemon: InMemoryDaemon) -> Callable[[], Awaitable[object]]:
+    client = await _client(daemon)
+    await _start(client, None)
+    await _next(client, "turn.terminal")
+    return client.close
+
+
+async def _shim_turn(daemon: InMemoryDaemon) -> Callable[[], Awaitable[object]]:
+    service = await V1Service.start(daemon)
+    for method, payload in (
+        ("initialize", {"supported_protocol_versions": [1]}),
+        ("turn.start", {"prompt": "hello"}),
+    ):
+        request = {"protocol_version": 1, "kind": "request", "request_id": method}
+        await service.send({**request, "method": method, "payload": payload})
+    async with asyncio.timeout(30):
+        while (await service.recv()).get("event") != "turn.terminal":
+            pass
+
+    async def close() -> int:
+        await service.close_stdin()
+        return await service.wait()
+
+    return close
+
+
+Connect = Callable[[InMemoryDaemon], Awaitable[Callable[[], Awaitable[object]]]]
+
+
+@pytest.mark.parametrize("connect", [_persistent_turn, _shim_turn], ids=lambda f: f.__name__)
+async def test_a_closed_connection_is_freed_by_reference_counting(
+    daemon: InMemoryDaemon, fake: FakeProviderServer, connect: Connect
+) -> None:
+    gc.collect()
+    gc.disable()  # only reference counting frees anything from here
+    try:
+        fake.enqueue(Reply(text=["a ", "reply"]))
+        close = await connect(daemon)
+        [peer] = daemon.server.peers
+        freed = weakref.ref(peer)
+        del peer
+        await close()
+        await _connections_gone(daemon)
+        async with asyncio.timeout(10):  # its last callbacks may still hold it a moment
+            while freed() is not None:
+                await asyncio.sleep(0.01)
+    finally:
+        gc.enable()
