@@ -1,0 +1,115 @@
+"""The daemon's RSS as its conversations grow: the soak's memory question in two minutes.
+
+One daemon, the loopback fake provider as its own process, four persistent clients. Each
+client runs its turns one after another over a few sessions of its own, round robin, so
+that every conversation grows by one turn at a time for the whole run: ``--sessions 4``
+(one each) has every turn find its window in the daemon's cache; ``--sessions 16`` (the
+default; four each) is more than the cache holds, so most turns parse their window
+again, as in ``make soak``. The daemon's RSS is printed every ``--every`` turns, then the
+slope per 1,000 turns after the first sample (a least-squares fit).
+
+    .venv/bin/python benchmarks/bench_turn_memory.py [--quick] [--sessions N] [--turns N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from benchlib import (
+    FakeProvider,
+    argument_parser,
+    daemon_launch_context,
+    daemon_process,
+    daemon_workspace,
+    heading,
+    run_with_daemons,
+    write_provider_settings,
+)
+
+from magi_code.client import Client
+
+CLIENTS = 4
+REPLY = {"text": ["a reply of a few words, " * 4] * 3}
+BUSY = ("configuration_busy", "session_busy")  # another turn's end is still settling
+
+
+async def _connect(ctx: Any) -> Client:
+    client = await Client.connect(ctx, client_name="bench_turn_memory")
+    reply = await client.request("initialize", {"supported_protocol_versions": [1]})
+    if reply["error"] is not None:
+        raise RuntimeError(f"initialize failed: {reply['error']}")
+    return client
+
+
+async def _turn(client: Client, session_id: str | None) -> str:
+    while True:
+        started = await client.request(
+            "turn.start", {"prompt": "soak reply please"}, session_id=session_id
+        )
+        if started["error"] is None:
+            break
+        if started["error"]["code"] not in BUSY:
+            raise RuntimeError(f"turn.start failed: {started['error']}")
+        await asyncio.sleep(0.01)
+    async for event in client.events():
+        if isinstance(event, dict) and event["event"] == "turn.terminal":
+            return str(started["payload"]["session_id"])
+    raise RuntimeError("the connection ended before the turn did")
+
+
+def _slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares MiB per 1,000 turns."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    num = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    den = sum((x - mean_x) ** 2 for x, _ in points)
+    return num / den * 1000 if den else 0.0
+
+
+async def main(args: argparse.Namespace) -> None:
+    heading("bench_turn_memory: the daemon's RSS as its conversations grow", args.quick)
+    turns = 40 if args.quick else args.turns
+    every = 20 if args.quick else args.every
+    per_client = max(1, args.sessions // CLIENTS)
+    print(f"   {CLIENTS} clients, {per_client * CLIENTS} sessions, {turns} turns each client")
+    print(f"   {'turns':>7} {'rss_mib':>8}")
+    async with FakeProvider.running() as fake:
+        await fake.route("soak reply please", REPLY)
+        with daemon_workspace() as ws:
+            write_provider_settings(ws.home, fake.base_url)
+            ctx = daemon_launch_context(ws)
+            clients = [await _connect(ctx) for _ in range(CLIENTS)]
+            daemon = daemon_process(ws)
+            points: list[tuple[int, float]] = []
+            done = 0
+
+            async def run(client: Client) -> None:
+                nonlocal done
+                sessions: list[str | None] = [None] * per_client
+                for n in range(turns):
+                    sessions[n % per_client] = await _turn(client, sessions[n % per_client])
+                    done += 1
+                    if done % every == 0:
+                        rss = daemon.memory_info().rss / 2**20
+                        points.append((done, rss))
+                        print(f"   {done:>7} {rss:>8.1f}", flush=True)
+
+            try:
+                await asyncio.gather(*(run(client) for client in clients))
+            finally:
+                for client in clients:
+                    await client.close()
+    first, last = points[0], points[-1]
+    print(f"   RSS {first[1]:.1f} -> {last[1]:.1f} MiB over turns {first[0]}-{last[0]}")
+    print(f"   slope: {_slope(points):+.3f} MiB per 1,000 turns", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argument_parser(__doc__ or "")
+    parser.add_argument("--sessions", type=int, default=16, help="sessions in all (4+)")
+    parser.add_argument("--turns", type=int, default=900, help="turns per client")
+    parser.add_argument("--every", type=int, default=400, help="turns between samples")
+    run_with_daemons(main, __doc__ or "", parser.parse_args())
