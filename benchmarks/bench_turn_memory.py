@@ -25,6 +25,7 @@ from benchlib import (
     daemon_workspace,
     heading,
     run_with_daemons,
+    slope_per_thousand,
     write_provider_settings,
 )
 
@@ -57,16 +58,6 @@ async def _turn(client: Client, session_id: str | None) -> str:
         if isinstance(event, dict) and event["event"] == "turn.terminal":
             return str(started["payload"]["session_id"])
     raise RuntimeError("the connection ended before the turn did")
-
-
-def _slope(points: list[tuple[int, float]]) -> float:
-    """Least-squares MiB per 1,000 turns."""
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    num = sum((x - mean_x) * (y - mean_y) for x, y in points)
-    den = sum((x - mean_x) ** 2 for x, _ in points)
-    return num / den * 1000 if den else 0.0
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -104,7 +95,8 @@ async def main(args: argparse.Namespace) -> None:
                     await client.close()
     first, last = points[0], points[-1]
     print(f"   RSS {first[1]:.1f} -> {last[1]:.1f} MiB over turns {first[0]}-{last[0]}")
-    print(f"   slope: {_slope(points):+.3f} MiB per 1,000 turns", flush=True)
+    fit = slope_per_thousand([turns for turns, _ in points], [rss for _, rss in points])
+    print(f"   slope: {fit:+.3f} MiB per 1,000 turns", flush=True)
 
 
 if __name__ == "__main__":

@@ -195,6 +195,14 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def slope_per_thousand(turns: list[float], values: list[float]) -> float:
+    """The least-squares slope of ``values`` per 1,000 turns (0 when nothing can be fitted:
+    fewer than two distinct turn counts)."""
+    if len(set(turns)) < 2:
+        return 0.0
+    return statistics.linear_regression(turns, values).slope * 1000
+
+
 def percentile(values: list[float], pct: float) -> float:
     """Nearest-rank percentile (no interpolation: a real observed sample)."""
     ordered = sorted(values)

@@ -63,6 +63,7 @@ from benchlib import (
     percentile,
     run_with_daemons,
     running_service,
+    slope_per_thousand,
     stop_service,
     write_provider_settings,
 )
@@ -304,17 +305,6 @@ def print_row(row: Mapping[str, Any]) -> None:
     print("   " + " ".join(cells) + "  " + outcomes, flush=True)
 
 
-def slope(rows: list[dict[str, Any]], key: str) -> float:
-    """Least-squares slope of ``key`` per 1,000 turns."""
-    xs = [row["turns"] / 1000 for row in rows]
-    ys = [float(row[key]) for row in rows]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    if spread == 0:
-        return 0.0
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-
-
 def print_slopes(rows: list[dict[str, Any]]) -> None:
     late = [row for row in rows if row["turns"] >= SLOPE_AFTER_TURNS]
     if len(late) >= 2:
@@ -326,7 +316,9 @@ def print_slopes(rows: list[dict[str, Any]]) -> None:
     print(f"   slope per 1,000 turns ({note}, {len(fitted)} samples):")
     units = {"rss_mib": "MiB", "uss_mib": "MiB"}
     for key in SLOPED:
-        print(f"     {key:<10} {slope(fitted, key):+10.3f} {units.get(key, '')}".rstrip())
+        values = [float(row[key]) for row in fitted]
+        fit = slope_per_thousand([row["turns"] for row in fitted], values)
+        print(f"     {key:<10} {fit:+10.3f} {units.get(key, '')}".rstrip())
 
 
 async def main(args: argparse.Namespace) -> None:
