@@ -265,11 +265,12 @@ def _serve(
         from magi_code.turns.runtime import warm_turn_modules
 
         from .allocations import AllocationTracer, trace_frames
-        from .heap import HeapTrimmer
+        from .heap import HeapTrimmer, share_one_arena
         from .preload import import_product_modules
         from .reaper import OrphanReaper, become_subreaper, stop_descendants
         from .supervised import SupervisedServer
 
+        share_one_arena()  # before any thread starts
         import_product_modules()
     except (ImportError, SyntaxError, OSError, AttributeError, NameError) as exc:
         # A broken or half-replaced install: nothing to serve with.

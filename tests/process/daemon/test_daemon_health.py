@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import stat
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from magi_code.client import Client
 from tests.process.daemon.support import cli, context, paths, persistent, status, wait_for
 from tests.process.turn_support import held_shell, tool_call, write_settings
 from tests.support.fake_providers import FakeProviderServer, Reply
+from tests.support.glibc_arenas import secondary_arenas
 
 CHILD_KINDS = {"tool", "hook", "mcp_server", "worker", "other"}
 ROLES = {"v1_shim", "persistent", "control", "handshake"}
@@ -97,6 +101,31 @@ async def test_status_reports_health_and_counts_a_running_tool_child(
     doctor = json.loads((await asyncio.to_thread(cli, home, "doctor", "--json")).stdout)
     health = [c for c in doctor["checks"] if c["check"] == "daemon_health"]
     assert [c["status"] for c in health] == ["ok"], doctor
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="arenas are glibc's")
+async def test_the_daemons_threads_allocate_from_one_arena(
+    home: Path, project: Path, fake: FakeProviderServer
+) -> None:
+    # A tool turn and a plain one: worker threads read and parse the session, run the
+    # tool's process and write the history. None may keep a free heap of its own.
+    write_settings(home, fake)
+    fake.enqueue(
+        Reply(text=[], tool_calls=[tool_call("t1", "shell", command="echo hi")]),
+        Reply(text=["done"]),
+        Reply(text=["again"]),
+    )
+    async with await persistent(home, project) as client:
+        session_id = None
+        for prompt in ("run it", "once more"):
+            options = {} if session_id is None else {"session_id": session_id}
+            reply = await client.request("turn.start", {"prompt": prompt}, **options)
+            assert reply["error"] is None, reply
+            session_id = reply["payload"]["session_id"]
+            assert (await _terminal(client))["status"] == "completed"
+        pid = (await client.status())["pid"]
+        maps = await asyncio.to_thread(Path(f"/proc/{pid}/maps").read_text)
+    assert secondary_arenas(maps) == 0
 
 
 async def test_daemon_log_rotates_by_size_and_keeps_three_private_backups(

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+from tests.support.glibc_arenas import secondary_arenas
 
 from magi_code.daemon.heap import HeapTrimmer, resident_bytes
 
@@ -126,6 +127,35 @@ def test_a_trim_gives_back_what_reference_cycles_held() -> None:
         "del nodes\n"
     )
     assert unreachable - trimmed > 40 * 2**20, (unreachable, trimmed)
+
+
+def arenas_after_threads_allocate(share: bool) -> int:
+    """glibc's arenas besides the main one in a new process whose four threads, alive at
+    once, each allocated blocks too large for CPython's own allocator."""
+    code = (
+        "import threading\n"
+        "from magi_code.daemon.heap import share_one_arena\n"
+        f"{'share_one_arena()' if share else ''}\n"
+        "together = threading.Barrier(4)\n"
+        "def allocate():\n"
+        "    kept = [bytearray(100_000) for _ in range(8)]\n"
+        "    together.wait()\n"
+        "threads = [threading.Thread(target=allocate) for _ in range(4)]\n"
+        "for thread in threads: thread.start()\n"
+        "for thread in threads: thread.join()\n"
+        "print(open('/proc/self/maps').read())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return secondary_arenas(result.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="arenas are glibc's")
+def test_threads_share_one_arena() -> None:
+    # Each thread would otherwise get an arena of its own, with its own free heap.
+    assert arenas_after_threads_allocate(share=False) >= 1
+    assert arenas_after_threads_allocate(share=True) == 0
 
 
 @pytest.mark.skipif(sys.platform.startswith("linux"), reason="the other platforms")
