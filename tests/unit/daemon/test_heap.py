@@ -81,6 +81,14 @@ async def test_at_most_one_trim_per_interval_and_a_later_end_is_not_forgotten() 
     assert trims.count == 2
 
 
+def python_output(code: str) -> str:
+    """What a new interpreter running ``code`` printed."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return result.stdout
+
+
 def resident_around_a_trim(setup: str) -> tuple[int, int]:
     """A new process's RSS after ``setup`` ran, and after its trimmer's first trim."""
     code = (
@@ -95,10 +103,7 @@ def resident_around_a_trim(setup: str) -> tuple[int, int]:
         "asyncio.run(main())\n"
         "print(before, resident_bytes())\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    before, after = map(int, result.stdout.split())
+    before, after = map(int, python_output(code).split())
     return before, after
 
 
@@ -145,10 +150,7 @@ def arenas_after_threads_allocate(share: bool) -> int:
         "for thread in threads: thread.join()\n"
         "print(open('/proc/self/maps').read())\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    return secondary_arenas(result.stdout)
+    return secondary_arenas(python_output(code))
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="arenas are glibc's")
