@@ -2,10 +2,10 @@
 
 CPython hands back its small-object arenas when they empty, but every block over 512
 bytes (read buffers, encoded answers, provider request bodies) comes from ``malloc``, and
-glibc keeps what is freed in its arenas for reuse. So a
-daemon that runs for days would stay near the peak of its busiest minute: after 64
-clients that flooded requests and never read were dropped, it kept ~104 MiB against
-~37 MiB before. ``malloc_trim(0)`` returns the free pages of every arena.
+glibc keeps what is freed in its arenas for reuse. So a daemon that runs for days would
+stay near the peak of its busiest minute: after 64 clients that flooded requests and
+never read were dropped, it kept ~104 MiB against ~37 MiB before. ``malloc_trim(0)``
+returns the free pages of every arena.
 
 When: after a connection or a turn ended (what frees memory), once no turn is running,
 at most once per :data:`TRIM_INTERVAL_SECONDS`, in a worker thread (a trim of a ~200 MiB
