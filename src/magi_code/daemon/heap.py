@@ -92,13 +92,8 @@ def _malloc_trim() -> None:
 def _resolve_malloc_trim() -> Callable[[int], int] | None:
     import ctypes
 
-    try:
-        function = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl has none): nothing to trim
-        return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
-    return cast(Callable[[int], int], function)
+    # Not glibc (musl has none): nothing to trim.
+    return _c_function("malloc_trim", ctypes.c_size_t)
 
 
 def share_one_arena() -> None:
@@ -116,13 +111,22 @@ def share_one_arena() -> None:
         return
     import ctypes
 
+    mallopt = _c_function("mallopt", ctypes.c_int, ctypes.c_int)
+    if mallopt is not None:
+        mallopt(_M_ARENA_MAX, 1)
+
+
+def _c_function(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """The C library's function ``name`` (returning an int), or None where it has none."""
+    import ctypes
+
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    mallopt(_M_ARENA_MAX, 1)
+        return None
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return cast(Callable[..., int], function)
 
 
 def resident_bytes() -> int | None:
