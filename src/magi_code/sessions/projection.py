@@ -78,28 +78,33 @@ class ParsedWindow:
 
 def parse_window(data: bytes, offset: int, session_id: str) -> ParsedWindow:
     """Records in a window of history bytes read from file offset ``offset``; see the
-    module docstring for ``gap``."""
+    module docstring for ``gap``.
+
+    The lines are decoded where they lie, one at a time: a window is up to 2 MiB of
+    small lines, and splitting it first would make all of them objects at once, a peak
+    that follows the session's length and that the allocator keeps. The records share
+    one string for each turn ID, call ID and tool name (a turn's records all name it): a
+    window stays parsed while it is cached and while a turn reads it.
+    """
     out = ParsedWindow(omitted_prefix=offset > 0, end=offset + len(data))
-    position = offset
+    position = 0
     if offset > 0:
         # The first segment may be the tail of a record that started before the window.
-        newline = data.find(b"\n")
-        position += newline + 1 if newline >= 0 else len(data)
-        data = data[newline + 1 :] if newline >= 0 else b""
-    lines = data.split(b"\n")
-    if lines[-1]:
+        position = data.find(b"\n") + 1 or len(data)
+    stop = max(position, data.rfind(b"\n") + 1)  # just past the last complete line
+    if stop < len(data):
         out.gap = True  # torn tail: a crash interrupted an append
-    lines.pop()
-    if len(lines) > MAX_WINDOW_RECORDS:
-        dropped = lines[:-MAX_WINDOW_RECORDS]
-        position += sum(map(len, dropped)) + len(dropped)
-        lines = lines[-MAX_WINDOW_RECORDS:]
+    excess = data.count(b"\n", position, stop) - MAX_WINDOW_RECORDS
+    if excess > 0:
+        for _ in range(excess):
+            position = data.index(b"\n", position) + 1
         out.omitted_prefix = True
-    last_seq = -1
-    for line in lines:
-        start = position
-        position += len(line) + 1
-        record = decode_line(line)
+    last_seq, names = -1, dict[str, str]()
+    while position < stop:
+        newline = data.index(b"\n", position)
+        line = data[position:newline]
+        start, position = position, newline + 1
+        record = decode_line(line, names)
         if record is None or record.seq <= last_seq:
             out.gap = True
             continue
@@ -108,7 +113,7 @@ def parse_window(data: bytes, offset: int, session_id: str) -> ParsedWindow:
             continue
         last_seq = record.seq
         out.records.append(record)
-        out.starts.append(start)
+        out.starts.append(offset + start)
         out.last_line = line
     if offset == 0 and not (out.records and isinstance(out.records[0], HeaderRecord)):
         out.gap = True
@@ -187,9 +192,9 @@ def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedW
     starts = window.starts[:]
     position = window.end
     last_seq = records[-1].seq
-    compaction = window.compaction
+    compaction, names = window.compaction, dict[str, str]()
     for line in lines:
-        record = decode_line(line)
+        record = decode_line(line, names)
         if record is None or record.seq <= last_seq or isinstance(record, HeaderRecord):
             return None
         last_seq = record.seq

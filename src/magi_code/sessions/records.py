@@ -216,6 +216,12 @@ def _str(obj: Mapping[str, object], name: str) -> str:
     return value
 
 
+def _name(obj: Mapping[str, object], name: str, names: dict[str, str] | None) -> str:
+    """``_str``, as the equal string ``names`` already holds (which it then keeps)."""
+    value = _str(obj, name)
+    return value if names is None else names.setdefault(value, value)
+
+
 def _seq(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise _Malformed
@@ -246,18 +252,20 @@ def _optional_str(obj: Mapping[str, object], name: str) -> str | None:
     return _str(obj, name) if name in obj else None
 
 
-def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
+def _build(
+    kind: str, seq: int, obj: Mapping[str, object], names: dict[str, str] | None = None
+) -> Record:
     match kind:
         case "header":
             return HeaderRecord(seq, _str(obj, "session_id"), _str(obj, "created_at"))
         case "user":
             return UserRecord(
-                seq, _str(obj, "turn_id"), _str(obj, "text"), _key(obj), _flag(obj, "steer")
+                seq, _name(obj, "turn_id", names), _str(obj, "text"), _key(obj), _flag(obj, "steer")
             )
         case "assistant":
             return AssistantRecord(
                 seq,
-                _str(obj, "turn_id"),
+                _name(obj, "turn_id", names),
                 _str(obj, "text"),
                 _flag(obj, "continued"),
                 _flag(obj, "truncated"),
@@ -265,9 +273,9 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
         case "tool_call":
             return ToolCallRecord(
                 seq,
-                _str(obj, "turn_id"),
-                _str(obj, "call_id"),
-                _str(obj, "name"),
+                _name(obj, "turn_id", names),
+                _name(obj, "call_id", names),
+                _name(obj, "name", names),
                 _str(obj, "arguments"),
             )
         case "tool_result":
@@ -276,9 +284,9 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
                 raise _Malformed
             return ToolResultRecord(
                 seq,
-                _str(obj, "turn_id"),
-                _str(obj, "call_id"),
-                _str(obj, "name"),
+                _name(obj, "turn_id", names),
+                _name(obj, "call_id", names),
+                _name(obj, "name", names),
                 _str(obj, "output"),
                 is_error,
             )
@@ -288,7 +296,7 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
                 raise _Malformed
             return TerminalRecord(
                 seq,
-                _str(obj, "turn_id"),
+                _name(obj, "turn_id", names),
                 status,
                 _str(obj, "assistant_text"),
                 _sequence(obj),
@@ -304,7 +312,7 @@ def _build(kind: str, seq: int, obj: Mapping[str, object]) -> Record:
         case "approval":
             return ApprovalRecord(
                 seq,
-                _str(obj, "turn_id"),
+                _name(obj, "turn_id", names),
                 _str(obj, "approval_id"),
                 _str(obj, "kind"),
                 _str(obj, "decision"),
@@ -355,13 +363,19 @@ def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
         raise ValueError("record is not encodable") from exc
 
 
-def decode_line(line: bytes) -> Record | None:
-    """The record on one line (without its ``\\n``), or ``None`` when malformed."""
-    decoded = decode_line_ts(line)
+def decode_line(line: bytes, names: dict[str, str] | None = None) -> Record | None:
+    """The record on one line (without its ``\\n``), or ``None`` when malformed.
+
+    With ``names``, its IDs and tool name are the equal strings ``names`` already holds
+    (see ``_name``): a turn's records, decoded with one such mapping, share one of each.
+    """
+    decoded = decode_line_ts(line, names)
     return None if decoded is None else decoded[0]
 
 
-def decode_line_ts(line: bytes) -> tuple[Record, object] | None:
+def decode_line_ts(
+    line: bytes, names: dict[str, str] | None = None
+) -> tuple[Record, object] | None:
     """Like ``decode_line``, with the line's raw ``ts`` value (``None`` when absent).
 
     ``ts`` is informational and never checked by decoding; see ``parse_ts``.
@@ -376,7 +390,7 @@ def decode_line_ts(line: bytes) -> tuple[Record, object] | None:
     if not isinstance(kind, str):
         return None
     try:
-        return _build(kind, _seq(obj.get("seq")), obj), obj.get("ts")
+        return _build(kind, _seq(obj.get("seq")), obj, names), obj.get("ts")
     except _Malformed:
         return None
 

@@ -45,11 +45,11 @@ def store(root: Path) -> SessionStore:
 def decoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many lines the window parser decodes (one count per test)."""
     count = [0]
-    original: Callable[[bytes], Record | None] = projection.decode_line
+    original: Callable[[bytes, dict[str, str] | None], Record | None] = projection.decode_line
 
-    def counting(line: bytes) -> Record | None:
+    def counting(line: bytes, names: dict[str, str] | None = None) -> Record | None:
         count[0] += 1
-        return original(line)
+        return original(line, names)
 
     monkeypatch.setattr(projection, "decode_line", counting)
     yield count
