@@ -99,7 +99,8 @@ class Messages(Protocol):
 
     @property
     def done(self) -> list[JsonObject]:
-        """The leading messages no later item can change; it only grows."""
+        """The leading messages no later item can change; ``add`` only appends to it (a
+        ``MessageCache`` takes from its front the messages it has encoded)."""
 
     def add(self, item: ConversationItem) -> None: ...
 
@@ -108,8 +109,11 @@ class Messages(Protocol):
         ``marks`` never do)."""
 
 
-# Messages the request sends changed: index -> what goes there instead (a copy).
+# Messages the request sends changed: index -> what goes there instead (a copy). A mark
+# goes on one of the last ``MARKS_REACH`` messages; with a ``MessageCache`` it is given
+# only those (and the indexes are theirs).
 Marks = Callable[[list[JsonObject]], dict[int, JsonObject]]
+MARKS_REACH: Final = 4
 
 
 def _unmarked(messages: list[JsonObject]) -> dict[int, JsonObject]:
@@ -144,6 +148,10 @@ class MessageCache:
     objects, or equal ones) and that the builder and its arguments are the same; anything
     else starts again from nothing. The array equals ``orjson.dumps`` of the list
     ``messages_value`` gives without a cache, byte for byte.
+
+    A message, once encoded, is kept only as its bytes (but the last ``MARKS_REACH``,
+    which marks may change): a turn holds its conversation once, encoded, not also as
+    the objects it was built from.
     """
 
     def __init__(self) -> None:
@@ -155,10 +163,11 @@ class MessageCache:
         self._arguments: tuple[object, ...] = ()
         self._messages: Messages | None = None
         self._items: list[ConversationItem] = []
-        # ``[`` and the encoded ``self._messages.done``, comma-separated, and where each
-        # starts: a request copies it once (into its array) and appends only what is new.
+        # ``[`` and the encoded done messages, comma-separated, and where each starts: a
+        # request copies it once (into its array) and appends only what is new.
         self._array = bytearray(b"[")
         self._starts: list[int] = []
+        self._taken = 0  # the done messages taken from the builder's list (encoded)
 
     def array(
         self,
@@ -181,18 +190,27 @@ class MessageCache:
         for item in now[len(seen) :]:
             messages.add(item)
         self._items = now
-        done, array, starts = messages.done, self._array, self._starts
-        for message in done[len(starts) :]:
+        done, array, starts, taken = messages.done, self._array, self._starts, self._taken
+        for message in done[len(starts) - taken :]:
             if starts:
                 array += b","
             starts.append(len(array))
             array += orjson.dumps(message)
+        # ``done[i]`` and ``rest[i]`` are the request's messages ``taken + i`` and
+        # ``len(starts) + i``.
         rest = messages.rest()
         marked = marks([*done, *rest]) if marks is not _unmarked else {}
         # Encoded again: the open messages, and every kept one from the first marked on.
-        cut = min((index for index in marked if index < len(done)), default=len(done))
-        again = [orjson.dumps(marked.get(i, m)) for i, m in enumerate(done[cut:] + rest, cut)]
+        cut = min((taken + i for i in marked if i < len(done)), default=len(starts))
+        again = [
+            orjson.dumps(marked.get(i - taken, m))
+            for i, m in enumerate(done[cut - taken :] + rest, cut)
+        ]
         end = starts[cut] - (cut > 0) if cut < len(starts) else len(array)  # (its comma)
         separator = b"," if cut > 0 and again else b""
         with memoryview(array) as view:  # released before the next request appends
-            return orjson.Fragment(b"".join((view[:end], separator, b",".join(again), b"]")))
+            fragment = orjson.Fragment(b"".join((view[:end], separator, b",".join(again), b"]")))
+        if len(done) > MARKS_REACH:
+            self._taken += len(done) - MARKS_REACH
+            del done[:-MARKS_REACH]
+        return fragment

@@ -22,6 +22,7 @@ from magi_code.providers import (
     UserText,
     build_call,
 )
+from magi_code.providers.wire import MARKS_REACH
 
 texts = st.sampled_from(["", "a", "long text " * 20, "ünïcode ✓"])
 call_ids = st.sampled_from(["c1", "c2", "c3"])
@@ -66,3 +67,42 @@ def test_bodies_with_the_cache_are_the_bodies_without_it(
         # Each request gets its own list, as the agent's do; the items are the same objects.
         conversation = added if replaced else [*conversation, *added]
         assert body(api, conversation, system, cache) == body(api, conversation, system, None)
+
+
+class Plain:
+    """A builder of one message per item; remembers its instances."""
+
+    made: list[Plain] = []
+
+    def __init__(self) -> None:
+        self.done: list[dict[str, object]] = []
+        Plain.made.append(self)
+
+    def add(self, item: ConversationItem) -> None:
+        assert isinstance(item, UserText)
+        self.done.append({"role": "user", "content": item.text})
+
+    def rest(self) -> list[dict[str, object]]:
+        return []
+
+
+def test_encoded_messages_are_kept_only_as_bytes() -> None:
+    """A long conversation's messages, once encoded, leave the builder's list but for the
+    last few that marks may change; every request still sends all of them, marked."""
+    cache = MessageCache()
+    conversation: list[ConversationItem] = []
+    seen_by_marks: list[int] = []
+
+    def last_marked(messages: list[dict[str, object]]) -> dict[int, dict[str, object]]:
+        seen_by_marks.append(len(messages))
+        return {len(messages) - 1: {**messages[-1], "mark": True}}
+
+    for request in range(3):
+        conversation = [*conversation, *(UserText(f"m{request}.{n}") for n in range(20))]
+        sent = orjson.loads(orjson.dumps(cache.array(conversation, Plain, (), last_marked)))
+        expected = [{"role": "user", "content": item.text} for item in conversation]
+        expected[-1]["mark"] = True
+        assert sent == expected
+        assert len(Plain.made[-1].done) == MARKS_REACH
+    assert len(Plain.made) == 1  # one builder for the whole conversation
+    assert seen_by_marks == [20, MARKS_REACH + 20, MARKS_REACH + 20]
