@@ -189,13 +189,10 @@ class MessageCache:
         messages = self._messages
         for item in now[len(seen) :]:
             messages.add(item)
+            self._take_done(messages.done)
+        self._take_done(messages.done)  # (a builder may start with some)
         self._items = now
         done, array, starts, taken = messages.done, self._array, self._starts, self._taken
-        for message in done[len(starts) - taken :]:
-            if starts:
-                array += b","
-            starts.append(len(array))
-            array += orjson.dumps(message)
         # ``done[i]`` and ``rest[i]`` are the request's messages ``taken + i`` and
         # ``len(starts) + i``.
         rest = messages.rest()
@@ -209,8 +206,18 @@ class MessageCache:
         end = starts[cut] - (cut > 0) if cut < len(starts) else len(array)  # (its comma)
         separator = b"," if cut > 0 and again else b""
         with memoryview(array) as view:  # released before the next request appends
-            fragment = orjson.Fragment(b"".join((view[:end], separator, b",".join(again), b"]")))
+            return orjson.Fragment(b"".join((view[:end], separator, b",".join(again), b"]")))
+
+    def _take_done(self, done: list[JsonObject]) -> None:
+        """Encode the done messages not yet encoded, and take all but the last
+        ``MARKS_REACH`` from the builder: as each item is added, so that a long
+        conversation's first request never holds all its messages as objects at once."""
+        array, starts = self._array, self._starts
+        for message in done[len(starts) - self._taken :]:
+            if starts:
+                array += b","
+            starts.append(len(array))
+            array += orjson.dumps(message)
         if len(done) > MARKS_REACH:
             self._taken += len(done) - MARKS_REACH
             del done[:-MARKS_REACH]
-        return fragment

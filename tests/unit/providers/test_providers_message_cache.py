@@ -80,6 +80,8 @@ class Plain:
 
     def add(self, item: ConversationItem) -> None:
         assert isinstance(item, UserText)
+        # Taken as they are made: never all of a long conversation's at once.
+        assert len(self.done) <= MARKS_REACH
         self.done.append({"role": "user", "content": item.text})
 
     def rest(self) -> list[dict[str, object]]:
@@ -105,4 +107,4 @@ def test_encoded_messages_are_kept_only_as_bytes() -> None:
         assert sent == expected
         assert len(Plain.made[-1].done) == MARKS_REACH
     assert len(Plain.made) == 1  # one builder for the whole conversation
-    assert seen_by_marks == [20, MARKS_REACH + 20, MARKS_REACH + 20]
+    assert seen_by_marks == [MARKS_REACH] * 3
