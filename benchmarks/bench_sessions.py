@@ -36,6 +36,7 @@ from benchlib import (
     run_with_daemons,
     running_service,
     workspace,
+    write_short_turns,
 )
 
 from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES, MAX_SESSION_PAGE_ITEMS
@@ -197,25 +198,7 @@ def short_turns_session(sessions_dir: Path, target_bytes: int) -> str:
     compacted through the store: a checkpoint keeping only its last prompt."""
     store = SessionStore(sessions_dir)
     session_id = store.create()
-    path = sessions_dir / session_id / "history.jsonl"
-    stamp = now_rfc3339()
-    with path.open("ab") as fh:
-        seq, written = 1, path.stat().st_size
-        while written < target_bytes:
-            turn_id = f"turn_{seq:024x}"
-            for record in (
-                {"type": "user", "turn_id": turn_id, "text": "a short prompt"},
-                {"type": "assistant", "turn_id": turn_id, "text": "a short reply"},
-                {
-                    "type": "terminal",
-                    "turn_id": turn_id,
-                    "status": "completed",
-                    "assistant_text": "a short reply",
-                },
-            ):
-                line = encode_record(record, seq, stamp)
-                fh.write(line)
-                seq, written = seq + 1, written + len(line)
+    write_short_turns(sessions_dir / session_id / "history.jsonl", target_bytes)
     with store.acquire_writer_lease(session_id) as lease:
         prompt = lease.append({"type": "user", "turn_id": "compacted", "text": "go on"})
         lease.append({"type": "compaction", "summary": "so far", "cutoff_seq": prompt - 1})

@@ -8,6 +8,11 @@ default; four each) is more than the cache holds, so most turns parse their wind
 again, as in ``make soak``. The daemon's RSS is printed every ``--every`` turns, then the
 slope per 1,000 turns after the first sample (a least-squares fit).
 
+First, in this process, what a turn's start holds of a long session whose window is not
+cached (~2 MiB of short turns, no checkpoint): the traced memory of its context (the
+parsed window) and, on top of it, of its first request's messages (Anthropic's and the
+chat API's), held and at peak.
+
     .venv/bin/python benchmarks/bench_turn_memory.py [--quick] [--sessions N] [--turns N]
 """
 
@@ -15,6 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 from benchlib import (
@@ -23,13 +31,18 @@ from benchlib import (
     daemon_launch_context,
     daemon_process,
     daemon_workspace,
+    figure,
     heading,
     run_with_daemons,
     slope_per_thousand,
     write_provider_settings,
+    write_short_turns,
 )
 
 from magi_code.client import Client
+from magi_code.providers import ApiKind, Endpoint, MessageCache, ProviderRequest, build_call
+from magi_code.sessions.store import SessionStore
+from magi_code.turns.context import items_from_records
 
 CLIENTS = 4
 REPLY = {"text": ["a reply of a few words, " * 4] * 3}
@@ -60,8 +73,40 @@ async def _turn(client: Client, session_id: str | None) -> str:
     raise RuntimeError("the connection ended before the turn did")
 
 
+def start_memory(history_bytes: int) -> None:
+    """Traced memory of a turn's start on a session of ``history_bytes`` (see above)."""
+    with tempfile.TemporaryDirectory() as directory:
+        sessions = Path(directory)
+        session_id = SessionStore(sessions).create()
+        write_short_turns(sessions / session_id / "history.jsonl", history_bytes)
+        tracemalloc.start()
+        try:
+            context = SessionStore(sessions).load_context(session_id)
+            held, peak = tracemalloc.get_traced_memory()
+            figure(f"context of {history_bytes >> 10:,} KiB of history: held", held / 2**20, "MiB")
+            figure("  at its peak", peak / 2**20, "MiB")
+            items = items_from_records(context.records)
+            api: ApiKind
+            for api in ("anthropic", "openai-chat"):
+                before = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
+                request = ProviderRequest(
+                    "model", "system", items, (), "default", False, 4096, None, MessageCache()
+                )
+                call = build_call(Endpoint(api, "http://127.0.0.1:1"), request)
+                held, peak = tracemalloc.get_traced_memory()
+                figure(
+                    f"  its first {api} request's messages: held", (held - before) / 2**20, "MiB"
+                )
+                figure("    at their peak", (peak - before) / 2**20, "MiB")
+                del call, request
+        finally:
+            tracemalloc.stop()
+
+
 async def main(args: argparse.Namespace) -> None:
     heading("bench_turn_memory: the daemon's RSS as its conversations grow", args.quick)
+    start_memory((64 if args.quick else 2000) * 1024)
     turns = 40 if args.quick else args.turns
     every = 20 if args.quick else args.every
     per_client = max(1, args.sessions // CLIENTS)

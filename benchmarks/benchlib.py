@@ -40,6 +40,7 @@ from tests.support.service import ServiceProcess, service_env, stop_daemon  # no
 
 from magi_code.endpoint.paths import read_info, runtime_paths  # noqa: E402
 from magi_code.protocol import envelope  # noqa: E402
+from magi_code.sessions.records import encode_record, now_rfc3339  # noqa: E402
 from magi_code.storage.launch import LaunchContext  # noqa: E402
 from magi_code.storage.stamps import RACY_WINDOW_NS  # noqa: E402
 
@@ -457,3 +458,27 @@ async def pipelined_status_rate(service: ServiceProcess, count: int) -> float:
         return count / (time.perf_counter() - began)
     finally:
         await writer
+
+
+def write_short_turns(history: Path, target_bytes: int, reply: str = "a short reply") -> None:
+    """Append short turns (a prompt, ``reply``, its terminal) to the session history at
+    ``history`` until it holds about ``target_bytes``: written straight to the file (not
+    fsynced), numbered on from its header."""
+    stamp = now_rfc3339()
+    with history.open("ab") as fh:
+        seq, written = 1, history.stat().st_size
+        while written < target_bytes:
+            turn_id = f"turn_{seq:024x}"
+            for record in (
+                {"type": "user", "turn_id": turn_id, "text": "a short prompt"},
+                {"type": "assistant", "turn_id": turn_id, "text": reply},
+                {
+                    "type": "terminal",
+                    "turn_id": turn_id,
+                    "status": "completed",
+                    "assistant_text": reply,
+                },
+            ):
+                line = encode_record(record, seq, stamp)
+                fh.write(line)
+                seq, written = seq + 1, written + len(line)
