@@ -30,6 +30,7 @@ import binascii
 import bisect
 import hashlib
 import struct
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import Final
 
@@ -70,8 +71,9 @@ class ParsedWindow:
     # The latest compaction checkpoint among ``records`` (found once per parse).
     compaction: CompactionRecord | None = None
     # Where each record's line starts in the file, the file offset just past the window
-    # and the last record's line: what ``extend_window`` needs to go on from here.
-    starts: list[int] = field(default_factory=list)
+    # and the last record's line: what ``extend_window`` needs to go on from here. (An
+    # array: 8 bytes an offset, where a list holds an int object of 32 besides.)
+    starts: array[int] = field(default_factory=lambda: array("q"))
     end: int = 0
     last_line: bytes = b""
 

@@ -32,7 +32,7 @@ def test_records_start_where_their_lines_do() -> None:
     lines = [HEADER, *turn(1, "turn_a"), *turn(6, "turn_b")]
     window = parse_window(b"".join(lines), 0, SESSION)
     assert [record.seq for record in window.records] == list(range(11))
-    assert window.starts == [sum(map(len, lines[:n])) for n in range(11)]
+    assert list(window.starts) == [sum(map(len, lines[:n])) for n in range(11)]
     assert window.end == sum(map(len, lines))
     assert window.last_line == lines[-1][:-1]
     assert not window.gap and not window.omitted_prefix
