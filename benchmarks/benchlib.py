@@ -460,17 +460,18 @@ async def pipelined_status_rate(service: ServiceProcess, count: int) -> float:
         await writer
 
 
-def write_short_turns(history: Path, target_bytes: int, reply: str = "a short reply") -> None:
-    """Append short turns (a prompt, ``reply``, its terminal) to the session history at
-    ``history`` until it holds about ``target_bytes``: written straight to the file (not
-    fsynced), numbered on from its header."""
+def write_short_turns(history: Path, target_bytes: int) -> None:
+    """Append short turns (a prompt, a reply, its terminal: ~150 bytes a record, every
+    text its own) to the session history at ``history`` until it holds about
+    ``target_bytes``: written straight to the file (not fsynced), numbered on from its
+    header."""
     stamp = now_rfc3339()
     with history.open("ab") as fh:
         seq, written = 1, history.stat().st_size
         while written < target_bytes:
-            turn_id = f"turn_{seq:024x}"
+            turn_id, reply = f"turn_{seq:024x}", f"reply {seq:07d}"
             for record in (
-                {"type": "user", "turn_id": turn_id, "text": "a short prompt"},
+                {"type": "user", "turn_id": turn_id, "text": f"prompt {seq:07d}"},
                 {"type": "assistant", "turn_id": turn_id, "text": reply},
                 {
                     "type": "terminal",

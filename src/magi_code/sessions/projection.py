@@ -84,9 +84,10 @@ def parse_window(data: bytes, offset: int, session_id: str) -> ParsedWindow:
 
     The lines are decoded where they lie, one at a time: a window is up to 2 MiB of
     small lines, and splitting it first would make all of them objects at once, a peak
-    that follows the session's length and that the allocator keeps. The records share
-    one string for each turn ID, call ID and tool name (a turn's records all name it): a
-    window stays parsed while it is cached and while a turn reads it.
+    that follows the session's length and that the allocator keeps. Equal IDs, tool
+    names and texts among the records are one string (a turn's records all name it, and
+    a terminal repeats its reply): a window stays parsed while it is cached and while a
+    turn reads it.
     """
     out = ParsedWindow(omitted_prefix=offset > 0, end=offset + len(data))
     position = 0
@@ -101,12 +102,12 @@ def parse_window(data: bytes, offset: int, session_id: str) -> ParsedWindow:
         for _ in range(excess):
             position = data.index(b"\n", position) + 1
         out.omitted_prefix = True
-    last_seq, names = -1, dict[str, str]()
+    last_seq, strings = -1, dict[str, str]()
     while position < stop:
         newline = data.index(b"\n", position)
         line = data[position:newline]
         start, position = position, newline + 1
-        record = decode_line(line, names)
+        record = decode_line(line, strings)
         if record is None or record.seq <= last_seq:
             out.gap = True
             continue
@@ -194,9 +195,9 @@ def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedW
     starts = window.starts[:]
     position = window.end
     last_seq = records[-1].seq
-    compaction, names = window.compaction, dict[str, str]()
+    compaction, strings = window.compaction, dict[str, str]()
     for line in lines:
-        record = decode_line(line, names)
+        record = decode_line(line, strings)
         if record is None or record.seq <= last_seq or isinstance(record, HeaderRecord):
             return None
         last_seq = record.seq

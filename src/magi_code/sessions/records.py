@@ -216,10 +216,10 @@ def _str(obj: Mapping[str, object], name: str) -> str:
     return value
 
 
-def _name(obj: Mapping[str, object], name: str, names: dict[str, str] | None) -> str:
-    """``_str``, as the equal string ``names`` already holds (which it then keeps)."""
+def _shared(obj: Mapping[str, object], name: str, strings: dict[str, str] | None) -> str:
+    """``_str``, as the equal string ``strings`` already holds (which it then keeps)."""
     value = _str(obj, name)
-    return value if names is None else names.setdefault(value, value)
+    return value if strings is None else strings.setdefault(value, value)
 
 
 def _seq(value: object) -> int:
@@ -253,29 +253,33 @@ def _optional_str(obj: Mapping[str, object], name: str) -> str | None:
 
 
 def _build(
-    kind: str, seq: int, obj: Mapping[str, object], names: dict[str, str] | None = None
+    kind: str, seq: int, obj: Mapping[str, object], strings: dict[str, str] | None = None
 ) -> Record:
     match kind:
         case "header":
             return HeaderRecord(seq, _str(obj, "session_id"), _str(obj, "created_at"))
         case "user":
             return UserRecord(
-                seq, _name(obj, "turn_id", names), _str(obj, "text"), _key(obj), _flag(obj, "steer")
+                seq,
+                _shared(obj, "turn_id", strings),
+                _shared(obj, "text", strings),
+                _key(obj),
+                _flag(obj, "steer"),
             )
         case "assistant":
             return AssistantRecord(
                 seq,
-                _name(obj, "turn_id", names),
-                _str(obj, "text"),
+                _shared(obj, "turn_id", strings),
+                _shared(obj, "text", strings),
                 _flag(obj, "continued"),
                 _flag(obj, "truncated"),
             )
         case "tool_call":
             return ToolCallRecord(
                 seq,
-                _name(obj, "turn_id", names),
-                _name(obj, "call_id", names),
-                _name(obj, "name", names),
+                _shared(obj, "turn_id", strings),
+                _shared(obj, "call_id", strings),
+                _shared(obj, "name", strings),
                 _str(obj, "arguments"),
             )
         case "tool_result":
@@ -284,9 +288,9 @@ def _build(
                 raise _Malformed
             return ToolResultRecord(
                 seq,
-                _name(obj, "turn_id", names),
-                _name(obj, "call_id", names),
-                _name(obj, "name", names),
+                _shared(obj, "turn_id", strings),
+                _shared(obj, "call_id", strings),
+                _shared(obj, "name", strings),
                 _str(obj, "output"),
                 is_error,
             )
@@ -296,9 +300,9 @@ def _build(
                 raise _Malformed
             return TerminalRecord(
                 seq,
-                _name(obj, "turn_id", names),
+                _shared(obj, "turn_id", strings),
                 status,
-                _str(obj, "assistant_text"),
+                _shared(obj, "assistant_text", strings),  # often its one reply's text
                 _sequence(obj),
                 _optional_str(obj, "failure"),
                 _optional_str(obj, "remedy"),
@@ -312,7 +316,7 @@ def _build(
         case "approval":
             return ApprovalRecord(
                 seq,
-                _name(obj, "turn_id", names),
+                _shared(obj, "turn_id", strings),
                 _str(obj, "approval_id"),
                 _str(obj, "kind"),
                 _str(obj, "decision"),
@@ -363,18 +367,19 @@ def encode_record(fields: Mapping[str, object], seq: int, ts: str) -> bytes:
         raise ValueError("record is not encodable") from exc
 
 
-def decode_line(line: bytes, names: dict[str, str] | None = None) -> Record | None:
+def decode_line(line: bytes, strings: dict[str, str] | None = None) -> Record | None:
     """The record on one line (without its ``\\n``), or ``None`` when malformed.
 
-    With ``names``, its IDs and tool name are the equal strings ``names`` already holds
-    (see ``_name``): a turn's records, decoded with one such mapping, share one of each.
+    With ``strings``, its IDs, tool name and message text are the equal strings
+    ``strings`` already holds (see ``_shared``): records decoded with one such mapping
+    share one of each (a turn's ID, a call's, a reply and its terminal's copy of it).
     """
-    decoded = decode_line_ts(line, names)
+    decoded = decode_line_ts(line, strings)
     return None if decoded is None else decoded[0]
 
 
 def decode_line_ts(
-    line: bytes, names: dict[str, str] | None = None
+    line: bytes, strings: dict[str, str] | None = None
 ) -> tuple[Record, object] | None:
     """Like ``decode_line``, with the line's raw ``ts`` value (``None`` when absent).
 
@@ -390,7 +395,7 @@ def decode_line_ts(
     if not isinstance(kind, str):
         return None
     try:
-        return _build(kind, _seq(obj.get("seq")), obj, names), obj.get("ts")
+        return _build(kind, _seq(obj.get("seq")), obj, strings), obj.get("ts")
     except _Malformed:
         return None
 

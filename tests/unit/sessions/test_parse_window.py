@@ -69,14 +69,15 @@ def test_past_the_record_bound_only_the_newest_lines_are_read(
 
 
 def test_a_turns_records_share_its_strings() -> None:
-    """Each of a turn's records names its turn, and a call's two records its ID and
-    tool: decoded from one window they are one string each, not one per record."""
+    """Each of a turn's records names its turn, a call's two records its ID and tool,
+    and the terminal repeats the reply: decoded from one window each is one string."""
     window = parse_window(b"".join([HEADER, *turn(1, "turn_a"), *turn(6, "turn_b")]), 0, SESSION)
     first = window.records[1:6]
     assert len({id(record.turn_id) for record in first}) == 1  # type: ignore[attr-defined]
     call, result = first[1], first[2]
     assert isinstance(call, ToolCallRecord) and isinstance(result, ToolResultRecord)
     assert call.call_id is result.call_id and call.name is result.name
+    assert first[3].text is first[4].assistant_text  # type: ignore[attr-defined]
     assert window.records[6].turn_id is not first[0].turn_id  # type: ignore[attr-defined]
 
 

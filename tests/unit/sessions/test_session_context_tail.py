@@ -47,9 +47,9 @@ def decoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     count = [0]
     original: Callable[[bytes, dict[str, str] | None], Record | None] = projection.decode_line
 
-    def counting(line: bytes, names: dict[str, str] | None = None) -> Record | None:
+    def counting(line: bytes, strings: dict[str, str] | None = None) -> Record | None:
         count[0] += 1
-        return original(line, names)
+        return original(line, strings)
 
     monkeypatch.setattr(projection, "decode_line", counting)
     yield count
