@@ -10,8 +10,8 @@ slope per 1,000 turns after the first sample (a least-squares fit).
 
 First, in this process, what a turn's start holds of a long session whose window is not
 cached (~2 MiB of short turns, no checkpoint): the traced memory of its context (the
-parsed window) and, on top of it, of its first request's messages (Anthropic's and the
-chat API's), held and at peak.
+parsed window, which the store's cache keeps) and, on top of it, of its first request's
+messages (Anthropic's and the chat API's), held and at peak.
 
     .venv/bin/python benchmarks/bench_turn_memory.py [--quick] [--sessions N] [--turns N]
 """
@@ -81,7 +81,8 @@ def start_memory(history_bytes: int) -> None:
         write_short_turns(sessions / session_id / "history.jsonl", history_bytes)
         tracemalloc.start()
         try:
-            context = SessionStore(sessions).load_context(session_id)
+            store = SessionStore(sessions)  # kept: its cache holds the window, as a daemon's
+            context = store.load_context(session_id)
             held, peak = tracemalloc.get_traced_memory()
             figure(f"context of {history_bytes >> 10:,} KiB of history: held", held / 2**20, "MiB")
             figure("  at its peak", peak / 2**20, "MiB")
