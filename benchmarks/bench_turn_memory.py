@@ -11,7 +11,8 @@ slope per 1,000 turns after the first sample (a least-squares fit).
 First, in this process, what a turn's start holds of a long session whose window is not
 cached (~2 MiB of short turns, no checkpoint): the traced memory of its context (the
 parsed window, which the store's cache keeps) and, on top of it, of its first request's
-messages (Anthropic's and the chat API's), held and at peak.
+messages (Anthropic's and the chat API's) and of the window's projection for a replay
+(which the cache keeps too), held and at peak.
 
     .venv/bin/python benchmarks/bench_turn_memory.py [--quick] [--sessions N] [--turns N]
 """
@@ -101,6 +102,12 @@ def start_memory(history_bytes: int) -> None:
                 )
                 figure("    at their peak", (peak - before) / 2**20, "MiB")
                 del call, request
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            store.replay(session_id, None, 16)  # the cached window, projected
+            held, peak = tracemalloc.get_traced_memory()
+            figure("  a replay's projection of it: held", (held - before) / 2**20, "MiB")
+            figure("    at its peak", (peak - before) / 2**20, "MiB")
         finally:
             tracemalloc.stop()
 

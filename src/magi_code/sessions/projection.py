@@ -259,20 +259,41 @@ def window_omits_history(window: ParsedWindow, compaction: CompactionRecord | No
     return window.records[0].seq > compaction.cutoff_seq + 1
 
 
+# Each shape of item body, its keys once: a body is kept as its values only.
+_SHAPES: Final[dict[tuple[str, ...], tuple[str, ...]]] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class Item:
+    """One replay item: its key (``seq``, ``sub``, ``part``) and its body.
+
+    A window's items are many, and a page or a cursor needs the body or its digest of
+    only a few of them: the body is kept as the values of its shape's keys, and ``body``
+    and ``digest`` are made when asked for.
+    """
+
     seq: int
     sub: int
     part: int
-    body: dict[str, object]
-    digest: bytes
+    keys: tuple[str, ...]
+    values: tuple[object, ...]
 
+    @classmethod
+    def of(cls, seq: int, sub: int, part: int, body: dict[str, object]) -> Item:
+        keys = tuple(body)
+        return cls(seq, sub, part, _SHAPES.setdefault(keys, keys), tuple(body.values()))
 
-# What text projects to: (its items' seq, the part number it starts at, kind of text) ->
-# (the text, its items). Items depend on nothing else, so a projection may take them from
-# an earlier one wherever the text is equal.
-_TextKey = tuple[int, int, str]
-_TextItems = dict[_TextKey, tuple[str, list[Item]]]
+    @property
+    def body(self) -> dict[str, object]:
+        return dict(zip(self.keys, self.values, strict=True))
+
+    @property
+    def kind(self) -> object:
+        return self.values[self.keys.index("kind")]
+
+    @property
+    def digest(self) -> bytes:
+        return _digest(self.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +317,6 @@ class _Fold:
     # The reply still streaming: (turn_id, the message's key seq, or -1 before its first
     # text). Once it has text, its last part is the last item.
     open_reply: tuple[str, int] | None
-    texts: _TextItems  # of the records seen
     count: int = 0
     first: Record | None = None
     last: Record | None = None
@@ -309,7 +329,7 @@ def _text_items(seq: int, head: dict[str, object], text: str, first: int = 0) ->
     for index, part in enumerate(parts, start=first):
         last = index == first + len(parts) - 1
         body = {**head, "text": part, "part": index, "last_part": last}
-        items.append(Item(seq, 0, index, body, _digest(body)))
+        items.append(Item.of(seq, 0, index, body))
     return items
 
 
@@ -333,49 +353,36 @@ def _items(seq: int, first: int, kind: str, text: str) -> list[Item]:
     """What ``project`` makes of a record's text: a terminal's status, or text parts."""
     if kind == "terminal":
         body: dict[str, object] = {"kind": "terminal", "status": text}
-        return [Item(seq, 1, 0, body, _digest(body))]
+        return [Item.of(seq, 1, 0, body)]
     return _text_items(seq, _HEADS[kind], text, first)
 
 
 def project(records: Sequence[Record], earlier: Projection | None = None) -> Projection:
     """The projection of ``records``.
 
-    With ``earlier``, a projection of other records (of any session), its text items are
-    reused where the text is the same; and where ``records`` begin with the very records
-    (the same objects) ``earlier`` saw and add no compaction checkpoint, only the records
-    after those are projected.
+    With ``earlier``, a projection of other records: where ``records`` begin with the very
+    records (the same objects) ``earlier`` saw and add no compaction checkpoint, only the
+    records after those are projected.
     """
     if any(type(record) is RewindRecord for record in records):
-        # Rare (a rewound session): projected whole each time, its text items reused.
-        records, earlier = effective(records), _texts_only(earlier)
+        # Rare (a rewound session): projected whole each time.
+        records, earlier = effective(records), None
     if earlier is not None and _goes_on(earlier.fold, records):
         old = earlier.fold
-        fold = _Fold(
-            old.cutoff, set(old.answered), old.open_reply, dict(old.texts), old.count, old.first
-        )
+        fold = _Fold(old.cutoff, set(old.answered), old.open_reply, old.count, old.first)
         items, basis, positions = earlier.items[:], earlier.basis, dict(earlier.positions)
         done = len(items)
-        reuse: _TextItems = {}
     else:
         compaction = latest_compaction(records)
-        fold = _Fold(compaction.cutoff_seq if compaction else -1, set(), None, {})
+        fold = _Fold(compaction.cutoff_seq if compaction else -1, set(), None)
         items, basis, positions, done = [], compaction.seq if compaction else -1, {}, 0
-        reuse = earlier.fold.texts if earlier is not None else {}
         if compaction is not None:
-            items += _text(fold, reuse, compaction.seq, "summary", compaction.summary)
-    done = min(done, _fold(fold, records[fold.count :], items, reuse))
+            items += _items(compaction.seq, 0, "summary", compaction.summary)
+    done = min(done, _fold(fold, records[fold.count :], items))
     for index in range(done, len(items)):
         item = items[index]
         positions[(item.seq, item.sub, item.part)] = index
     return Projection(items, basis, positions, fold)
-
-
-def _texts_only(earlier: Projection | None) -> Projection | None:
-    """``earlier`` such that ``project`` reuses its text items and nothing else."""
-    if earlier is None:
-        return None
-    fold = _Fold(-1, set(), None, earlier.fold.texts)
-    return Projection([], -1, {}, fold)
 
 
 def _goes_on(fold: _Fold, records: Sequence[Record]) -> bool:
@@ -388,17 +395,7 @@ def _goes_on(fold: _Fold, records: Sequence[Record]) -> bool:
     )
 
 
-def _text(
-    fold: _Fold, reuse: _TextItems, seq: int, kind: str, text: str, first: int = 0
-) -> list[Item]:
-    key = (seq, first, kind)
-    known = reuse.get(key)
-    parts = known[1] if known is not None and known[0] == text else _items(*key, text)
-    fold.texts[key] = (text, parts)
-    return parts
-
-
-def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _TextItems) -> int:
+def _fold(fold: _Fold, records: Sequence[Record], items: list[Item]) -> int:
     """Project ``records``, which follow those ``fold`` has seen, onto ``items``; the
     index of the first item that changed or was added.
 
@@ -426,10 +423,10 @@ def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _Tex
                 last = items.pop()
                 done = min(done, len(items))
                 text = str(last.body["text"]) + record.text
-                items += _text(fold, reuse, message, "assistant", text, last.part)
+                items += _items(message, last.part, "assistant", text)
             elif record.text:
                 message = record.seq
-                items += _text(fold, reuse, message, "assistant", record.text)
+                items += _items(message, 0, "assistant", record.text)
             # An empty record matters only to end a message.
             open_reply = (record.turn_id, message) if record.continued else None
             continue
@@ -438,13 +435,13 @@ def _fold(fold: _Fold, records: Sequence[Record], items: list[Item], reuse: _Tex
         open_reply = None
         if kind is UserRecord:
             assert isinstance(record, UserRecord)
-            items += _text(fold, reuse, record.seq, "user", record.text)
+            items += _items(record.seq, 0, "user", record.text)
         elif kind is TerminalRecord:
             assert isinstance(record, TerminalRecord)
             # Accepted partial text of a stopped turn that never settled a message.
             if record.assistant_text and record.turn_id not in answered:
-                items += _text(fold, reuse, record.seq, "assistant", record.assistant_text)
-            items += _text(fold, reuse, record.seq, "terminal", record.status)
+                items += _items(record.seq, 0, "assistant", record.assistant_text)
+            items += _items(record.seq, 0, "terminal", record.status)
     fold.open_reply = open_reply
     fold.count += len(records)
     if fold.first is None:
@@ -598,7 +595,7 @@ def approval_items(records: Sequence[Record], cutoff: int) -> list[tuple[Item, s
             "decision": now.decision,
             "by": now.by,
         }
-        out.append((Item(asked.seq, _APPROVAL_SUB, 0, body, _digest(body)), asked.turn_id))
+        out.append((Item.of(asked.seq, _APPROVAL_SUB, 0, body), asked.turn_id))
     return out
 
 

@@ -68,7 +68,7 @@ def plan_rewind(store: SessionStore, session_id: object, cursor: object) -> Rewi
     messages = tuple(
         {k: v for k, v in item.body.items() if k not in ("part", "last_part")}
         for item in items
-        if item.body.get("kind") != "message" or item.part == 0
+        if item.kind != "message" or item.part == 0
     )
     files = tuple(plan_files(changes, Checkpoints(store.session_dir(name))))
     return RewindPlan(name, to_seq, messages, files, anything_after)

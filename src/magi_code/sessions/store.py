@@ -281,7 +281,7 @@ class Transcript:
         }
         calls = [r for r in self.records if isinstance(r, ToolCallRecord)]
         for item in self.items:
-            if item.body["kind"] != "summary":
+            if item.kind != "summary":
                 # Calls made before this item; the empty part that ends a reply a call
                 # interrupted carries the call's own seq and comes first.
                 while calls and calls[0].seq < item.seq:
@@ -1177,7 +1177,7 @@ class SessionStore:
         if index == 0:
             return 0, 0
         item = projection.items[index - 1]
-        if item.body.get("kind") != "terminal":
+        if item.kind != "terminal":
             raise NotTurnBoundary
         return item.seq, index
 

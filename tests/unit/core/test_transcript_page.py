@@ -24,7 +24,7 @@ from magi_code.sessions.store import Transcript
 
 def _message(seq: int, role: str, text: str) -> Item:
     body = {"kind": "message", "role": role, "text": text, "part": 0, "last_part": True}
-    return Item(seq, 0, 0, body, b"")
+    return Item.of(seq, 0, 0, body)
 
 
 def _transcript(turns: int, text: str) -> Transcript:

@@ -1,31 +1,13 @@
-"""``parse_window``: where its records start, what it skips, and what a parse holds."""
+"""``parse_window``: where its records start, what it skips, what they share."""
 
 from __future__ import annotations
 
-import tracemalloc
-
 import pytest
+from window_lines import HEADER, SESSION, turn
 
 from magi_code.sessions import projection
 from magi_code.sessions.projection import parse_window
-from magi_code.sessions.records import ToolCallRecord, ToolResultRecord, encode_record
-
-SESSION = "sess_0123456789abcdef01234567"
-TS = "2026-01-01T00:00:00.000Z"
-HEADER = encode_record({"type": "header", "session_id": SESSION, "created_at": TS}, 0, TS)
-
-
-def turn(seq: int, turn_id: str, text: str = "a reply") -> list[bytes]:
-    """One tool turn's five lines, from ``seq`` on."""
-    call = {"turn_id": turn_id, "call_id": f"call_{turn_id}", "name": "read_file"}
-    fields: list[dict[str, object]] = [
-        {"type": "user", "turn_id": turn_id, "text": "a prompt"},
-        {"type": "tool_call", **call, "arguments": "{}"},
-        {"type": "tool_result", **call, "output": "contents", "is_error": False},
-        {"type": "assistant", "turn_id": turn_id, "text": text},
-        {"type": "terminal", "turn_id": turn_id, "status": "completed", "assistant_text": text},
-    ]
-    return [encode_record(record, seq + n, TS) for n, record in enumerate(fields)]
+from magi_code.sessions.records import ToolCallRecord, ToolResultRecord
 
 
 def test_records_start_where_their_lines_do() -> None:
@@ -79,19 +61,3 @@ def test_a_turns_records_share_its_strings() -> None:
     assert call.call_id is result.call_id and call.name is result.name
     assert first[3].text is first[4].assistant_text  # type: ignore[attr-defined]
     assert window.records[6].turn_id is not first[0].turn_id  # type: ignore[attr-defined]
-
-
-def test_a_parse_holds_little_besides_what_it_returns() -> None:
-    """The lines are decoded one at a time: a parse's peak is its window's bytes and the
-    records it returns, not also every line of the window as an object of its own."""
-    data = b"".join([HEADER, *(line for n in range(400) for line in turn(1 + 5 * n, f"t{n}"))])
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        window = parse_window(data, 0, SESSION)
-        held, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert len(window.records) == 2001
-    # Splitting the window first would add about its own size again.
-    assert peak - held < len(data) // 4, (peak - before, held - before, len(data))
