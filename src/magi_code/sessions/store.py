@@ -200,9 +200,9 @@ class _WindowCache:
 
     At most :data:`CAPACITY` windows covering at most :data:`CAPACITY_BYTES` of history
     (the least recently used go first, the one just stored stays whatever its size): a
-    window is up to 2 MiB of history, parsed and projected it takes about six times that
+    window is up to 2 MiB of history, parsed and projected it takes about 3.3 times that
     in memory, and a daemon's sessions only grow, so a cache bounded by count alone would
-    grow with them to 8 full windows (~100 MiB).
+    grow with them to 8 full windows (~50 MiB).
     """
 
     CAPACITY: Final = 8
