@@ -72,7 +72,7 @@ from magi_code.turns.runtime import (
 
 from .approvals import ApprovalService
 from .coordinator import Connection
-from .idempotency import RETAIN_SECONDS, StartKeys, repeated
+from .idempotency import RETAIN_SECONDS, StartKeys, acceptance, repeated
 from .output import Batch, TurnEvent, TurnInfo
 from .routes import Endpoint, Reply, RequestExpired
 from .sessions import Attachment, SessionService
@@ -592,12 +592,12 @@ class TurnService:
         try:
             reply = await self._admit(conn, request, prompt)
         except ServiceError as exc:
-            future.set_result(exc.code)
+            self.keys.settle(slot, future, exc.code)
             raise
         except BaseException:
             self.keys.abandon(slot, future)
             raise
-        future.set_result(dict(reply.payload))
+        self.keys.settle(slot, future, dict(reply.payload))
         return reply
 
     async def _durable_acceptance(self, session_id: str, key: str) -> dict[str, Any] | None:
@@ -610,7 +610,7 @@ class TurnService:
             return None
         if time.time() - found.accepted_at > RETAIN_SECONDS:
             return None
-        return {"turn_id": found.turn_id, "session_id": session_id, "status": "accepted"}
+        return acceptance(found.turn_id, session_id)
 
     async def _admit(self, conn: Connection, request: Request, prompt: str) -> Reply:
         own = sum(1 for run in self.active.values() if run.conn is conn)
@@ -686,7 +686,7 @@ class TurnService:
             },
         )
         return Reply(
-            {"turn_id": turn_id, "session_id": attachment.session_id, "status": "accepted"},
+            acceptance(turn_id, attachment.session_id),
             session_id=attachment.session_id,
             events=(started,),
             keep_reserved=True,
