@@ -537,13 +537,12 @@ def build_page(
     payload = _payload(events, position, end, start < len(items), gap, resync=False)
     for item in items[start : start + limit]:
         cursor = item_cursor(session_id, projection.basis, item)
+        event = {"cursor": cursor, **item.body}  # (``body`` is made on each call)
         done = start + len(events) + 1
-        candidate = _payload(
-            [*events, {"cursor": cursor, **item.body}], cursor, end, done < len(items), gap, False
-        )
+        candidate = _payload([*events, event], cursor, end, done < len(items), gap, False)
         if len(orjson.dumps(candidate)) > MAX_SESSION_REPLAY_PAGE_BYTES:
             break
-        events.append({"cursor": cursor, **item.body})
+        events.append(event)
         payload = candidate
     return payload
 
