@@ -10,9 +10,9 @@ slope per 1,000 turns after the first sample (a least-squares fit).
 
 First, in this process, what a turn's start holds of a long session whose window is not
 cached (~2 MiB of short turns, no checkpoint): the traced memory of its context (the
-parsed window, which the store's cache keeps) and, on top of it, of its first request's
-messages (Anthropic's and the chat API's) and of the window's projection for a replay
-(which the cache keeps too), held and at peak.
+parsed window, which the store's cache keeps) and, on top of it, of its first request as
+sent (the body's chunks, its messages among them; Anthropic's and the chat API's) and of
+the window's projection for a replay (which the cache keeps too), held and at peak.
 
     .venv/bin/python benchmarks/bench_turn_memory.py [--quick] [--sessions N] [--turns N]
 """
@@ -95,13 +95,11 @@ def start_memory(history_bytes: int) -> None:
                 request = ProviderRequest(
                     "model", "system", items, (), "default", False, 4096, None, MessageCache()
                 )
-                call = build_call(Endpoint(api, "http://127.0.0.1:1"), request)
+                content = build_call(Endpoint(api, "http://127.0.0.1:1"), request).content()
                 held, peak = tracemalloc.get_traced_memory()
-                figure(
-                    f"  its first {api} request's messages: held", (held - before) / 2**20, "MiB"
-                )
-                figure("    at their peak", (peak - before) / 2**20, "MiB")
-                del call, request
+                figure(f"  its first {api} request as sent: held", (held - before) / 2**20, "MiB")
+                figure("    at its peak", (peak - before) / 2**20, "MiB")
+                del content, request
             before = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()
             store.replay(session_id, None, 16)  # the cached window, projected

@@ -104,7 +104,7 @@ def stream_settings(env: Mapping[str, str]) -> StreamSettings:
 
 def build_call(endpoint: Endpoint, request: ProviderRequest) -> HttpCall:
     """The exact HTTP request ``stream_response`` sends (URL, headers, JSON body; with a
-    message cache its messages are already encoded, an ``orjson.Fragment``)."""
+    message cache its messages are already encoded, an ``EncodedArray``)."""
     return API_PROFILES[endpoint.api].build_call(endpoint, request)
 
 
@@ -121,7 +121,8 @@ async def stream_response(
     """
     wire = API_PROFILES[endpoint.api]
     call = wire.build_call(endpoint, request)
-    content = orjson.dumps(call.body)
+    content = call.content()
+    length = str(sum(len(chunk) for chunk in content))
     retries = 0
     while True:
         yielded = False
@@ -131,7 +132,7 @@ async def stream_response(
                     "POST",
                     call.url,
                     content=_once(content),
-                    headers={**call.headers, "content-length": str(len(content))},
+                    headers={**call.headers, "content-length": length},
                     timeout=settings.timeout(),
                 ) as response:
                     if not response.is_success:
@@ -169,12 +170,13 @@ async def stream_response(
         await asyncio.sleep(delay)
 
 
-async def _once(body: bytes) -> AsyncIterator[bytes]:
-    """The body, given to httpx to send and then let go: each response sits in a reference
-    cycle of httpx's own until the cycle collector runs, and with ``content=body`` the
-    cycle would keep the request body (as large as the conversation) alive with it. With
-    an explicit content-length httpx sends it as is, not chunked."""
-    yield body
+async def _once(content: list[bytes]) -> AsyncIterator[bytes]:
+    """The body's chunks, given to httpx to send and then let go: each response sits in a
+    reference cycle of httpx's own until the cycle collector runs, and with
+    ``content=body`` the cycle would keep the request body (as large as the conversation)
+    alive with it. With an explicit content-length httpx sends it as is, not chunked."""
+    for chunk in content:
+        yield chunk
 
 
 async def _read_trailing(chunks: AsyncIterator[bytes]) -> None:

@@ -10,11 +10,14 @@ reply. Each API module therefore builds its messages item by item (a ``Messages`
 builder: which messages later items can no longer change is part of the API's rules),
 and ``messages_value`` gives them in the form the body wants: a plain list, or, with the
 request's ``MessageCache``, the encoded array built from the previous request's, where
-only the messages of the new items (and those still open) are built and encoded.
+only the messages of the new items (and those still open) are built and encoded. That
+array is sent as the chunks the cache keeps (``HttpCall.content``), not copied into the
+body: a request holds its conversation once, not three times.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
@@ -38,11 +41,47 @@ REASONING_EFFORT: Final[dict[str, str]] = {
 }
 
 
+class EncodedArray:
+    """A JSON array already encoded, as the chunks that make it up in order."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+
+# orjson escapes every control character in strings, so this byte appears in an encoded
+# body only where an ``EncodedArray``'s placeholder put it.
+_SPLICE: Final = b"\x00"
+_PLACEHOLDER: Final = orjson.Fragment(_SPLICE)
+
+
 @dataclass(frozen=True, slots=True)
 class HttpCall:
     url: str
     headers: Mapping[str, str]
-    body: JsonObject  # JSON values; a message cache's messages are an ``orjson.Fragment``
+    body: JsonObject  # JSON values; a message cache's messages are an ``EncodedArray``
+
+    def content(self) -> list[bytes]:
+        """The encoded body as the chunks to send: an ``EncodedArray``'s own chunks go
+        between the rest's, uncopied."""
+        arrays: list[EncodedArray] = []
+
+        def splice(value: object) -> orjson.Fragment:
+            if not isinstance(value, EncodedArray):
+                raise TypeError
+            arrays.append(value)  # (in the order the body has them)
+            return _PLACEHOLDER
+
+        encoded = orjson.dumps(self.body, default=splice)
+        if not arrays:
+            return [encoded]
+        parts = encoded.split(_SPLICE)
+        content = [parts[0]]
+        for placed, after in zip(arrays, parts[1:], strict=True):
+            content += placed.chunks
+            content.append(after)
+        return content
 
 
 class Decoder(Protocol):
@@ -139,6 +178,11 @@ def messages_value(
     return sent
 
 
+# How the message cache keeps its encoded messages: large enough that a long conversation
+# is a few hundred chunks, small enough that a request's copy of the last one is cheap.
+BLOCK_BYTES: Final = 64 * 1024
+
+
 class MessageCache:
     """One conversation's messages, kept encoded between its requests.
 
@@ -146,15 +190,18 @@ class MessageCache:
     conversation only grows between requests, or is replaced whole (a compaction): each
     request checks that its items begin with the ones the cache has seen (the same
     objects, or equal ones) and that the builder and its arguments are the same; anything
-    else starts again from nothing. The array equals ``orjson.dumps`` of the list
-    ``messages_value`` gives without a cache, byte for byte.
+    else starts again from nothing. The array's chunks, joined, equal ``orjson.dumps`` of
+    the list ``messages_value`` gives without a cache, byte for byte.
 
     A message, once encoded, is kept only as its bytes (but the last ``MARKS_REACH``,
     which marks may change): a turn holds its conversation once, encoded, not also as
-    the objects it was built from.
+    the objects it was built from. The bytes are kept in blocks of about
+    :data:`BLOCK_BYTES` that every request sends as they are: a request copies only what
+    it encodes again and the last, unfinished block.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, block_bytes: int = BLOCK_BYTES) -> None:
+        self._block_bytes = block_bytes
         self.clear()
 
     def clear(self) -> None:
@@ -163,10 +210,12 @@ class MessageCache:
         self._arguments: tuple[object, ...] = ()
         self._messages: Messages | None = None
         self._items: list[ConversationItem] = []
-        # ``[`` and the encoded done messages, comma-separated, and where each starts: a
-        # request copies it once (into its array) and appends only what is new.
-        self._array = bytearray(b"[")
-        self._starts: list[int] = []
+        # The done messages encoded, comma-separated: the full blocks, then the block being
+        # filled; and where each message starts in them.
+        self._blocks: list[bytes] = []
+        self._open = bytearray()
+        self._sealed = 0  # the bytes in ``_blocks``
+        self._starts = array("q")
         self._taken = 0  # the done messages taken from the builder's list (encoded)
 
     def array(
@@ -175,7 +224,7 @@ class MessageCache:
         builder: Callable[..., Messages],
         arguments: tuple[object, ...],
         marks: Marks,
-    ) -> orjson.Fragment:
+    ) -> EncodedArray:
         seen, now = self._items, list(items)
         if (
             self._messages is None
@@ -192,7 +241,7 @@ class MessageCache:
             self._take_done(messages.done)
         self._take_done(messages.done)  # (a builder may start with some)
         self._items = now
-        done, array, starts, taken = messages.done, self._array, self._starts, self._taken
+        done, starts, taken = messages.done, self._starts, self._taken
         # ``done[i]`` and ``rest[i]`` are the request's messages ``taken + i`` and
         # ``len(starts) + i``.
         rest = messages.rest()
@@ -203,21 +252,36 @@ class MessageCache:
             orjson.dumps(marked.get(i - taken, m))
             for i, m in enumerate(done[cut - taken :] + rest, cut)
         ]
-        end = starts[cut] - (cut > 0) if cut < len(starts) else len(array)  # (its comma)
+        end = starts[cut] - (cut > 0) if cut < len(starts) else self._sealed + len(self._open)
         separator = b"," if cut > 0 and again else b""
-        with memoryview(array) as view:  # released before the next request appends
-            return orjson.Fragment(b"".join((view[:end], separator, b",".join(again), b"]")))
+        chunks = [b"[", *self._kept(end), separator, b",".join(again), b"]"]
+        return EncodedArray([chunk for chunk in chunks if chunk])
 
     def _take_done(self, done: list[JsonObject]) -> None:
         """Encode the done messages not yet encoded, and take all but the last
         ``MARKS_REACH`` from the builder: as each item is added, so that a long
         conversation's first request never holds all its messages as objects at once."""
-        array, starts = self._array, self._starts
+        starts = self._starts
         for message in done[len(starts) - self._taken :]:
             if starts:
-                array += b","
-            starts.append(len(array))
-            array += orjson.dumps(message)
+                self._open += b","
+            starts.append(self._sealed + len(self._open))
+            self._open += orjson.dumps(message)
+            if len(self._open) >= self._block_bytes:
+                self._blocks.append(bytes(self._open))
+                self._sealed += len(self._open)
+                self._open = bytearray()
         if len(done) > MARKS_REACH:
             self._taken += len(done) - MARKS_REACH
             del done[:-MARKS_REACH]
+
+    def _kept(self, end: int) -> list[bytes]:
+        """The first ``end`` bytes of the encoded messages: the blocks before it as they
+        are, then a copy of the rest (of one block, or of the block being filled)."""
+        chunks: list[bytes] = []
+        for block in self._blocks:
+            if len(block) > end:
+                return [*chunks, block[:end]] if end else chunks
+            chunks.append(block)
+            end -= len(block)
+        return [*chunks, bytes(self._open[:end])] if end else chunks

@@ -4,6 +4,8 @@ conversation grows, is replaced (a compaction) or changes its system prompt."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import orjson
 import pytest
 from hypothesis import given
@@ -22,7 +24,7 @@ from magi_code.providers import (
     UserText,
     build_call,
 )
-from magi_code.providers.wire import MARKS_REACH
+from magi_code.providers.wire import BLOCK_BYTES, MARKS_REACH
 
 texts = st.sampled_from(["", "a", "long text " * 20, "ünïcode ✓"])
 call_ids = st.sampled_from(["c1", "c2", "c3"])
@@ -53,15 +55,18 @@ steps = st.tuples(
 
 def body(api: ApiKind, conversation: list[ConversationItem], system: str, cache: object) -> bytes:
     request = make_request(conversation, system=system, message_cache=cache)
-    return orjson.dumps(build_call(Endpoint(api, "http://127.0.0.1:1", {}), request).body)
+    return b"".join(build_call(Endpoint(api, "http://127.0.0.1:1", {}), request).content())
 
 
+# Blocks of one message each, of a few messages (a request's cut falls inside one), and
+# the default (every block still being filled).
+@pytest.mark.parametrize("block_bytes", [1, 100, BLOCK_BYTES])
 @pytest.mark.parametrize("api", APIS)
 @given(st.lists(steps, min_size=1, max_size=8))
 def test_bodies_with_the_cache_are_the_bodies_without_it(
-    api: ApiKind, requests: list[tuple[list[ConversationItem], bool, str]]
+    api: ApiKind, block_bytes: int, requests: list[tuple[list[ConversationItem], bool, str]]
 ) -> None:
-    cache = MessageCache()
+    cache = MessageCache(block_bytes)
     conversation: list[ConversationItem] = []
     for added, replaced, system in requests:
         # Each request gets its own list, as the agent's do; the items are the same objects.
@@ -101,10 +106,40 @@ def test_encoded_messages_are_kept_only_as_bytes() -> None:
 
     for request in range(3):
         conversation = [*conversation, *(UserText(f"m{request}.{n}") for n in range(20))]
-        sent = orjson.loads(orjson.dumps(cache.array(conversation, Plain, (), last_marked)))
+        sent = orjson.loads(b"".join(cache.array(conversation, Plain, (), last_marked).chunks))
         expected = [{"role": "user", "content": item.text} for item in conversation]
         expected[-1]["mark"] = True
         assert sent == expected
         assert len(Plain.made[-1].done) == MARKS_REACH
     assert len(Plain.made) == 1  # one builder for the whole conversation
     assert seen_by_marks == [MARKS_REACH] * 3
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_request_sends_the_kept_messages_without_copying_them(api: ApiKind) -> None:
+    """A tool loop's next request on a long conversation copies only what is new (and the
+    last, unfinished block), not the conversation it already encoded, and sends the same
+    bytes as without the cache."""
+    endpoint = Endpoint(api, "http://127.0.0.1:1", {})
+    cache = MessageCache()
+    conversation: list[ConversationItem] = []
+    for n in range(2000):
+        conversation += [UserText(f"question {n} " * 40), AssistantText(f"answer {n} " * 40)]
+    first = b"".join(
+        build_call(endpoint, make_request(conversation, message_cache=cache)).content()
+    )
+    assert len(first) > 1_500_000
+    conversation = [
+        *conversation,
+        ToolCall("c1", "list_dir", "{}"),
+        ToolResult("c1", "list_dir", "ok", False),
+    ]
+    request = make_request(conversation, message_cache=cache)
+    tracemalloc.start()
+    try:
+        content = build_call(endpoint, request).content()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * BLOCK_BYTES + 64 * 1024
+    assert b"".join(content) == b"".join(build_call(endpoint, make_request(conversation)).content())
