@@ -18,6 +18,7 @@ own ``to_thread``). Every clock is injectable (``now``) so tests never sleep.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import time
@@ -97,9 +98,15 @@ class ModelInfo:
 
 
 def cache_path(ctx: LaunchContext, provider_id: str) -> Path:
+    return ctx.catalog_dir / _cache_name(provider_id)
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_name(provider_id: str) -> str:
     # IDs may contain "/" and ".."; a digest keeps every cache file inside catalog_dir.
-    digest = hashlib.sha256(provider_id.encode()).hexdigest()[:32]
-    return ctx.catalog_dir / f"{digest}.json"
+    # Kept, not made anew for every turn: pathlib interns it, and each new copy would take
+    # another slot in CPython's table of interned strings (see ``turns.instructions``).
+    return f"{hashlib.sha256(provider_id.encode()).hexdigest()[:32]}.json"
 
 
 def fingerprint(provider: ProviderDefinition) -> str:

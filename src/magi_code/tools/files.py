@@ -538,7 +538,7 @@ class Grep(BuiltinTool):
         candidates = await asyncio.to_thread(_grep_targets, ctx.project_dir, raw_path, file_glob)
         request = {
             "pattern": pattern,
-            "candidates": [[shown, str(path)] for shown, path in candidates],
+            "candidates": candidates,
             "max_matches": MAX_GREP_MATCHES,
             "max_line_chars": MAX_GREP_LINE_CHARS,
             "max_file_bytes": MAX_GREP_FILE_BYTES,
@@ -552,14 +552,12 @@ class Grep(BuiltinTool):
             raise ToolInputError(str(exc)) from None
 
 
-def _grep_targets(
-    project_dir: Path, raw_path: str, file_glob: str | None
-) -> list[tuple[str, Path]]:
-    """The files to search, confined to the project, in search order."""
+def _grep_targets(project_dir: Path, raw_path: str, file_glob: str | None) -> list[tuple[str, str]]:
+    """The files to search, confined to the project, in search order: (as shown, path)."""
     root = project_root(project_dir)
     base = resolve_in_project(root, raw_path)
     if base.is_file():
-        return [(display_path(root, base), base)]
+        return [(display_path(root, base), str(base))]
     if base.is_dir():
         return _grep_candidates(root, base, file_glob)
     raise ToolInputError(f"{display_path(root, base)} does not exist.")
@@ -638,16 +636,20 @@ async def _exchange(proc: asyncio.subprocess.Process, request: bytes) -> bytes |
                 await feeding
 
 
-def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tuple[str, Path]]:
+def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tuple[str, str]]:
+    # Strings, not a Path each: pathlib interns every part of a path, and a project's
+    # file names would each take a slot in CPython's table of interned strings, which
+    # grows for good once they are many at once.
     regex = glob_regex(file_glob) if file_glob else None
     on_name = file_glob is not None and "/" not in file_glob
-    found: list[tuple[str, Path]] = []
+    shown_base = display_path(root, base)
+    prefix = "" if shown_base == "." else f"{shown_base}/"
+    found: list[tuple[str, str]] = []
     for relative, is_dir in islice(_walk(base), MAX_SCAN_ENTRIES):
         if is_dir:
             continue
         target = relative.rsplit("/", 1)[-1] if on_name else relative
         if regex is not None and not regex.match(target):
             continue
-        path = base / relative
-        found.append((display_path(root, path), path))
+        found.append((prefix + relative, os.path.join(base, relative)))
     return found

@@ -19,6 +19,10 @@ BASE_PROMPT: Final = (
 # Instruction files, in order; each is read with a bounded read, from a directory that
 # resolves inside the project (a ``.magi-code`` symlink leading out of it is not followed).
 INSTRUCTION_FILES: Final = ("AGENTS.md", ".magi-code/instructions.md", ".magi-code/AGENTS.md")
+# As paths made once: pathlib interns every part of a path, and parts split anew for
+# every turn would each take a slot in CPython's table of interned strings, which grows
+# for good (~1 MiB) once a daemon's turns have used up its free ones.
+_RELATIVE: Final = tuple((name, Path(name)) for name in INSTRUCTION_FILES)
 MAX_INSTRUCTION_BYTES: Final = 64 * 1024
 
 
@@ -40,8 +44,7 @@ def _read_bounded(path: Path) -> str | None:
 
 def system_prompt(project_dir: Path, skills: SkillCatalog | None = None) -> str:
     sections = [BASE_PROMPT]
-    for name in INSTRUCTION_FILES:
-        relative = Path(name)
+    for name, relative in _RELATIVE:
         directory = inside_project(project_dir, relative.parent)
         text = None if directory is None else _read_bounded(directory / relative.name)
         if text:

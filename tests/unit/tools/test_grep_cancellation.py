@@ -119,7 +119,7 @@ def reference_grep(project_dir: Path, raw_path: str, pattern: str, file_glob: st
     note = ""
     targets = _grep_targets(project_dir, raw_path, file_glob)
     for shown, path in targets:
-        data = _reference_read(path)
+        data = _reference_read(Path(path))
         if data is None:
             continue
         total += len(data)
