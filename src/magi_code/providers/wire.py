@@ -41,6 +41,12 @@ REASONING_EFFORT: Final[dict[str, str]] = {
 }
 
 
+# How the message cache keeps its encoded messages: large enough that a long conversation
+# is a few dozen chunks, small enough that a request's copy of the last one is cheap. A
+# body no larger goes as one chunk (one write).
+BLOCK_BYTES: Final = 64 * 1024
+
+
 class EncodedArray:
     """A JSON array already encoded, as the chunks that make it up in order."""
 
@@ -64,7 +70,7 @@ class HttpCall:
 
     def content(self) -> list[bytes]:
         """The encoded body as the chunks to send: an ``EncodedArray``'s own chunks go
-        between the rest's, uncopied."""
+        between the rest's, uncopied (but in a body of at most ``BLOCK_BYTES``)."""
         arrays: list[EncodedArray] = []
 
         def splice(value: object) -> orjson.Fragment:
@@ -81,7 +87,7 @@ class HttpCall:
         for placed, after in zip(arrays, parts[1:], strict=True):
             content += placed.chunks
             content.append(after)
-        return content
+        return content if sum(map(len, content)) > BLOCK_BYTES else [b"".join(content)]
 
 
 class Decoder(Protocol):
@@ -176,11 +182,6 @@ def messages_value(
     for index, message in marks(sent).items():
         sent[index] = message
     return sent
-
-
-# How the message cache keeps its encoded messages: large enough that a long conversation
-# is a few hundred chunks, small enough that a request's copy of the last one is cheap.
-BLOCK_BYTES: Final = 64 * 1024
 
 
 class MessageCache:

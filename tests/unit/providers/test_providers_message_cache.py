@@ -143,3 +143,15 @@ def test_a_request_sends_the_kept_messages_without_copying_them(api: ApiKind) ->
         tracemalloc.stop()
     assert peak < 2 * BLOCK_BYTES + 64 * 1024
     assert b"".join(content) == b"".join(build_call(endpoint, make_request(conversation)).content())
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_short_request_is_one_chunk(api: ApiKind) -> None:
+    """A body of at most a block goes as one write, cached messages and all."""
+    endpoint = Endpoint(api, "http://127.0.0.1:1", {})
+    conversation: list[ConversationItem] = [UserText("hi"), AssistantText("hello")]
+    cached = build_call(endpoint, make_request(conversation, message_cache=MessageCache()))
+    uncached = build_call(endpoint, make_request(conversation))
+
+    assert cached.content() == uncached.content()
+    assert len(cached.content()) == 1
