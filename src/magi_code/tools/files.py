@@ -638,8 +638,8 @@ async def _exchange(proc: asyncio.subprocess.Process, request: bytes) -> bytes |
 
 def _grep_candidates(root: Path, base: Path, file_glob: str | None) -> list[tuple[str, str]]:
     # Strings, not a Path each: pathlib interns every part of a path, and a project's
-    # file names would each take a slot in CPython's table of interned strings, which
-    # grows for good once they are many at once.
+    # file names all interned at once would have CPython's table of interned strings
+    # rebuilt larger, for the daemon's life.
     regex = glob_regex(file_glob) if file_glob else None
     on_name = file_glob is not None and "/" not in file_glob
     shown_base = display_path(root, base)

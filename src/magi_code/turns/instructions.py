@@ -19,9 +19,9 @@ BASE_PROMPT: Final = (
 # Instruction files, in order; each is read with a bounded read, from a directory that
 # resolves inside the project (a ``.magi-code`` symlink leading out of it is not followed).
 INSTRUCTION_FILES: Final = ("AGENTS.md", ".magi-code/instructions.md", ".magi-code/AGENTS.md")
-# As paths made once: pathlib interns every part of a path, and parts split anew for
-# every turn would each take a slot in CPython's table of interned strings, which grows
-# for good (~1 MiB) once a daemon's turns have used up its free ones.
+# As paths made once: pathlib interns every part of a path, and a part split anew for
+# each turn, interned and freed again, leaves slots in CPython's table of interned strings
+# behind until the table is rebuilt larger (~1 MiB, for the daemon's life).
 _RELATIVE: Final = tuple((name, Path(name)) for name in INSTRUCTION_FILES)
 MAX_INSTRUCTION_BYTES: Final = 64 * 1024
 
