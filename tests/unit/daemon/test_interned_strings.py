@@ -5,7 +5,7 @@ name split or formatted again) is added to the table and freed with its path, an
 that leaves behind makes the table grow for good (~1 MiB) after a few thousand turns; a
 grep that built a path for each of a project's files added them all at once. Counted
 with a wrapper around ``sys.intern`` that reads each string's interned state before
-the call (CPython's own bits: the test is skipped elsewhere).
+the call (a 64-bit CPython's own bits: the test is skipped elsewhere).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from magi_code.tools.files import _grep_targets
 from magi_code.turns.instructions import system_prompt
 
 pytestmark = pytest.mark.skipif(
-    sys.implementation.name != "cpython", reason="CPython's interned strings"
+    sys.implementation.name != "cpython" or sys.maxsize < 2**32,
+    reason="the layout of a 64-bit CPython's strings",
 )
 
 
