@@ -48,7 +48,10 @@ BLOCK_BYTES: Final = 64 * 1024
 
 
 class EncodedArray:
-    """A JSON array already encoded, as the chunks that make it up in order."""
+    """A JSON array already encoded, as the chunks that make it up in order.
+
+    Not a dataclass: orjson encodes those itself, and ``HttpCall.content`` needs it to
+    ask its ``default`` for this one."""
 
     __slots__ = ("chunks",)
 
