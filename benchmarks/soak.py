@@ -20,7 +20,10 @@ every process is stopped and the temporary MC_HOME removed afterwards.
 ``--tracemalloc FRAMES`` starts the daemon with ``MC_DAEMON_TRACEMALLOC=FRAMES`` and
 signals it (``SIGUSR2``) at every sample, so that it writes where its Python heap grew
 (``daemon/allocations.py``); the reports are copied to ``--tracemalloc-dir`` (default
-``soak-tracemalloc/``) before the temporary MC_HOME goes.
+``soak-tracemalloc/``) before the temporary MC_HOME goes. Each of these samples is taken
+idle: the frontends start no turn until the daemon has none running and has been quiet
+for ``IDLE_SECONDS`` (so it has collected and trimmed), so that a report shows what the
+daemon keeps, not the turns in flight.
 
 ``--session-turns N`` bounds how long a session gets: after N turns on a session the
 next turn in its slot starts a fresh one, so the conversations a turn resends (and the
@@ -78,6 +81,9 @@ FRONTENDS = 4
 SESSIONS = 50
 TURN_TIMEOUT = 120.0
 SLOPE_AFTER_TURNS = 1000
+# How long the daemon is left without turns before an idle sample: past its heap trim's
+# interval, so that what the last turns freed has been collected and returned.
+IDLE_SECONDS = 3.0
 # Each shim runs this many turns at most (a closed stdin ends it sooner).
 TURNS_PER_SHIM = (1, 6)
 # (action, weight): what a frontend's next turn does.
@@ -170,6 +176,8 @@ class Run:
         self.free = list(range(SESSIONS))
         self.rng = random.Random(args.seed)
         self.dumps = 0  # allocation reports asked of the daemon (--tracemalloc)
+        self.resumed = asyncio.Event()  # cleared while an idle sample is taken
+        self.resumed.set()
 
     def more(self) -> bool:
         return time.monotonic() < self.deadline and self.stats.started < self.args.turns
@@ -202,6 +210,7 @@ class Run:
 
     async def one_turn(self, svc: ServiceProcess, slot: int, action: str) -> bool:
         """Run one turn of ``action``; whether the shim can take another."""
+        await self.resumed.wait()
         stats = self.stats
         stats.started += 1
         stats.action_of[action] += 1
@@ -259,11 +268,16 @@ class Run:
         began = time.monotonic()
         while True:
             done = not self.more()
+            if self.args.tracemalloc:
+                self.resumed.clear()
+                await idle(client)
             rows.append(await self.sample(client, daemon, began))
             print_row(rows[-1])
             if self.args.tracemalloc:
                 daemon.send_signal(signal.SIGUSR2)
                 self.dumps += 1
+                await allocation_report(self.ws, self.dumps)
+                self.resumed.set()
             if done:
                 return
             with contextlib.suppress(TimeoutError):
@@ -369,7 +383,7 @@ async def main(args: argparse.Namespace) -> None:
                     if final["zombies"] == 0 and not any(final["children"].values()):
                         break
                 if args.tracemalloc:
-                    await keep_allocation_reports(ws, run.dumps, args.tracemalloc_dir)
+                    await keep_allocation_reports(ws, args.tracemalloc_dir)
             print_slopes(rows)
             totals = ", ".join(f"{k} {v}" for k, v in sorted(run.stats.totals.items()))
             print(f"   turns {run.stats.started:,} on {len(run.used)} sessions: {totals}")
@@ -377,15 +391,28 @@ async def main(args: argparse.Namespace) -> None:
             print(f"   at the end: children {final['children']}, zombies {final['zombies']}")
 
 
-async def keep_allocation_reports(ws: Workspace, count: int, target: str) -> None:
-    """Copy the daemon's ``tracemalloc-<n>.txt`` out of the temporary MC_HOME (the last
-    one once the daemon wrote it)."""
-    run_dir = runtime_paths(daemon_launch_context(ws)).state_dir
-    last = run_dir / f"tracemalloc-{count}.txt"
+async def idle(client: Client) -> None:
+    """Return once the daemon has run no turn for ``IDLE_SECONDS`` (the frontends start
+    none meanwhile; a turn already started ends or times out)."""
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < IDLE_SECONDS:
+        await asyncio.sleep(0.2)
+        if (await client.status())["active_turns"]:
+            quiet_since = time.monotonic()
+
+
+async def allocation_report(ws: Workspace, number: int) -> None:
+    """Wait (up to 60 s) until the daemon has written ``tracemalloc-<number>.txt``."""
+    report = runtime_paths(daemon_launch_context(ws)).state_dir / f"tracemalloc-{number}.txt"
     for _ in range(600):
-        if last.exists():
-            break
+        if report.exists():
+            return
         await asyncio.sleep(0.1)
+
+
+async def keep_allocation_reports(ws: Workspace, target: str) -> None:
+    """Copy the daemon's ``tracemalloc-<n>.txt`` out of the temporary MC_HOME."""
+    run_dir = runtime_paths(daemon_launch_context(ws)).state_dir
     os.makedirs(target, exist_ok=True)
     reports = sorted(run_dir.glob("tracemalloc-*.txt"))
     for report in reports:
