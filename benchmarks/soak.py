@@ -21,9 +21,12 @@ every process is stopped and the temporary MC_HOME removed afterwards.
 signals it (``SIGUSR2``) at every sample, so that it writes where its Python heap grew
 (``daemon/allocations.py``); the reports are copied to ``--tracemalloc-dir`` (default
 ``soak-tracemalloc/``) before the temporary MC_HOME goes. Each of these samples is taken
-idle: the frontends start no turn until the daemon has none running and has been quiet
-for ``IDLE_SECONDS`` (so it has collected and trimmed), so that a report shows what the
-daemon keeps, not the turns in flight.
+idle, so that a report shows what the daemon keeps, not the turns in flight.
+
+``--idle-samples`` takes every sample idle: the frontends start no turn until the daemon
+has none running and has been quiet for ``IDLE_SECONDS`` (so it has collected and
+trimmed). The figures are then what the daemon holds between turns; by default they are
+taken under load, in-flight turns included.
 
 ``--session-turns N`` bounds how long a session gets: after N turns on a session the
 next turn in its slot starts a fresh one, so the conversations a turn resends (and the
@@ -268,7 +271,7 @@ class Run:
         began = time.monotonic()
         while True:
             done = not self.more()
-            if self.args.tracemalloc:
+            if self.args.idle_samples or self.args.tracemalloc:
                 self.resumed.clear()
                 await idle(client)
             rows.append(await self.sample(client, daemon, began))
@@ -277,7 +280,7 @@ class Run:
                 daemon.send_signal(signal.SIGUSR2)
                 self.dumps += 1
                 await allocation_report(self.ws, self.dumps)
-                self.resumed.set()
+            self.resumed.set()
             if done:
                 return
             with contextlib.suppress(TimeoutError):
@@ -431,6 +434,10 @@ def parse_args() -> argparse.Namespace:
         help="trace the daemon's allocations with this many frames, a report per sample",
     )  # fmt: skip
     parser.add_argument("--tracemalloc-dir", default="soak-tracemalloc")
+    parser.add_argument(
+        "--idle-samples", action="store_true",
+        help="take every sample with the daemon idle (always so with --tracemalloc)",
+    )  # fmt: skip
     parser.add_argument(
         "--session-turns", type=int, default=0, metavar="N",
         help="start a fresh session after N turns on one (default 0: sessions only grow)",

@@ -53,11 +53,13 @@ def test_the_window_of_turns_runs() -> None:
 
 
 def test_the_soak_runs_briefly_and_leaves_no_child() -> None:
-    # Ends at its turn count (the minutes only bound it), with a sample every 2 s; every
-    # turn starts a fresh session.
+    # Ends at its turn count (the minutes only bound it), with a sample every 2 s, each
+    # taken with the daemon idle (the frontends wait, then go on); every turn starts a
+    # fresh session.
     output = run_script(
-        "soak.py", "--minutes", "0.3", "--turns", "8", "--interval", "2", "--session-turns", "1"
-    )
+        "soak.py", "--minutes", "0.3", "--turns", "8", "--interval", "2", "--session-turns", "1",
+        "--idle-samples",
+    )  # fmt: skip
     assert "slope per 1,000 turns" in output and "p95_ms" in output
     assert "turns 8 on 8 sessions: " in output
     assert "at the end: children {'tool': 0, 'hook': 0, 'mcp_server': 0, 'worker': 0, " in output
