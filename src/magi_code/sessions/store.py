@@ -130,6 +130,10 @@ REPLAY_LOCK_WAIT: Final = 0.05
 WRITER_LOCK_WAIT: Final = 5.0
 # What taking a lease reads first to find the latest turn (many turns of most sessions).
 LATEST_TURN_BYTES: Final = 64 * 1024
+# What a turn's start reads from the end of an uncached window, each in turn, to find the
+# latest compaction checkpoint and the lines after its cutoff, before the whole window:
+# soon after a compaction, and later in a long one.
+CONTEXT_READS: Final = (64 * 1024, 512 * 1024)
 # A lease just released can still look held for a moment: a process this one is spawning
 # (a tool, the sandbox probe) holds a copy of every descriptor until it closes them on
 # exec. Taking a lease waits this long for that before it reports the session busy.
@@ -161,6 +165,26 @@ def _window_start(size: int) -> int:
     """Where the replay window of a history of ``size`` bytes starts: one byte before its
     budget, which tells whether the budget starts on a line boundary."""
     return max(0, size - MAX_SESSION_REPLAY_WINDOW_BYTES - 1)
+
+
+def _context_bytes(fd: int, size: int, start: int) -> tuple[bytes, int, bool]:
+    """What a turn's context needs of the window of ``start`` to ``size``: the bytes from
+    the newline before the latest compaction checkpoint's cutoff (found by
+    ``checkpoint_tail``) in the shortest of :data:`CONTEXT_READS` that holds them, or the
+    whole window. Returns the bytes, their file offset and whether they are the window."""
+    for span in CONTEXT_READS:
+        if size - start <= span:
+            break
+        data = pread_all(fd, span, size - span)
+        tail = checkpoint_tail(data)
+        if tail is not None:
+            return data[tail - 1 :], size - span + tail - 1, False
+        del data  # before the next, longer read
+    data = pread_all(fd, size - start, start)
+    tail = checkpoint_tail(data)
+    if tail is None:
+        return data, start, True
+    return data[tail - 1 :], start + tail - 1, False
 
 
 def _appended(fd: int, info: os.stat_result, key: _CacheKey, window: ParsedWindow) -> bytes | None:
@@ -717,11 +741,11 @@ class SessionStore:
         request parses only what was appended since the last one, where the earlier
         window's last line is still where it was, and projects only new text.
 
-        With ``context`` (a turn's start), a window that must be parsed anew is parsed
-        only from the lines after its latest compaction checkpoint's cutoff when
-        ``checkpoint_tail`` finds them; that part is not cached. A long session's turn
-        then reads what compaction kept, not the whole window (up to 2 MiB of history,
-        several times that once parsed).
+        With ``context`` (a turn's start), a window that must be parsed anew is read from
+        its end and parsed only from the lines after its latest compaction checkpoint's
+        cutoff when ``checkpoint_tail`` finds them (``_context_bytes``); that part is not
+        cached. A long session's turn then reads what compaction kept, not the whole
+        window (up to 2 MiB of history, several times that once parsed).
         """
         entry = self._cache.latest(session_id)
         data = appended = None
@@ -737,16 +761,19 @@ class SessionStore:
                     if entry is not None:
                         appended = _appended(history_fd, info, entry[0], entry[1][0])
                     if appended is None:
-                        data = pread_all(history_fd, info.st_size - start, start)
+                        data, offset, whole = (
+                            _context_bytes(history_fd, info.st_size, start)
+                            if context
+                            else (pread_all(history_fd, info.st_size - start, start), start, True)
+                        )
                 elif entry[1][1] is not None or not with_projection:
                     return entry[1]
         except OSError:
             raise unavailable() from None
         if data is not None:
-            tail = checkpoint_tail(data) if context else None
-            if tail is not None:  # from the newline that ends the line before
-                return parse_window(data[tail - 1 :], start + tail - 1, session_id), None
-            window = parse_window(data, start, session_id)
+            window = parse_window(data, offset, session_id)
+            if not whole:  # a context's tail, which no replay or later turn can reuse
+                return window, None
         elif appended is not None:
             assert entry is not None
             extended = extend_window(entry[1][0], appended, start)

@@ -5,11 +5,14 @@ When the session's window is not cached, the store finds them by searching the w
 bytes and parses only those lines; the context must be exactly what a whole parse gives.
 Each context test compares a fresh store (nothing cached: the search) with one whose
 cache holds the whole window (a replay parsed it), and counts the lines each decodes.
-Taking a session's lease (a client attaches) reads back only to the latest turn's start.
+The search reads the window from its end, a short span first, so a long session's turn
+start reads little more than compaction kept. Taking a session's lease (a client
+attaches) reads back only to the latest turn's start.
 """
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from magi_code.sessions import projection
+from magi_code.sessions import store as store_module
 from magi_code.sessions.records import Record, encode_record
 from magi_code.sessions.store import (
     HISTORY,
@@ -155,6 +159,35 @@ def test_a_line_that_reads_like_a_checkpoint(
     assert parsed <= 7 < lines(root, session)
 
 
+@pytest.mark.parametrize(
+    ("kept", "peak_kib"),
+    [(2, 256), (40, 1200)],  # ~8 KiB after the cutoff (the first read), ~160 KiB (the second)
+)
+def test_a_long_compacted_session_is_read_from_its_end(
+    root: Path, store: SessionStore, session: str, kept: int, peak_kib: int
+) -> None:
+    text = "x" * 4000
+    with (root / session / HISTORY).open("ab") as fh:  # ~1.6 MiB before the checkpoint
+        for seq in range(1, 401):
+            fh.write(encode_record({"type": "user", "turn_id": f"t{seq}", "text": text}, seq, TS))
+    with store.acquire_writer_lease(session) as lease:
+        prompt = compact(lease, "t401")
+        for _ in range(kept):
+            lease.append({"type": "assistant", "turn_id": "t401", "text": text})
+    whole = SessionStore(root)
+    whole.replay(session, None, 1)
+    expected = whole.load_context(session)
+    tracemalloc.start()
+    try:
+        context = SessionStore(root).load_context(session)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert values(context) == values(expected) and context.cutoff_seq == prompt - 1
+    # Reading the whole window alone would take ~1.6 MiB.
+    assert peak < peak_kib * 1024
+
+
 def test_a_cutoff_before_the_window_still_says_history_cut(
     root: Path, store: SessionStore, session: str, decoded: list[int]
 ) -> None:
@@ -175,13 +208,20 @@ steps = st.lists(
 )
 
 
+@pytest.mark.parametrize("reads", [store_module.CONTEXT_READS, (150, 600)])
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(steps)
 def test_any_history_gives_the_whole_parse_context(
-    tmp_path_factory: pytest.TempPathFactory, plan: list[Step]
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    reads: tuple[int, ...],
+    plan: list[Step],
 ) -> None:
+    # With reads of a few lines the search also starts in the middle of a line, and
+    # finds the checkpoint, or its cutoff, or neither, in the first read or a later one.
+    monkeypatch.setattr(store_module, "CONTEXT_READS", reads)
     root = tmp_path_factory.mktemp("sessions")
     store = SessionStore(root)
     session = store.create()
