@@ -396,12 +396,15 @@ async def main(args: argparse.Namespace) -> None:
 
 async def idle(client: Client) -> None:
     """Return once the daemon has run no turn for ``IDLE_SECONDS`` (the frontends start
-    none meanwhile; a turn already started ends or times out)."""
-    quiet_since = time.monotonic()
-    while time.monotonic() - quiet_since < IDLE_SECONDS:
+    none meanwhile), or after ``TURN_TIMEOUT``: a turn that runs so long is a finding the
+    sample shows, not a reason to stop sampling."""
+    began = quiet_since = time.monotonic()
+    while time.monotonic() - began < TURN_TIMEOUT:
         await asyncio.sleep(0.2)
         if (await client.status())["active_turns"]:
             quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= IDLE_SECONDS:
+            return
 
 
 async def allocation_report(ws: Workspace, number: int) -> None:
