@@ -32,6 +32,7 @@ import hashlib
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
+from operator import attrgetter
 from typing import Final
 
 import orjson
@@ -76,6 +77,9 @@ class ParsedWindow:
     starts: array[int] = field(default_factory=lambda: array("q"))
     end: int = 0
     last_line: bytes = b""
+    # True when the records start at the latest compaction checkpoint's cutoff: what a
+    # turn's context needs (``context_tail``), not the replay window.
+    context_only: bool = False
 
 
 def parse_window(data: bytes, offset: int, session_id: str) -> ParsedWindow:
@@ -184,8 +188,9 @@ def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedW
     ``window``'s) once ``appended`` follows ``window.end`` in the file, parsing only
     ``appended``; ``window`` is not changed.
 
-    ``None`` where only a whole parse can say: a gap in ``window``, a torn tail, or an
-    appended line that is not a well-formed record after the last one (a header too).
+    ``None`` where only a whole parse can say: a gap in ``window``, a torn tail, an
+    appended line that is not a well-formed record after the last one (a header too), or
+    a rewind appended to a ``context_only`` window (it may take the checkpoint back).
     """
     if window.gap or not window.records or not appended.endswith(b"\n"):
         return None
@@ -199,6 +204,8 @@ def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedW
     for line in lines:
         record = decode_line(line, strings)
         if record is None or record.seq <= last_seq or isinstance(record, HeaderRecord):
+            return None
+        if window.context_only and type(record) is RewindRecord:
             return None
         last_seq = record.seq
         records.append(record)
@@ -214,7 +221,39 @@ def extend_window(window: ParsedWindow, appended: bytes, offset: int) -> ParsedW
     if compaction is not None and not (records and compaction.seq >= records[0].seq):
         compaction = None  # the checkpoint left the window, and no later one is in it
     last_line = lines[-1] if records else b""
-    return ParsedWindow(records, False, offset > 0, compaction, starts, position, last_line)
+    omitted = offset > 0 or window.context_only
+    return ParsedWindow(
+        records, False, omitted, compaction, starts, position, last_line, window.context_only
+    )
+
+
+def context_tail(window: ParsedWindow) -> ParsedWindow | None:
+    """``window`` from the first record after its compaction checkpoint's cutoff, which
+    is all a turn's context needs of it (what ``checkpoint_tail`` finds in bytes), as a
+    window ``extend_window`` goes on from; the records are ``window``'s own.
+
+    ``None`` where nothing lies before the cutoff, or where only the whole window can
+    say: a gap, the first record after the cutoff not in the window, or a rewind from
+    there on (it may take the checkpoint back).
+    """
+    compaction, records = window.compaction, window.records
+    if compaction is None or window.gap:
+        return None
+    first = bisect.bisect_right(records, compaction.cutoff_seq, key=attrgetter("seq"))
+    if first == 0 or first == len(records) or records[first].seq != compaction.cutoff_seq + 1:
+        return None
+    if any(type(record) is RewindRecord for record in records[first:]):
+        return None
+    return ParsedWindow(
+        records[first:],
+        False,
+        True,
+        compaction,
+        window.starts[first:],
+        window.end,
+        window.last_line,
+        context_only=True,
+    )
 
 
 def latest_compaction(records: Sequence[Record]) -> CompactionRecord | None:

@@ -96,6 +96,7 @@ from magi_code.sessions.projection import (
     Projection,
     build_page,
     checkpoint_tail,
+    context_tail,
     effective,
     extend_window,
     history_after,
@@ -743,11 +744,16 @@ class SessionStore:
 
         With ``context`` (a turn's start), a window that must be parsed anew is read from
         its end and parsed only from the lines after its latest compaction checkpoint's
-        cutoff when ``checkpoint_tail`` finds them (``_context_bytes``); that part is not
-        cached. A long session's turn then reads what compaction kept, not the whole
-        window (up to 2 MiB of history, several times that once parsed).
+        cutoff when ``checkpoint_tail`` finds them (``_context_bytes``). A long session's
+        turn then reads what compaction kept, not the whole window (up to 2 MiB of
+        history, several times that once parsed). What the cache keeps for a turn is that
+        part too (``context_tail``, ``ParsedWindow.context_only``), and the next turn goes
+        on from it: what a session's turns keep follows its conversation, which compaction
+        bounds, not its history, which only grows. A replay parses the whole window again.
         """
         entry = self._cache.latest(session_id)
+        if entry is not None and entry[1][0].context_only and with_projection:
+            entry = None  # a turn's part of the window: a replay needs all of it
         data = appended = None
         try:
             with (
@@ -772,8 +778,8 @@ class SessionStore:
             raise unavailable() from None
         if data is not None:
             window = parse_window(data, offset, session_id)
-            if not whole:  # a context's tail, which no replay or later turn can reuse
-                return window, None
+            if not whole:  # only the lines after the checkpoint's cutoff were read
+                window = replace(window, context_only=True)
         elif appended is not None:
             assert entry is not None
             extended = extend_window(entry[1][0], appended, start)
@@ -786,6 +792,8 @@ class SessionStore:
         else:  # unchanged, and parsed for a turn: only the projection is new
             assert entry is not None
             window = entry[1][0]
+        if context:
+            window = context_tail(window) or window
         earlier = entry[1][1] if entry is not None else None
         projection = project(window.records, earlier) if with_projection else None
         self._cache.put(session_id, key, (window, projection))

@@ -6,7 +6,8 @@ bytes and parses only those lines; the context must be exactly what a whole pars
 Each context test compares a fresh store (nothing cached: the search) with one whose
 cache holds the whole window (a replay parsed it), and counts the lines each decodes.
 The search reads the window from its end, a short span first, so a long session's turn
-start reads little more than compaction kept. Taking a session's lease (a client
+start reads little more than compaction kept, and keeps only that for the next turn,
+even where a replay had parsed the whole window. Taking a session's lease (a client
 attaches) reads back only to the latest turn's start.
 """
 
@@ -208,25 +209,71 @@ steps = st.lists(
 )
 
 
+def test_a_turn_keeps_what_compaction_kept_after_a_replay_parsed_it_all(
+    root: Path, store: SessionStore, session: str, decoded: list[int]
+) -> None:
+    text = "x" * 4000
+    with (root / session / HISTORY).open("ab") as fh:  # ~1.6 MiB before the checkpoint
+        for seq in range(1, 401):
+            fh.write(encode_record({"type": "user", "turn_id": f"t{seq}", "text": text}, seq, TS))
+    with store.acquire_writer_lease(session) as lease:
+        compact(lease, "t401")
+    tracemalloc.start()
+    try:
+        live = SessionStore(root)
+        live.replay(session, None, 1)  # the whole window, parsed and projected
+        with store.acquire_writer_lease(session) as lease:
+            turns(lease, 402, 1)
+        decoded[0] = 0
+        context = live.load_context(session)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert decoded[0] == 3  # the turn's lines, appended to the cached window
+    assert values(context) == values(SessionStore(root).load_context(session))
+    # The whole window stays parsed only while a replay needs it: ~6 MiB.
+    assert held < 256 * 1024
+    with store.acquire_writer_lease(session) as lease:
+        turns(lease, 403, 1)
+    decoded[0] = 0
+    context = live.load_context(session)
+    assert decoded[0] == 3  # the next turn goes on from what the last one kept
+    assert values(context) == values(SessionStore(root).load_context(session))
+    decoded[0] = 0
+    page = live.replay(session, None, 8)
+    assert decoded[0] > 400 and page == SessionStore(root).replay(session, None, 8)
+
+
 @pytest.mark.parametrize("reads", [store_module.CONTEXT_READS, (150, 600)])
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(steps)
+@given(steps, st.lists(st.sampled_from(["context", "context", "replay", "none"]), max_size=30))
 def test_any_history_gives_the_whole_parse_context(
     tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
     reads: tuple[int, ...],
     plan: list[Step],
+    reads_between: list[str],
 ) -> None:
     # With reads of a few lines the search also starts in the middle of a line, and
     # finds the checkpoint, or its cutoff, or neither, in the first read or a later one.
+    # A store kept all along is read between the steps (a turn's start, a replay), so
+    # its cache goes on from what it kept: every read must equal a fresh store's.
     monkeypatch.setattr(store_module, "CONTEXT_READS", reads)
     root = tmp_path_factory.mktemp("sessions")
     store = SessionStore(root)
     session = store.create()
+    live = SessionStore(root)
     with store.acquire_writer_lease(session) as lease:
         for n, (step, size) in enumerate(plan):
+            read = reads_between[n] if n < len(reads_between) else "none"
+            if read == "context":
+                fresh = SessionStore(root).load_context(session)
+                assert values(live.load_context(session)) == values(fresh)
+            elif read == "replay":
+                page = SessionStore(root).replay(session, None, 32)
+                assert live.replay(session, None, 32) == page
             if step == "turn":
                 turns(lease, n * 100, size % 3 + 1)
             elif step == "compact":
@@ -240,7 +287,9 @@ def test_any_history_gives_the_whole_parse_context(
                 lease.append({"type": "tool_result", **call, "output": "ok", "is_error": False})
     whole = SessionStore(root)
     whole.replay(session, None, 1)
-    assert values(SessionStore(root).load_context(session)) == values(whole.load_context(session))
+    expected = values(whole.load_context(session))
+    assert values(SessionStore(root).load_context(session)) == expected
+    assert values(live.load_context(session)) == expected
 
 
 def test_taking_the_lease_reads_back_only_to_the_latest_turn(
