@@ -7,7 +7,8 @@ to a daemon; in-process, a replay page of that session while a turn appends to i
 record between pages), and what a turn's start reads of a ~2 MiB session of short turns
 that compacted near its end, by a store that has not parsed it yet: taking its lease and
 the turn's context (``SessionStore.load_context``), ms and the peak of traced Python
-memory; the ``session.create`` rate (each create is closed again: attachments are
+memory, then the context of the session's next turn by the same store (a turn's records
+appended since); the ``session.create`` rate (each create is closed again: attachments are
 capped at 16); and, in-process through ``SessionStore``, appends per second to one
 session with 1 and with 16 concurrent writers (group commit: records queued during an
 fsync share the next one).
@@ -231,6 +232,19 @@ def turn_start_reads(sessions_dir: Path, runs: int) -> None:
         tracemalloc.stop()
         figure(f"2 MiB compacted session, uncached: {label}", median(timings) * 1e3, "ms")
         figure("  its peak traced memory", peak / 2**20, "MiB")
+    # A session's next turn, by the store that loaded the last one's context: a turn's
+    # records appended between the two.
+    store = SessionStore(sessions_dir)
+    store.load_context(session_id)
+    timings = []
+    with store.acquire_writer_lease(session_id) as lease:
+        for n in range(runs):
+            lease.append({"type": "user", "turn_id": f"next{n}", "text": "and then?"})
+            lease.append({"type": "assistant", "turn_id": f"next{n}", "text": "this."})
+            start = time.perf_counter()
+            store.load_context(session_id)
+            timings.append(time.perf_counter() - start)
+    figure("2 MiB compacted session: the next turn's context", median(timings) * 1e3, "ms")
 
 
 async def appends(sessions_dir: Path, writers: int, per_writer: int) -> float:
