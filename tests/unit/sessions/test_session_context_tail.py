@@ -212,9 +212,9 @@ steps = st.lists(
 def test_a_turn_keeps_what_compaction_kept_after_a_replay_parsed_it_all(
     root: Path, store: SessionStore, session: str, decoded: list[int]
 ) -> None:
-    text = "x" * 4000
     with (root / session / HISTORY).open("ab") as fh:  # ~1.6 MiB before the checkpoint
         for seq in range(1, 401):
+            text = f"{seq:04d}" + "x" * 4000  # (equal texts would be parsed into one string)
             fh.write(encode_record({"type": "user", "turn_id": f"t{seq}", "text": text}, seq, TS))
     with store.acquire_writer_lease(session) as lease:
         compact(lease, "t401")
@@ -231,7 +231,7 @@ def test_a_turn_keeps_what_compaction_kept_after_a_replay_parsed_it_all(
         tracemalloc.stop()
     assert decoded[0] == 3  # the turn's lines, appended to the cached window
     assert values(context) == values(SessionStore(root).load_context(session))
-    # The whole window stays parsed only while a replay needs it: ~6 MiB.
+    # The whole window stays parsed only while a replay needs it: ~1.6 MiB.
     assert held < 256 * 1024
     with store.acquire_writer_lease(session) as lease:
         turns(lease, 403, 1)
