@@ -32,6 +32,7 @@ import hashlib
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from operator import attrgetter
 from typing import Final
 
@@ -242,18 +243,11 @@ def context_tail(window: ParsedWindow) -> ParsedWindow | None:
     first = bisect.bisect_right(records, compaction.cutoff_seq, key=attrgetter("seq"))
     if first == 0 or first == len(records) or records[first].seq != compaction.cutoff_seq + 1:
         return None
-    if any(type(record) is RewindRecord for record in records[first:]):
+    tail = records[first:]
+    if any(type(record) is RewindRecord for record in tail):
         return None
-    return ParsedWindow(
-        records[first:],
-        False,
-        True,
-        compaction,
-        window.starts[first:],
-        window.end,
-        window.last_line,
-        context_only=True,
-    )
+    starts = window.starts[first:]
+    return replace(window, records=tail, starts=starts, omitted_prefix=True, context_only=True)
 
 
 def latest_compaction(records: Sequence[Record]) -> CompactionRecord | None:
