@@ -8,6 +8,12 @@ default; four each) is more than the cache holds, so most turns parse their wind
 again, as in ``make soak``. The daemon's RSS is printed every ``--every`` turns, then the
 slope per 1,000 turns after the first sample (a least-squares fit).
 
+``--context-window N`` declares the fake model's window as N tokens: each conversation
+then compacts when it reaches 80 % of it (the provider answers the summary request), so
+what a turn reads and resends stops growing, as against a real model, whose window (128k
+tokens or more) these short turns would take hours to fill. By default (0) the window is
+the API's, which no conversation here reaches.
+
 First, in this process, what a turn's start holds of a long session whose window is not
 cached (~2 MiB of short turns, no checkpoint): the traced memory of its context (the
 parsed window, which the store's cache keeps) and, on top of it, of its first request as
@@ -15,6 +21,7 @@ sent (the body's chunks, its messages among them; Anthropic's and the chat API's
 the window's projection for a replay (which the cache keeps too), held and at peak.
 
     .venv/bin/python benchmarks/bench_turn_memory.py [--quick] [--sessions N] [--turns N]
+        [--every N] [--context-window N]
 """
 
 from __future__ import annotations
@@ -116,12 +123,17 @@ async def main(args: argparse.Namespace) -> None:
     turns = 40 if args.quick else args.turns
     every = 20 if args.quick else args.every
     per_client = max(1, args.sessions // CLIENTS)
-    print(f"   {CLIENTS} clients, {per_client * CLIENTS} sessions, {turns} turns each client")
+    window = f", a {args.context_window:,}-token context" if args.context_window else ""
+    print(
+        f"   {CLIENTS} clients, {per_client * CLIENTS} sessions, {turns} turns each client{window}"
+    )
     print(f"   {'turns':>7} {'rss_mib':>8}")
     async with FakeProvider.running() as fake:
+        if args.context_window:
+            await fake.answer_summaries()  # (its request quotes the prompts: routed first)
         await fake.route("soak reply please", REPLY)
         with daemon_workspace() as ws:
-            write_provider_settings(ws.home, fake.base_url)
+            write_provider_settings(ws.home, fake.base_url, args.context_window)
             ctx = daemon_launch_context(ws)
             clients = [await _connect(ctx) for _ in range(CLIENTS)]
             daemon = daemon_process(ws)
@@ -155,4 +167,9 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=16, help="sessions in all (4+)")
     parser.add_argument("--turns", type=int, default=900, help="turns per client")
     parser.add_argument("--every", type=int, default=400, help="turns between samples")
+    parser.add_argument(
+        "--context-window", type=int, default=0, metavar="N",
+        help="the model's context window in tokens: conversations compact at 80%% of it "
+        "(default 0: the API's, which none reaches)",
+    )  # fmt: skip
     run_with_daemons(main, __doc__ or "", parser.parse_args())

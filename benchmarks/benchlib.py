@@ -43,6 +43,7 @@ from magi_code.protocol import envelope  # noqa: E402
 from magi_code.sessions.records import encode_record, now_rfc3339  # noqa: E402
 from magi_code.storage.launch import LaunchContext  # noqa: E402
 from magi_code.storage.stamps import RACY_WINDOW_NS  # noqa: E402
+from magi_code.turns.context import SUMMARY_PROMPT  # noqa: E402
 
 __all__ = [
     "DAEMON_ENV",
@@ -234,13 +235,13 @@ def workspace() -> Iterator[Workspace]:
         yield Workspace(root, home, project)
 
 
-def write_provider_settings(home: Path, base_url: str) -> None:
-    """Select a custom chat-completions provider at ``base_url`` (the fake provider)."""
-    doc = {
-        "provider": "local",
-        "model": "m1",
-        "providers": {"local": {"api": "openai-chat", "base_url": f"{base_url}/v1"}},
-    }
+def write_provider_settings(home: Path, base_url: str, context_window: int = 0) -> None:
+    """Select a custom chat-completions provider at ``base_url`` (the fake provider),
+    whose model has a ``context_window`` of that many tokens (0: the API's, 128k)."""
+    provider: dict[str, Any] = {"api": "openai-chat", "base_url": f"{base_url}/v1"}
+    if context_window:
+        provider["context_window"] = context_window
+    doc = {"provider": "local", "model": "m1", "providers": {"local": provider}}
     (home / "settings.json").write_text(json.dumps(doc))
 
 
@@ -407,6 +408,10 @@ class FakeProvider:
             "/__fake__/route", json={"marker": marker, "default": dict(default)}
         )
         response.raise_for_status()
+
+    async def answer_summaries(self) -> None:
+        """Answer every compaction's summary request with a short summary."""
+        await self.route(SUMMARY_PROMPT, {"text": ["The conversation so far, in brief."]})
 
     async def pending(self) -> int:
         response = await self.client.get("/__fake__/state")

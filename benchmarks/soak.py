@@ -77,7 +77,6 @@ from benchlib import (
 from magi_code.client import Client
 from magi_code.endpoint.paths import runtime_paths
 from magi_code.protocol import envelope
-from magi_code.turns.context import SUMMARY_PROMPT
 
 MIB = 2**20
 FRONTENDS = 4
@@ -349,12 +348,10 @@ async def main(args: argparse.Namespace) -> None:
     with daemon_workspace() as ws:
         (ws.project / "notes.txt").write_text("soak needle\n" * 20)
         async with FakeProvider.running() as fake:
-            write_provider_settings(ws.home, fake.base_url)
-            settings = json.loads((ws.home / "settings.json").read_text())
+            write_provider_settings(ws.home, fake.base_url, args.context_window)
             if args.context_window:
-                settings["providers"]["local"]["context_window"] = args.context_window
-                summary = {"text": ["The soak so far: replies, shell, grep and clock calls."]}
-                await fake.route(SUMMARY_PROMPT, summary)
+                await fake.answer_summaries()
+            settings = json.loads((ws.home / "settings.json").read_text())
             settings["mcp_servers"] = {
                 "clock": {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
             }
