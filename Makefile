@@ -78,8 +78,9 @@ benchmark: $(STAMP)
 stress: bytecode
 	MC_STRESS=full $(BIN)/python -m pytest -q -p no:cacheprovider tests/stress
 
-# One daemon under a mixed load (shims, tool calls, an MCP server, cancels, disconnects),
-# its health sampled every 30 s; stops after MINUTES or TURNS, whichever comes first.
+# One daemon under a mixed load (shims, tool calls, an MCP server, cancels, disconnects,
+# conversations that compact at their model's window), its health sampled every 30 s;
+# stops after MINUTES or TURNS, whichever comes first.
 MINUTES ?= 5
 TURNS ?= 5000
 soak: $(STAMP)

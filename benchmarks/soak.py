@@ -9,7 +9,9 @@ snapshots meanwhile, and every ``--interval`` seconds reads the daemon's health
 Each row of the table is one sample: the figures then, the first-delta latency p50/p95
 and the turn outcomes since the previous row. The slope per 1,000 turns of each figure
 is fitted over the samples after the first 1,000 turns (over the whole run when it is
-shorter, which is then said).
+shorter, which is then said), and the RSS's also over the last half of those samples:
+what leaks grows in both, what fills a bound (the conversations growing to their
+window, below) only in the first.
 
 The run stops after ``--minutes`` or ``--turns`` started turns, whichever comes first;
 every process is stopped and the temporary MC_HOME removed afterwards.
@@ -32,12 +34,17 @@ taken under load, in-flight turns included.
 next turn in its slot starts a fresh one, so the conversations a turn resends (and the
 daemon's working set with them) stop growing. By default (0) sessions only get longer.
 
-``--context-window N`` declares the fake model's context window as N tokens, so that the
-sessions go on for the whole run and compact whenever their conversation reaches the
-agent's threshold (80 % of it), as against a real model; the provider answers every
-summary request with a short summary. A real model's window is 128k tokens or more: a
-small one makes the soak's short turns reach it within minutes. By default (0) the
-window is the API's (128k tokens for chat completions), which no soak session reaches.
+``--context-window N`` declares the fake model's context window as N tokens: the sessions
+go on for the whole run and compact whenever their conversation reaches the agent's
+threshold (80 % of it); the provider answers every summary request with a short summary.
+By default it is :data:`CONTEXT_WINDOW` (8,000), so that the soak's conversations, like
+real ones, stop growing at their model's window: a real session's turns carry file
+contents and tool output and reach a 128k-token window in a few dozen turns, the
+soak's turns of a few words would take thousands. A slope then measures what the daemon
+keeps per turn, not how much longer the conversations it resends have got.
+``--context-window 0`` keeps the API's window (128k tokens for chat completions), which no
+soak session reaches: every turn's request then grows for the whole run, and so does what
+the turns in flight hold (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ FRONTENDS = 4
 SESSIONS = 50
 TURN_TIMEOUT = 120.0
 SLOPE_AFTER_TURNS = 1000
+CONTEXT_WINDOW = 8000  # tokens
 # How long the daemon is left without turns before an idle sample: past its heap trim's
 # interval, so that what the last turns freed has been collected and returned.
 IDLE_SECONDS = 3.0
@@ -335,6 +343,17 @@ def print_slopes(rows: list[dict[str, Any]]) -> None:
         values = [float(row[key]) for row in fitted]
         fit = slope_per_thousand([row["turns"] for row in fitted], values)
         print(f"     {key:<10} {fit:+10.3f} {units.get(key, '')}".rstrip())
+    # A leak grows in both halves; a bound filling (conversations reaching their window)
+    # only in the first.
+    half = fitted[len(fitted) // 2 :]
+    if len(half) >= 2:
+        rss = [float(row["rss_mib"]) for row in half]
+        fit = slope_per_thousand([row["turns"] for row in half], rss)
+        print(
+            f"   rss_mib over the last {len(half)} of those samples (turns {half[0]['turns']:,}"
+            f" to {half[-1]['turns']:,}): {rss[0]:.1f} -> {rss[-1]:.1f} MiB, {fit:+.3f} MiB"
+            " per 1,000 turns"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -443,9 +462,9 @@ def parse_args() -> argparse.Namespace:
         help="start a fresh session after N turns on one (default 0: sessions only grow)",
     )  # fmt: skip
     parser.add_argument(
-        "--context-window", type=int, default=0, metavar="N",
+        "--context-window", type=int, default=CONTEXT_WINDOW, metavar="N",
         help="the model's context window in tokens: sessions compact at 80%% of it "
-        "(default 0: the API's, which no soak session reaches)",
+        f"(default {CONTEXT_WINDOW}; 0: the API's, which no soak session reaches)",
     )  # fmt: skip
     return parser.parse_args()
 
