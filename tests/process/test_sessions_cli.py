@@ -144,6 +144,17 @@ def test_rm_leaves_a_session_holding_what_it_never_made(home: Path, project: Pat
     assert session_id in _listed(home)
 
 
+def test_rm_finishes_a_removal_that_a_crash_cut_short(home: Path, project: Path) -> None:
+    cut_short, other = _make_session(home, project), _make_session(home, project)
+    sessions = home / "sessions"
+    # What a removal killed right after its rename leaves: no ID names it any more.
+    os.rename(sessions / cut_short, sessions / f".rm-{cut_short}")
+    result = magi(home, "sessions", "rm", other)
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"Removed {other}\n", "")
+    assert not (sessions / f".rm-{cut_short}").exists()
+    assert not (sessions / other).exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 def test_rm_never_removes_another_users_file(home: Path, project: Path) -> None:
     session_id = _make_session(home, project)

@@ -315,6 +315,7 @@ def _serve(
 
         def warm() -> None:
             warm_turn_modules()
+            loop.run_in_executor(None, _remove_session_leftovers, ctx.sessions_dir)
             # Whether a workspace_write turn can run here (`status` reports it).
             loop.run_in_executor(None, bubblewrap)
             # The CA roots a first provider client needs (~20 ms, mostly outside the GIL).
@@ -334,6 +335,15 @@ def _serve(
 
     reason = uvloop.run(main())
     return EXIT_RESTART if reason in RESTART_REASONS else 0
+
+
+def _remove_session_leftovers(sessions_dir: Path) -> None:
+    """What a crash of this daemon (or of any service) left half-created or half-removed
+    in the sessions directory, which no session ID reaches."""
+    from magi_code.sessions.store import remove_leftovers
+
+    if removed := remove_leftovers(sessions_dir):
+        log.info("removed directories crashes left among the sessions count=%d", removed)
 
 
 def _scrub_environment(ctx: LaunchContext, ready_fd: int | None) -> LaunchContext:

@@ -15,7 +15,8 @@ locks and leases every service uses, so these work alike whether or not a daemon
 - ``rm ID…``: deletes each session under its writer lease (``SessionStore.remove``). A
   session that a service has open is refused: a frontend's attachment, a turn running
   (a daemon's detached turns included), ``--prompt`` meanwhile. Nothing that is not
-  this user's is touched.
+  this user's is touched. It then finishes what a crash left unfinished
+  (``remove_leftovers``), which no ID names.
 - ``rename ID TITLE``, ``archive ID…``, ``unarchive ID…``: change the session's metadata
   (``SessionStore.rename``/``set_archived``). Metadata is not history: no writer lease is
   taken, so a session a frontend has open can be renamed or archived (it keeps running).
@@ -40,7 +41,7 @@ from magi_code.protocol.limits import MAX_SESSION_PAGE_ITEMS
 from magi_code.protocol.text import one_line, without_hidden
 from magi_code.sessions.listing import LibraryQuery
 from magi_code.sessions.records import ToolCallRecord
-from magi_code.sessions.store import ForeignEntries, SessionStore, Transcript
+from magi_code.sessions.store import ForeignEntries, SessionStore, Transcript, remove_leftovers
 from magi_code.storage.launch import LaunchContext
 
 EXIT_FAILURE: Final = 1
@@ -97,7 +98,9 @@ def main(
         archived = action == "archive"
         done = "Archived" if archived else "Unarchived"
         return change(store, session_ids, lambda sid: store.set_archived(sid, archived), done)
-    return remove(store, session_ids)
+    code = remove(store, session_ids)
+    remove_leftovers(ctx.sessions_dir)  # and what a crash left of an earlier removal
+    return code
 
 
 def _all_sessions(store: SessionStore, query: LibraryQuery) -> tuple[list[dict[str, Any]], bool]:

@@ -47,3 +47,12 @@ def validate_session_id(value: object) -> str:
     ):
         raise ServiceError(ErrorCode.INVALID_SESSION_ID)
     return value
+
+
+def is_session_id(name: str) -> bool:
+    """Whether ``name`` passes ``validate_session_id`` (a directory entry's name, say)."""
+    try:
+        validate_session_id(name)
+    except ServiceError:
+        return False
+    return True

@@ -51,7 +51,7 @@ from magi_code.dataclass import dataclass
 from magi_code.protocol.errors import ErrorCode, ServiceError
 from magi_code.protocol.limits import MAX_SESSION_LIST_SCAN_ENTRIES, MAX_SESSION_PAGE_ITEMS
 from magi_code.sessions.fileio import DIR_FLAGS, HISTORY, unavailable
-from magi_code.sessions.ids import validate_session_id
+from magi_code.sessions.ids import is_session_id, validate_session_id
 from magi_code.sessions.meta import read_meta
 from magi_code.sessions.records import rfc3339_utc
 from magi_code.sessions.titles import sanitize_title
@@ -201,17 +201,9 @@ def _scan(root_fd: int) -> tuple[list[str], bool]:
             if examined > MAX_SESSION_LIST_SCAN_ENTRIES:
                 return names, True
             name = entry.name
-            if _is_session_name(name) and entry.is_dir(follow_symlinks=False):
+            if is_session_id(name) and entry.is_dir(follow_symlinks=False):
                 names.append(name)
     return names, False
-
-
-def _is_session_name(name: str) -> bool:
-    try:
-        validate_session_id(name)
-    except ServiceError:
-        return False
-    return True
 
 
 def _summarize(root_fd: int, name: str) -> tuple[dict[str, object] | None, bool]:
@@ -285,7 +277,7 @@ def library_item(session_id: str, meta: dict[str, object], mtime_ns: int) -> dic
 
 def _parse_cursor(cursor: str) -> tuple[int, str]:
     mtime, _, name = cursor.partition(":")
-    if not mtime.isdigit() or not _is_session_name(name):
+    if not mtime.isdigit() or not is_session_id(name):
         raise BadCursor
     return int(mtime), name
 

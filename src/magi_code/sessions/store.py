@@ -44,6 +44,7 @@ import fcntl
 import os
 import stat
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -78,7 +79,7 @@ from magi_code.sessions.fileio import (
     unavailable,
     write_all,
 )
-from magi_code.sessions.ids import new_session_id, validate_session_id
+from magi_code.sessions.ids import is_session_id, new_session_id, validate_session_id
 from magi_code.sessions.listing import (
     LibraryQuery,
     SessionIndex,
@@ -141,6 +142,9 @@ CONTEXT_READS: Final = (64 * 1024, 512 * 1024)
 LEASE_WAIT: Final = 0.25
 # How often ``remove`` empties a directory that an opener racing it refilled.
 REMOVE_ATTEMPTS: Final = 3
+# A ``.new-<id>`` staging directory this old is a create that a crash cut short: a create
+# takes well under a second (a fork's copy of a 2 MiB window included).
+STALE_STAGING_SECONDS: Final = 3600
 # A session's sidecar names at most this many of its forks (the latest).
 MAX_FORK_LINKS: Final = 64
 
@@ -400,6 +404,43 @@ def _remove_directory(root_fd: int, name: str) -> None:
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY or attempt == REMOVE_ATTEMPTS - 1:
                 raise
+
+
+def remove_leftovers(sessions_dir: Path) -> int:
+    """Remove from ``sessions_dir`` what crashes left there, which no session ID reaches
+    and ``magi-code sessions rm`` therefore cannot: every ``.rm-<id>`` directory (a
+    removal that had begun under the session's lease) and every ``.new-<id>`` directory
+    older than :data:`STALE_STAGING_SECONDS` (a create). Each is emptied as ``remove``
+    empties a session; one that is not this user's or holds a directory is left alone,
+    as is one that cannot be removed. Returns how many went. Blocking."""
+    try:
+        root_fd = os.open(sessions_dir, DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:  # no sessions yet, or none this user can read
+        return 0
+    removed = 0
+    try:
+        with os.scandir(root_fd) as entries:
+            names = [entry.name for entry in entries if _leftover(entry.name)]
+        staged_before = time.time() - STALE_STAGING_SECONDS
+        for name in names:
+            try:
+                info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                    continue
+                if name.startswith(NEW_PREFIX) and info.st_mtime > staged_before:
+                    continue  # a create may still be writing it
+                _remove_directory(root_fd, name)
+            except OSError:  # ``ForeignEntries`` too; a racing remover took it first
+                continue
+            removed += 1
+    finally:
+        os.close(root_fd)
+    return removed
+
+
+def _leftover(name: str) -> bool:
+    prefix = next((p for p in (NEW_PREFIX, REMOVING_PREFIX) if name.startswith(p)), None)
+    return prefix is not None and is_session_id(name.removeprefix(prefix))
 
 
 class WriterLease:

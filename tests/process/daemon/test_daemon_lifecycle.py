@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -110,6 +111,23 @@ async def test_kill_9_then_start_recovers_with_same_lock_inode_and_history(
         assert session_id in ids
     finally:
         await svc.stop()
+
+
+async def test_a_starting_daemon_removes_what_crashes_left_among_the_sessions(
+    home: Path,
+) -> None:
+    sessions = home / "sessions"
+    removing, staging = sessions / ".rm-ses_cut_short", sessions / ".new-ses_cut_short"
+    for leftover in (removing, staging):
+        leftover.mkdir(parents=True)
+        (leftover / "history.jsonl").write_text("{}\n")
+    long_ago = time.time() - 2 * 3600
+    os.utime(staging, (long_ago, long_ago))
+    assert cli(home, "daemon", "start").returncode == 0
+    await wait_for(lambda: not removing.exists() and not staging.exists(), what="the removal")
+    log = paths(home).log.read_text()
+    assert "removed directories crashes left among the sessions count=2" in log
+    assert "ses_cut_short" not in log and str(home) not in log
 
 
 def test_stale_socket_without_lock_holder_is_replaced(home: Path) -> None:

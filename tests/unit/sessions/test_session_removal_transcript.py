@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import cast
 
@@ -13,7 +14,13 @@ import pytest
 
 from magi_code.daemonctl.sessions import HISTORY_CUT, transcript_lines
 from magi_code.protocol.errors import ErrorCode, ServiceError
-from magi_code.sessions.store import ForeignEntries, SessionStore, WriterLease
+from magi_code.sessions.store import (
+    STALE_STAGING_SECONDS,
+    ForeignEntries,
+    SessionStore,
+    WriterLease,
+    remove_leftovers,
+)
 
 
 @pytest.fixture
@@ -120,3 +127,29 @@ def test_remove_touches_nothing_it_did_not_make(store: SessionStore, session: st
     assert {p.name: p.stat().st_mtime_ns for p in directory.iterdir()} == before
     # Not even taken: the lease is free for a service.
     store.acquire_writer_lease(session).release()
+
+
+def test_what_crashes_left_goes_and_nothing_else(store: SessionStore, tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    kept, cut_short = store.create(), store.create()
+    # A removal that a crash stopped right after its rename.
+    os.rename(root / cut_short, root / f".rm-{cut_short}")
+    old, fresh = root / ".new-ses_old", root / ".new-ses_fresh"
+    for staging in (old, fresh):  # creates that a crash stopped, and one still running
+        staging.mkdir()
+        (staging / "history.jsonl").write_text("{}\n")
+    before = time.time() - STALE_STAGING_SECONDS - 60
+    os.utime(old, (before, before))
+    holding = root / ".rm-ses_holding"
+    (holding / "notes").mkdir(parents=True)  # a directory: the store never makes one
+    (root / ".rm-not a session").mkdir()
+    (root / ".new-ses_file").write_text("")
+    os.utime(root / ".new-ses_file", (before, before))
+
+    assert remove_leftovers(root) == 2
+    assert sorted(os.listdir(root)) == sorted(
+        [kept, fresh.name, holding.name, ".rm-not a session", ".new-ses_file"]
+    )
+    assert (holding / "notes").is_dir()
+    assert store.replay(kept, None, 32)["events"] == []
+    assert remove_leftovers(tmp_path / "no sessions yet") == 0
