@@ -380,7 +380,10 @@ def _removable_entries(dir_fd: int) -> list[str]:
         raise ForeignEntries("not this user's session")
     names = os.listdir(dir_fd)
     for entry in names:
-        info = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+        try:
+            info = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:  # another remover's unlink
+            continue
         if info.st_uid != uid or stat.S_ISDIR(info.st_mode):
             raise ForeignEntries("not this user's file")
     return names
@@ -389,9 +392,13 @@ def _removable_entries(dir_fd: int) -> list[str]:
 def _remove_directory(root_fd: int, name: str) -> None:
     """Unlink every entry of ``root_fd``'s ``name`` (each checked again), then the
     directory; a process that opened it before the rename may still create its lock
-    files in it meanwhile, so an emptied directory that is not empty is emptied again."""
+    files in it meanwhile, so an emptied directory that is not empty is emptied again.
+    One that another remover finished meanwhile (``remove_leftovers``) is removed."""
     for attempt in range(REMOVE_ATTEMPTS):
-        dir_fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
+        try:
+            dir_fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
+        except FileNotFoundError:
+            return
         try:
             for entry in _removable_entries(dir_fd):
                 with contextlib.suppress(FileNotFoundError):
@@ -400,6 +407,8 @@ def _remove_directory(root_fd: int, name: str) -> None:
             os.close(dir_fd)
         try:
             os.rmdir(name, dir_fd=root_fd)
+            return
+        except FileNotFoundError:
             return
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY or attempt == REMOVE_ATTEMPTS - 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import cast
@@ -153,3 +154,27 @@ def test_what_crashes_left_goes_and_nothing_else(store: SessionStore, tmp_path: 
     assert (holding / "notes").is_dir()
     assert store.replay(kept, None, 32)["events"] == []
     assert remove_leftovers(tmp_path / "no sessions yet") == 0
+
+
+def test_a_removal_racing_the_sweep_of_leftovers_still_succeeds(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    # A daemon starting while `sessions rm` runs: the sweep may finish a `.rm-<id>` that
+    # its remover is emptying; that removal is still a success.
+    root = tmp_path / "sessions"
+    sessions = [store.create() for _ in range(60)]
+    done = threading.Event()
+
+    def sweep() -> None:
+        while not done.is_set():
+            remove_leftovers(root)
+
+    sweeper = threading.Thread(target=sweep)
+    sweeper.start()
+    try:
+        for session in sessions:
+            store.remove(session)
+    finally:
+        done.set()
+        sweeper.join()
+    assert os.listdir(root) == []
