@@ -426,25 +426,28 @@ def remove_leftovers(sessions_dir: Path) -> int:
         root_fd = os.open(sessions_dir, DIR_FLAGS & ~os.O_NOFOLLOW)
     except OSError:  # no sessions yet, or none this user can read
         return 0
-    removed = 0
     try:
         with os.scandir(root_fd) as entries:
             names = [entry.name for entry in entries if _leftover(entry.name)]
         staged_before = time.time() - STALE_STAGING_SECONDS
-        for name in names:
-            try:
-                info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-                if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-                    continue
-                if name.startswith(NEW_PREFIX) and info.st_mtime > staged_before:
-                    continue  # a create may still be writing it
-                _remove_directory(root_fd, name)
-            except OSError:  # ``ForeignEntries`` too; a racing remover took it first
-                continue
-            removed += 1
+        return sum(_remove_leftover(root_fd, name, staged_before) for name in names)
+    except OSError:  # the directory could not be read
+        return 0
     finally:
         os.close(root_fd)
-    return removed
+
+
+def _remove_leftover(root_fd: int, name: str, staged_before: float) -> bool:
+    try:
+        info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+        if name.startswith(NEW_PREFIX) and info.st_mtime > staged_before:
+            return False  # a create may still be writing it
+        _remove_directory(root_fd, name)
+    except OSError:  # ``ForeignEntries`` too
+        return False
+    return True
 
 
 def _leftover(name: str) -> bool:
