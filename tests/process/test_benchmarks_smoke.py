@@ -66,6 +66,18 @@ def test_the_soak_runs_briefly_and_leaves_no_child() -> None:
     assert "'other': 0}, zombies 0" in output
 
 
+def test_the_soaks_sessions_compact_at_the_models_window() -> None:
+    # A 50-token window: every turn after a session's first compacts it first (the fake
+    # provider answers the summary request), as the default 8,000 tokens do in minutes.
+    output = run_script(
+        "soak.py", "--minutes", "0.5", "--turns", "16", "--interval", "2", "--session-turns", "8",
+        "--idle-samples", "--context-window", "50",
+    )  # fmt: skip
+    assert "a 50-token context" in output
+    (line,) = [x for x in output.splitlines() if x.startswith("   compactions: ")]
+    assert int(line.removeprefix("   compactions: ").replace(",", "")) > 0
+
+
 def test_the_paired_start_up_comparison_runs() -> None:
     # Cold: the mode with the most of the script's own code (the daemon's CPU, waiting for
     # it to go); warm and embedded differ only in what they start.
