@@ -35,6 +35,7 @@ from typing import Any
 
 from benchlib import (
     FakeProvider,
+    add_context_window_argument,
     argument_parser,
     daemon_launch_context,
     daemon_process,
@@ -167,9 +168,5 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=16, help="sessions in all (4+)")
     parser.add_argument("--turns", type=int, default=900, help="turns per client")
     parser.add_argument("--every", type=int, default=400, help="turns between samples")
-    parser.add_argument(
-        "--context-window", type=int, default=0, metavar="N",
-        help="the model's context window in tokens: conversations compact at 80%% of it "
-        "(default 0: the API's, which none reaches)",
-    )  # fmt: skip
+    add_context_window_argument(parser)
     run_with_daemons(main, __doc__ or "", parser.parse_args())

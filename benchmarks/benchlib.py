@@ -96,6 +96,15 @@ def argument_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_context_window_argument(parser: argparse.ArgumentParser, default: int = 0) -> None:
+    """``--context-window N``: the fake model's window (``write_provider_settings``)."""
+    parser.add_argument(
+        "--context-window", type=int, default=default, metavar="N",
+        help=f"the model's context window in tokens: conversations compact at 80%% of it "
+        f"(default {default}; 0 is the API's window, which none of these conversations reaches)",
+    )  # fmt: skip
+
+
 def parse_args(description: str) -> argparse.Namespace:
     return argument_parser(description).parse_args()
 

@@ -69,6 +69,7 @@ from benchlib import (
     FakeProvider,
     ServiceProcess,
     Workspace,
+    add_context_window_argument,
     daemon_launch_context,
     daemon_process,
     daemon_workspace,
@@ -461,11 +462,7 @@ def parse_args() -> argparse.Namespace:
         "--session-turns", type=int, default=0, metavar="N",
         help="start a fresh session after N turns on one (default 0: sessions only grow)",
     )  # fmt: skip
-    parser.add_argument(
-        "--context-window", type=int, default=CONTEXT_WINDOW, metavar="N",
-        help="the model's context window in tokens: sessions compact at 80%% of it "
-        f"(default {CONTEXT_WINDOW}; 0: the API's, which no soak session reaches)",
-    )  # fmt: skip
+    add_context_window_argument(parser, CONTEXT_WINDOW)
     return parser.parse_args()
 
 

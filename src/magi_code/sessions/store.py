@@ -439,20 +439,21 @@ def remove_leftovers(sessions_dir: Path) -> int:
 
 def _remove_leftover(root_fd: int, name: str, staged_before: float) -> bool:
     try:
-        info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-            return False
-        if name.startswith(NEW_PREFIX) and info.st_mtime > staged_before:
+        staged = name.startswith(NEW_PREFIX)
+        if staged and os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mtime > staged_before:
             return False  # a create may still be writing it
+        # Opened as a directory, never followed; its owner and entries checked.
         _remove_directory(root_fd, name)
-    except OSError:  # ``ForeignEntries`` too
+    except OSError:  # not a directory, ``ForeignEntries``, ...
         return False
     return True
 
 
 def _leftover(name: str) -> bool:
-    prefix = next((p for p in (NEW_PREFIX, REMOVING_PREFIX) if name.startswith(p)), None)
-    return prefix is not None and is_session_id(name.removeprefix(prefix))
+    for prefix in (NEW_PREFIX, REMOVING_PREFIX):
+        if name.startswith(prefix):
+            return is_session_id(name.removeprefix(prefix))
+    return False
 
 
 class WriterLease:
