@@ -37,11 +37,12 @@ daemon's working set with them) stop growing. By default (0) sessions only get l
 ``--context-window N`` declares the fake model's context window as N tokens: the sessions
 go on for the whole run and compact whenever their conversation reaches the agent's
 threshold (80 % of it); the provider answers every summary request with a short summary.
-By default it is :data:`CONTEXT_WINDOW` (8,000), so that the soak's conversations, like
-real ones, stop growing at their model's window: a real session's turns carry file
-contents and tool output and reach a 128k-token window in a few dozen turns, the
-soak's turns of a few words would take thousands. A slope then measures what the daemon
-keeps per turn, not how much longer the conversations it resends have got.
+By default it is :data:`CONTEXT_WINDOW` (3,000), so that the soak's conversations, like
+real ones, compact every few dozen turns: a real session's turns carry file contents and
+tool output and reach a 128k-token window in a few dozen turns; the soak's turns of a few
+words compact at 3,000 tokens every ~60 of a session's turns (~250 compactions in 30
+minutes). A slope then measures what the daemon keeps per turn, not how much longer the
+conversations it resends have got.
 ``--context-window 0`` keeps the API's window (128k tokens for chat completions), which no
 soak session reaches: every turn's request then grows for the whole run, and so does what
 the turns in flight hold (``benchmarks/README.md``).
@@ -91,7 +92,7 @@ FRONTENDS = 4
 SESSIONS = 50
 TURN_TIMEOUT = 120.0
 SLOPE_AFTER_TURNS = 1000
-CONTEXT_WINDOW = 8000  # tokens
+CONTEXT_WINDOW = 3000  # tokens
 # How long the daemon is left without turns before an idle sample: past its heap trim's
 # interval, so that what the last turns freed has been collected and returned.
 IDLE_SECONDS = 3.0

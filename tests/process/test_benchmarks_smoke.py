@@ -68,7 +68,7 @@ def test_the_soak_runs_briefly_and_leaves_no_child() -> None:
 
 def test_the_soaks_sessions_compact_at_the_models_window() -> None:
     # A 50-token window: every turn after a session's first compacts it first (the fake
-    # provider answers the summary request), as the default 8,000 tokens do in minutes.
+    # provider answers the summary request), as the default 3,000 tokens do in minutes.
     output = run_script(
         "soak.py", "--minutes", "0.5", "--turns", "16", "--interval", "2", "--session-turns", "8",
         "--idle-samples", "--context-window", "50",
