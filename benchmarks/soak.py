@@ -39,8 +39,8 @@ go on for the whole run and compact whenever their conversation reaches the agen
 threshold (80 % of it); the provider answers every summary request with a short summary.
 By default it is :data:`CONTEXT_WINDOW` (3,000), so that the soak's conversations, like
 real ones, compact every few dozen turns: a real session's turns carry file contents and
-tool output and reach a 128k-token window in a few dozen turns; the soak's turns of a few
-words compact at 3,000 tokens every ~60 of a session's turns (~250 compactions in 30
+tool output and fill a 128k-token window that soon; the soak's turns of a few words
+compact at 3,000 tokens every ~60 of a session's turns (~250 compactions in 30
 minutes). A slope then measures what the daemon keeps per turn, not how much longer the
 conversations it resends have got.
 ``--context-window 0`` keeps the API's window (128k tokens for chat completions), which no
