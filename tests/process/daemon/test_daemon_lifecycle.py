@@ -125,8 +125,10 @@ async def test_a_starting_daemon_removes_what_crashes_left_among_the_sessions(
     os.utime(staging, (long_ago, long_ago))
     assert cli(home, "daemon", "start").returncode == 0
     await wait_for(lambda: not removing.exists() and not staging.exists(), what="the removal")
+    # The line follows the removal: wait for it rather than read the log at once.
+    said = "removed directories crashes left among the sessions count=2"
+    await wait_for(lambda: said in paths(home).log.read_text(), what="the log line")
     log = paths(home).log.read_text()
-    assert "removed directories crashes left among the sessions count=2" in log
     assert "ses_cut_short" not in log and str(home) not in log
 
 
