@@ -57,6 +57,12 @@ DEFAULT_CAPACITY: Final = 16
 # is the identity on its own: the access token rotates, the account does not.
 ACCOUNT_HEADERS: Final = ("chatgpt-account-id",)
 PROXY_SCHEMES: Final = ("http", "https", "socks5", "socks5h")
+# Each route's connection pool, pinned here (as documented) rather than left to httpx's
+# defaults, which are the same today: at most this many connections open, this many kept
+# idle, an idle one closed after this long.
+MAX_CONNECTIONS: Final = 100
+MAX_IDLE_CONNECTIONS: Final = 20
+IDLE_CONNECTION_SECONDS: Final = 5.0
 _SCHEMES: Final = ("http", "https", "all")
 
 
@@ -235,12 +241,24 @@ def build_client(options: TransportOptions) -> httpx.AsyncClient:
             if url is not None and httpx.URL(url).scheme not in PROXY_SCHEMES:
                 raise ValueError("unsupported proxy scheme")
         verify = ssl_context(options)
+        limits = httpx.Limits(
+            max_connections=MAX_CONNECTIONS,
+            max_keepalive_connections=MAX_IDLE_CONNECTIONS,
+            keepalive_expiry=IDLE_CONNECTION_SECONDS,
+        )
         mounts: dict[str, httpx.AsyncBaseTransport | None] = {
-            pattern: None if url is None else httpx.AsyncHTTPTransport(proxy=url, verify=verify)
+            pattern: None
+            if url is None
+            else httpx.AsyncHTTPTransport(proxy=url, verify=verify, limits=limits)
             for pattern, url in options.proxies
         }
         return httpx.AsyncClient(
-            http2=False, trust_env=False, verify=verify, mounts=mounts, cookies=_no_cookies()
+            http2=False,
+            trust_env=False,
+            verify=verify,
+            mounts=mounts,
+            limits=limits,
+            cookies=_no_cookies(),
         )
     # Deliberately unchained: a proxy URL (with its credentials) or a path must not show.
     except (ValueError, TypeError, ImportError, OSError, httpx.InvalidURL):

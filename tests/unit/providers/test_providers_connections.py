@@ -19,7 +19,13 @@ import pytest
 import trustme
 from tests.process.daemon.support import wait_for
 
-from magi_code.providers.http import DIRECT, TransportOptions, build_client
+from magi_code.providers.http import (
+    DIRECT,
+    MAX_CONNECTIONS,
+    MAX_IDLE_CONNECTIONS,
+    TransportOptions,
+    build_client,
+)
 
 Handler: TypeAlias = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -32,6 +38,8 @@ class Server:
         self.tls = tls
         self.connections = 0
         self.closed_by_client = 0
+        self.open = 0
+        self.most_open = 0  # the most connections open at once
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -51,6 +59,8 @@ class Server:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
         try:
             while await read_request(reader) is not None:
                 await self.handler(reader, writer)
@@ -60,6 +70,7 @@ class Server:
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             self.closed_by_client += 1
         finally:
+            self.open -= 1
             writer.close()
 
 
@@ -127,6 +138,33 @@ async def test_a_response_read_to_its_end_leaves_its_connection_for_the_next_req
         plain = await http.get(server.url + "/models")
         assert plain.content == b"data: 1\n\ndata: 2\n\n"
     assert server.connections == 1
+
+
+async def test_a_route_opens_at_most_its_limit_and_keeps_at_most_its_idle_connections() -> None:
+    # Every request is held until the limit's worth have arrived, so that many connections
+    # are in use at once; the one request more waits for one to be given back (httpcore
+    # then closes an idle one over the idle limit and opens its own: never more at once).
+    arrived, all_in = 0, asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived == MAX_CONNECTIONS:
+            all_in.set()
+        await all_in.wait()
+        writer.write(reply(b"ok"))
+        await writer.drain()
+
+    async with Server(handler) as server, client() as http:
+        answers = await asyncio.gather(*(http.get(server.url) for _ in range(MAX_CONNECTIONS + 1)))
+        assert [a.content for a in answers] == [b"ok"] * (MAX_CONNECTIONS + 1)
+        assert server.most_open == MAX_CONNECTIONS
+        # Back in the pool, all but the idle limit's worth are closed.
+        await wait_for(lambda: server.open == MAX_IDLE_CONNECTIONS, what="the closes")
+        # The kept ones serve the next burst.
+        opened = server.connections
+        await asyncio.gather(*(http.get(server.url) for _ in range(MAX_IDLE_CONNECTIONS)))
+        assert server.connections == opened and server.open == MAX_IDLE_CONNECTIONS
 
 
 async def test_connection_close_from_the_server_is_not_reused() -> None:
