@@ -331,9 +331,7 @@ async def test_detached_tool_processes_are_reaped_and_end_with_the_daemon(
             assert left == []  # it died with its sandbox when the command ended
         # The detached `true` exited at once; its zombie is collected.
         for _ in range(600):
-            zombies = [
-                child for child in daemon.children() if child.status() == psutil.STATUS_ZOMBIE
-            ]
+            zombies = [child for child in daemon.children() if _is_zombie(child)]
             if not zombies:
                 break
             await asyncio.sleep(0.05)
@@ -341,6 +339,14 @@ async def test_detached_tool_processes_are_reaped_and_end_with_the_daemon(
     await asyncio.to_thread(service.stop_daemon, home)
     _, alive = await asyncio.to_thread(psutil.wait_procs, left, 30)
     assert alive == [], alive
+
+
+def _is_zombie(child: psutil.Process) -> bool:
+    """Whether ``child`` is a zombie; one reaped since it was listed is not."""
+    try:
+        return bool(child.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.skipif(bubblewrap().path is None, reason="needs a usable bubblewrap")

@@ -43,11 +43,14 @@ async def grep(ctx: ToolContext, **arguments: object) -> ToolOutcome:
 
 
 def workers() -> list[psutil.Process]:
-    return [
-        child
-        for child in psutil.Process().children(recursive=True)
-        if child.is_running() and child.status() != psutil.STATUS_ZOMBIE
-    ]
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:  # gone since it was listed
+            continue
+    return found
 
 
 # Half a second of wall time: a search thread left backtracking would use all of it.

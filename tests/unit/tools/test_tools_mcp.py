@@ -64,11 +64,14 @@ def live(pids: list[int]) -> list[int]:
 
 
 def our_servers() -> list[int]:
-    return [
-        child.pid
-        for child in psutil.Process().children(recursive=True)
-        if SERVER_SCRIPT in child.cmdline()
-    ]
+    pids = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if SERVER_SCRIPT in child.cmdline():
+                pids.append(child.pid)
+        except psutil.NoSuchProcess:  # gone since it was listed
+            continue
+    return pids
 
 
 async def test_tools_are_listed_called_and_a_bad_server_is_isolated(ctx: ToolContext) -> None:
