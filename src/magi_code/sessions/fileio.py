@@ -25,6 +25,8 @@ FILE_MODE: Final = 0o600
 DIR_MODE: Final = 0o700
 NOFOLLOW: Final = os.O_NOFOLLOW | os.O_CLOEXEC
 DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
+# The sessions root itself may be a symbolic link (the user's choice of where it lives).
+ROOT_DIR_FLAGS: Final = DIR_FLAGS & ~os.O_NOFOLLOW
 
 _LOCK_POLL: Final = 0.002
 _CHUNK: Final = 64 * 1024

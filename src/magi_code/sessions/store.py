@@ -69,6 +69,7 @@ from magi_code.sessions.fileio import (
     META,
     NEW_PREFIX,
     REMOVING_PREFIX,
+    ROOT_DIR_FLAGS,
     close_all,
     complete_prefix,
     flock_wait,
@@ -423,7 +424,7 @@ def remove_leftovers(sessions_dir: Path) -> int:
     empties a session; one that is not this user's or holds a directory is left alone,
     as is one that cannot be removed. Returns how many went. Blocking."""
     try:
-        root_fd = os.open(sessions_dir, DIR_FLAGS & ~os.O_NOFOLLOW)
+        root_fd = os.open(sessions_dir, ROOT_DIR_FLAGS)
     except OSError:  # no sessions yet, or none this user can read
         return 0
     try:
@@ -695,7 +696,7 @@ class SessionStore:
             with contextlib.suppress(OSError):
                 os.rmdir(staging)
             raise
-        root_fd = os.open(self._root, DIR_FLAGS & ~os.O_NOFOLLOW)
+        root_fd = os.open(self._root, ROOT_DIR_FLAGS)
         try:
             os.fsync(root_fd)
         finally:
@@ -959,7 +960,7 @@ class SessionStore:
         name = validate_session_id(session_id)
         if not self.exists(name):
             raise unavailable()
-        root_fd = os.open(self._root, DIR_FLAGS & ~os.O_NOFOLLOW)
+        root_fd = os.open(self._root, ROOT_DIR_FLAGS)
         try:
             dir_fd = self._open_dir(name)
             try:
